@@ -1,0 +1,1 @@
+"""DBLP: a phase-aware bounded-loss gradient transport."""

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Prepare this machine for dblp-testbed: Debian packages, Open vSwitch running,
+# and the project's virtual environment. Idempotent: a second run installs
+# nothing and only (re)starts OVS if it is not running. Used by `make run`,
+# `make test`, CI and the Vagrant VM alike, so they cannot drift apart.
+set -euo pipefail
+
+cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+DEB_PACKAGES=(mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 procps vagrant)
+# torch is pinned here, not in pyproject.toml: this machine ships the CPU
+# wheel of 2.13.0 on disk, any other spec would pull a multi-GB CUDA build.
+TORCH_PIN=${TORCH_PIN:-torch==2.13.0}
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        say "must run as root to install Debian packages and start OVS (try: sudo make ...)"
+        exit 1
+    fi
+}
+
+install_debian_packages() {
+    local missing=()
+    for p in "${DEB_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then
+        say "Debian packages present"
+        return
+    fi
+    need_root
+    say "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # --no-install-recommends keeps the VM/CI image small; mininet would
+    # otherwise pull in a desktop's worth of X11 helpers.
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+start_ovs() {
+    if ovs-vsctl --timeout=5 show >/dev/null 2>&1; then
+        say "Open vSwitch running"
+        return
+    fi
+    need_root
+    # OVS 3.1's userspace datapath transmits through one shared packet socket;
+    # its default send buffer overflows under a 100-packet queue. The socket
+    # takes the default at creation time, so raise it before OVS starts.
+    sysctl -qw net.core.wmem_default=4194304 net.core.wmem_max=16777216 \
+               net.core.rmem_default=4194304 net.core.rmem_max=16777216 || true
+    say "starting Open vSwitch"
+    /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null
+    ovs-vsctl --timeout=10 show >/dev/null
+}
+
+make_venv() {
+    local stamp="$VENV/.dblp-setup-stamp" want
+    want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/dblp-testbed" ]; then
+        say "virtual environment up to date ($VENV)"
+        return
+    fi
+    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+    say "installing $TORCH_PIN and the project into $VENV (first time: a few minutes)"
+    "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+    "$VENV/bin/pip" install -q "$TORCH_PIN"
+    "$VENV/bin/pip" install -q -e '.[test]'
+    echo "$want" > "$stamp"
+}
+
+install_debian_packages
+start_ovs
+make_venv
+say "ready"

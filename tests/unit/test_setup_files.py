@@ -1,0 +1,28 @@
+"""The set-up contract: CI calls exactly the README's test command."""
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.unit
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"^\s+make test\b", readme, re.M), "README must show `make test`"
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [l for l in ci.splitlines() if l.strip() and not l.lstrip().startswith("#")
+                and not l.startswith(("set ", "cd "))]
+    assert commands == ["exec make test"]
+
+
+@pytest.mark.unit
+def test_setup_is_idempotent_when_everything_is_present():
+    """A second set-up on a prepared machine installs nothing."""
+    out = subprocess.run(["bash", str(ROOT / "setup.sh")], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "installing" not in out.stderr, out.stderr
+    assert "ready" in out.stderr
