@@ -1,7 +1,63 @@
-"""The `dblp-testbed` command line."""
+"""The `dblp-testbed` command line.
+
+Each command lives in the module that owns its subject and is registered
+here; this file only wires them together and maps errors to exit codes
+(2: bad input, nothing created; 1: the experiment failed).
+"""
+import sys
+
 import click
 
+from testbed.presets import PRESETS
+from testbed.spec import ARMS
 
-@click.group()
+
+def fail(message: str, code: int = 2):
+    """One actionable line on stderr, then exit (2 = bad input)."""
+    click.echo(f"dblp-testbed: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Emulated fat-tree testbed for bounded-loss gradient transports."""
+
+
+@main.command()
+@click.argument("spec_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default=None,
+              help="Base preset (default: 'default'); SPEC_FILE fields override it.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Run directory (must not exist or be empty). Default: results/NAME-TIME.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.FIELD=VALUE",
+              help="Override any spec field, e.g. --set training.rounds=50 (repeatable).")
+@click.option("--arms", default=None, metavar="A,B,...",
+              help=f"Arms to run, from: {', '.join(ARMS)}.")
+@click.option("--rounds", type=int, default=None, help="Training rounds per arm.")
+@click.option("--seed", type=int, default=None, help="Seed for data, model and bursts.")
+@click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
+def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
+    """Run an experiment: fabric, controller, bursts, every arm, report."""
+    from testbed import spec as specmod
+    from testbed.rundir import RunDirError
+
+    overrides = list(overrides)
+    if arms is not None:
+        overrides.append(f"arms={arms}")
+    if rounds is not None:
+        overrides.append(f"training.rounds={rounds}")
+    if seed is not None:
+        overrides.append(f"seed={seed}")
+    try:
+        spec = specmod.load(spec_file, PRESETS[preset or "default"], overrides)
+    except specmod.SpecError as exc:
+        fail(str(exc))
+    if dry_run:
+        click.echo(spec.to_toml(), nl=False)
+        return
+    from testbed.runner import run_experiment
+    try:
+        status = run_experiment(spec, out)
+    except RunDirError as exc:
+        fail(str(exc))
+    sys.exit(0 if status == "ok" else 1)

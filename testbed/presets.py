@@ -1,0 +1,64 @@
+"""Named experiment presets: partial specs merged over the schema defaults.
+
+`default` is what `dblp-testbed run` does with no argument; `paper` mirrors
+the paper's set-up (3 workers + 1 server on one switch, 60-90 % bursts, both
+control paths); `ci` is the short regression run CI compares against
+`results/reference/ci.json`; `smoke` finishes in well under a minute per arm.
+"""
+
+PRESETS = {
+    "default": {
+        "name": "default",
+        "description": "k=4 fat-tree, 20 Mbit/s, 4 workers + 1 server in different pods, "
+                       "80 % loss bursts on the server's downlink in ~3 % of rounds",
+        "arms": ["gloo", "static", "dblp"],
+        "topology": {"kind": "fattree", "k": 4, "bw_mbps": 20.0, "queue_pkts": 100},
+        "placement": {"workers": 4, "strategy": "spread"},
+        "training": {"model": "digits_cnn", "rounds": 200, "eval_every": 50},
+        "burst_every": {"fraction": 0.03, "start_round": 10, "rounds": 1, "kind": "loss",
+                        "target": "server-downlink", "p": 0.8},
+    },
+    "paper": {
+        "name": "paper",
+        "description": "the paper's set-up: 3 workers + 1 server on one switch, "
+                       "bursts of 60/70/80/90 %, UDP and TCP control",
+        "arms": ["static", "dblp", "static-tcp", "dblp-tcp", "gloo"],
+        "topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
+        "placement": {"workers": 3, "strategy": "packed"},
+        "training": {"model": "digits_cnn", "rounds": 200, "eval_every": 50},
+        "transport": {"p_static": 0.008, "p_low": 0.008, "p_high": 0.408},
+        "burst_every": {"enabled": False},
+        "bursts": [
+            {"at_round": 40, "rounds": 1, "kind": "loss", "target": "server-downlink",
+             "params": {"p": 0.6}},
+            {"at_round": 80, "rounds": 1, "kind": "loss", "target": "server-downlink",
+             "params": {"p": 0.7}},
+            {"at_round": 120, "rounds": 1, "kind": "loss", "target": "server-downlink",
+             "params": {"p": 0.8}},
+            {"at_round": 160, "rounds": 1, "kind": "loss", "target": "server-downlink",
+             "params": {"p": 0.9}},
+        ],
+    },
+    "ci": {
+        "name": "ci",
+        "description": "the short regression run: k=4, 60 rounds, a burst every 10 rounds",
+        "arms": ["gloo", "static", "dblp"],
+        "topology": {"kind": "fattree", "k": 4, "bw_mbps": 20.0, "queue_pkts": 100},
+        "placement": {"workers": 4, "strategy": "spread"},
+        "training": {"model": "digits_cnn", "rounds": 60, "eval_every": 20},
+        "burst_every": {"every": 10, "start_round": 5, "rounds": 1, "kind": "loss",
+                        "target": "server-downlink", "p": 0.8},
+    },
+    "smoke": {
+        "name": "smoke",
+        "description": "seconds: star topology, 12 rounds, one burst",
+        "arms": ["static", "dblp"],
+        "topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
+        "placement": {"workers": 3, "strategy": "packed"},
+        "training": {"model": "digits_cnn", "rounds": 12, "eval_every": 6},
+        "capture": {"enabled": True},
+        "burst_every": {"enabled": False},
+        "bursts": [{"at_round": 6, "rounds": 1, "kind": "loss", "target": "server-downlink",
+                    "params": {"p": 0.8}}],
+    },
+}

@@ -1,0 +1,123 @@
+"""Specs: presets resolve, overrides apply, and bad specs fail cleanly.
+
+Every bad spec must give exit code 2, exactly one line on stderr that names
+the offending field and says how to fix it, and create nothing: no run
+directory, no results, no emulation.
+"""
+import pathlib
+import tomllib
+
+import pytest
+from click.testing import CliRunner
+
+from testbed.cli import main
+from testbed.presets import PRESETS
+from testbed.spec import SpecError, load
+
+BAD_SPECS = [
+    ("unknown-top", 'colour = 1', "colour"),
+    ("unknown-field", '[topology]\nspeed = 3', "topology.speed"),
+    ("unknown-section-type", 'topology = 3', "topology"),
+    ("seed-type", 'seed = "x"', "seed"),
+    ("k-odd", '[topology]\nk = 5', "topology.k"),
+    ("k-too-large", '[topology]\nk = 10', "topology.k"),
+    ("k-too-small", '[topology]\nk = 2', "topology.k"),
+    ("k-bool", '[topology]\nk = true', "topology.k"),
+    ("bw-zero", '[topology]\nbw_mbps = 0', "topology.bw_mbps"),
+    ("bw-negative", '[topology]\nbw_mbps = -5', "topology.bw_mbps"),
+    ("bw-huge", '[topology]\nbw_mbps = 5000', "topology.bw_mbps"),
+    ("queue-tiny", '[topology]\nqueue_pkts = 1', "topology.queue_pkts"),
+    ("topology-kind", '[topology]\nkind = "torus"', "topology.kind"),
+    ("arm-unknown", 'arms = ["gloo", "tcpx"]', "arms"),
+    ("arms-empty", 'arms = []', "arms"),
+    ("arm-twice", 'arms = ["dblp", "dblp"]', "arms"),
+    ("p-static-high", '[transport]\np_static = 1.5', "transport.p_static"),
+    ("p-low-negative", '[transport]\np_low = -0.1', "transport.p_low"),
+    ("p-high-below-low", '[transport]\np_low = 0.2\np_high = 0.1', "transport.p_high"),
+    ("threshold-zero", '[transport]\nthreshold = 0', "transport.threshold"),
+    ("missing-mode", '[transport]\nmissing = "guess"', "transport.missing"),
+    ("model-unknown", '[training]\nmodel = "gpt5"', "training.model"),
+    ("rounds-zero", '[training]\nrounds = 0', "training.rounds"),
+    ("lr-zero", '[training]\nlr = 0', "training.lr"),
+    ("too-many-workers", '[topology]\nkind = "star"\n[placement]\nworkers = 5',
+     "placement.workers"),
+    ("name-shell", 'name = "a;rm -rf /"', "name"),
+    ("name-path", 'name = "../escape"', "name"),
+    ("burst-negative-duration",
+     '[[bursts]]\nat_round = 3\nduration_ms = -5', "bursts[0].duration_ms"),
+    ("burst-kind", '[[bursts]]\nat_round = 3\nrounds = 1\nkind = "meteor"', "bursts[0].kind"),
+    ("burst-two-triggers", '[[bursts]]\nat_round = 3\nat_s = 1.0\nrounds = 1', "bursts[0]"),
+    ("burst-after-end", '[[bursts]]\nat_round = 100000\nrounds = 1', "bursts[0].at_round"),
+    ("burst-p", '[[bursts]]\nat_round = 3\nrounds = 1\nparams = {p = 2}', "bursts[0].params.p"),
+    ("burst-no-such-link", '[[bursts]]\nat_round = 3\nrounds = 1\ntarget = "x1:x2"',
+     "bursts[0].target"),
+    ("burst-target-shell", '[[bursts]]\nat_round = 3\nrounds = 1\ntarget = "server;ls"',
+     "bursts[0].target"),
+    ("burst-unknown-field", '[[bursts]]\nat_round = 3\nrounds = 1\nwhen = 2', "bursts[0].when"),
+    ("capture-host", '[capture]\nhosts = ["worker9"]', "capture.hosts[0]"),
+    ("generator-p", '[burst_every]\np = 1.5', "burst_every.p"),
+    ("not-toml", 'this is = = not toml', "SPEC"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text,field", [b[1:] for b in BAD_SPECS], ids=[b[0] for b in BAD_SPECS])
+def test_bad_spec_is_one_line_exit_2_and_creates_nothing(tmp_path, text, field):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text + "\n")
+    out = tmp_path / "run"
+    results = pathlib.Path(__file__).resolve().parents[2] / "results"
+    before = sorted(results.iterdir()) if results.exists() else []
+    res = CliRunner().invoke(main, ["run", str(spec), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"'{field}'" in lines[0], lines[0]
+    assert ";" in lines[0]  # problem; fix
+    assert not out.exists()
+    assert (sorted(results.iterdir()) if results.exists() else []) == before
+
+
+@pytest.mark.unit
+def test_there_are_at_least_25_distinct_bad_specs():
+    assert len({b[1] for b in BAD_SPECS}) >= 25
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("override,field", [
+    ("nosuch.field=1", "nosuch.field"),
+    ("training.rounds", "training.rounds"),
+    ("topology.k=7", "topology.k"),
+])
+def test_bad_override_is_rejected(override, field):
+    res = CliRunner().invoke(main, ["run", "--set", override, "--dry-run"])
+    assert res.exit_code == 2
+    assert field in res.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_resolves_and_round_trips_through_toml(preset):
+    spec = load(None, PRESETS[preset])
+    again = tomllib.loads(spec.to_toml())
+    assert again["name"] == spec.name
+    assert again["training"]["rounds"] == spec["training"]["rounds"]
+
+
+@pytest.mark.unit
+def test_command_line_overrides_win(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[training]\nrounds = 40\n')
+    spec = load(str(f), PRESETS["default"], ["training.rounds=50", "arms=static,dblp"])
+    assert spec["training"]["rounds"] == 50
+    assert spec.arms == ["static", "dblp"]
+    res = CliRunner().invoke(main, ["run", str(f), "--rounds", "7", "--dry-run"])
+    assert res.exit_code == 0
+    assert "rounds = 7" in res.output
+
+
+@pytest.mark.unit
+def test_spec_error_names_field():
+    with pytest.raises(SpecError) as info:
+        load(None, PRESETS["default"], ["transport.p_low=1.0"])
+    assert info.value.field == "transport.p_low"
