@@ -268,7 +268,7 @@ def validate(data: dict) -> Spec:
     _in("topology.bw_mbps", topo["bw_mbps"], 0, 1000, "use a rate in (0, 1000] Mbit/s", lo_open=True)
     _in("topology.queue_pkts", topo["queue_pkts"], 2, 1000, "use a queue of 2..1000 packets")
 
-    hosts = {"fattree": topo["k"] ** 3 // 4, "star": 4,
+    hosts = {"fattree": topo["k"] ** 3 // 4, "star": 65,
              "leafspine": topo["leaves"] * topo["hosts_per_leaf"]}[topo["kind"]]
     _in("placement.workers", place["workers"], 1, 64, "use 1..64 workers")
     if place["workers"] + 1 > hosts:
@@ -309,7 +309,7 @@ def validate(data: dict) -> Spec:
     _in("burst_every.start_round", gen["start_round"], 0, 100_000, "use a round >= 0")
     _in("burst_every.rounds", gen["rounds"], 1, 1000, "use 1..1000 rounds per burst")
     _in("burst_every.p", gen["p"], 0, 1, "use a loss probability in [0, 1]")
-    _check_target("burst_every.target", gen["target"], topo)
+    _check_target("burst_every.target", gen["target"], topo, place["workers"])
 
     for i, b in enumerate(data["bursts"]):
         where = f"bursts[{i}]"
@@ -337,7 +337,7 @@ def validate(data: dict) -> Spec:
                               or not 0 <= p <= 1):
             raise SpecError(f"{where}.params.p", f"{p!r} is not a probability",
                             "use a loss probability in [0, 1]")
-        _check_target(f"{where}.target", b["target"], topo)
+        _check_target(f"{where}.target", b["target"], topo, place["workers"])
 
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
@@ -352,7 +352,7 @@ def validate(data: dict) -> Spec:
     return Spec(data)
 
 
-def _check_target(field: str, target: str, topo: dict):
+def _check_target(field: str, target: str, topo: dict, workers: int):
     """Role targets are always fine; explicit links must exist in the topology."""
     if not TARGET_RE.match(target):
         raise SpecError(field, f"{target!r} is not a target name",
@@ -363,8 +363,8 @@ def _check_target(field: str, target: str, topo: dict):
     if ":" in target:
         a, b = target.split(":", 1)
         from topologies import TOPOLOGIES  # a pure graph: no side effects
-        topo_obj = _build_topology(topo, TOPOLOGIES)
-        links = {frozenset(link[:2]) for link in topo_obj.links()}
+        topo_obj = build_topology(topo, TOPOLOGIES, workers)
+        links = {frozenset((link.node1, link.node2)) for link in topo_obj.links()}
         if frozenset((a, b)) not in links:
             raise SpecError(field, f"no link {a}-{b} in this topology",
                             "name two adjacent nodes, e.g. a link listed by `dblp-testbed net check`")
@@ -373,14 +373,15 @@ def _check_target(field: str, target: str, topo: dict):
                     "use server-downlink, server-uplink, workerN-downlink, core-uplinks or NODE:NODE")
 
 
-def _build_topology(topo: dict, registry):
+def build_topology(topo: dict, registry, workers: int):
+    """The spec's topology section as a pure graph (no root, no Mininet)."""
     kind = topo["kind"]
     if kind == "fattree":
         return registry[kind](k=topo["k"])
     if kind == "leafspine":
         return registry[kind](leaves=topo["leaves"], spines=topo["spines"],
                               hosts_per_leaf=topo["hosts_per_leaf"])
-    return registry[kind]()
+    return registry[kind](workers=workers)
 
 
 def load(path: str | None, preset: dict | None = None, overrides: list[str] = ()) -> Spec:

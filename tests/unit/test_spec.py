@@ -39,7 +39,7 @@ BAD_SPECS = [
     ("model-unknown", '[training]\nmodel = "gpt5"', "training.model"),
     ("rounds-zero", '[training]\nrounds = 0', "training.rounds"),
     ("lr-zero", '[training]\nlr = 0', "training.lr"),
-    ("too-many-workers", '[topology]\nkind = "star"\n[placement]\nworkers = 5',
+    ("too-many-workers", '[topology]\nk = 4\n[placement]\nworkers = 16',
      "placement.workers"),
     ("name-shell", 'name = "a;rm -rf /"', "name"),
     ("name-path", 'name = "../escape"', "name"),

@@ -1,0 +1,37 @@
+"""The spec's bursts resolve into one seeded schedule shared by every arm."""
+import pytest
+
+from testbed.bursts import resolve_bursts
+from testbed.presets import PRESETS
+from testbed.spec import load
+
+
+@pytest.mark.unit
+def test_default_preset_hits_about_three_percent_of_rounds_reproducibly():
+    spec = load(None, PRESETS["default"])
+    a, b = resolve_bursts(spec), resolve_bursts(spec)
+    assert a == b
+    rounds = spec["training"]["rounds"]
+    assert len(a) == round(0.03 * rounds)
+    assert all(x["trigger"] == "round" and x["rounds"] == 1 and x["params"]["p"] == 0.8
+               and x["target"] == "server-downlink" for x in a)
+    hit = [x["at_round"] for x in a]
+    assert hit == sorted(set(hit)) and min(hit) >= 10 and max(hit) < rounds
+    other = resolve_bursts(load(None, PRESETS["default"], ["seed=2"]))
+    assert [x["at_round"] for x in other] != hit
+    assert [x["id"] for x in a] == [f"b{i:03d}" for i in range(len(a))]
+
+
+@pytest.mark.unit
+def test_periodic_generator_and_explicit_bursts_merge_in_round_order():
+    spec = load(None, PRESETS["ci"], ["training.rounds=40"])
+    assert [x["at_round"] for x in resolve_bursts(spec)] == [5, 15, 25, 35]
+    paper = resolve_bursts(load(None, PRESETS["paper"]))
+    assert [x["params"]["p"] for x in paper] == [0.6, 0.7, 0.8, 0.9]
+
+
+@pytest.mark.unit
+def test_multi_round_bursts_never_overlap():
+    spec = load(None, PRESETS["default"], ["burst_every.rounds=5", "burst_every.fraction=0.2"])
+    hit = sorted((x["at_round"], x["at_round"] + 5) for x in resolve_bursts(spec))
+    assert all(e <= s2 for (_, e), (s2, _) in zip(hit, hit[1:]))
