@@ -1,0 +1,161 @@
+"""Bundled real data sets (no downloads): scikit-learn digits and a Python-source LM corpus.
+
+Every arm must see the same examples in the same order, so splits, shards
+and batch orders are pure functions of (seed, rank, world_size, step) and
+never depend on process start order or the global RNG.
+"""
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+#: Fraction of the digits kept for testing (stratified, fixed seed below).
+DIGITS_TEST_FRACTION = 0.2
+#: The split seed is fixed, not the run seed: the test set must be identical
+#: across runs and arms so accuracies are comparable.
+DIGITS_SPLIT_SEED = 1234
+
+
+@dataclass
+class ArrayDataset:
+    """Inputs and targets as tensors; small enough to keep in memory."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+def load_digits_split() -> tuple[ArrayDataset, ArrayDataset]:
+    """The 1,797 8x8 digits, scaled to [0, 1], split 80/20 stratified by class."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SPLIT_SEED, stratify=y)
+    return (ArrayDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
+            ArrayDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)))
+
+
+def shard_indices(n: int, rank: int, world_size: int, seed: int) -> np.ndarray:
+    """Disjoint near-equal shard of ``range(n)`` for ``rank`` (seeded shuffle, then stride)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[rank::world_size])
+
+
+class ShardBatches:
+    """Deterministic minibatches from one worker's shard, reshuffled every epoch.
+
+    ``batch(step)`` is a pure function of the step, so a restarted or
+    differently scheduled worker draws exactly the same examples.
+    """
+
+    def __init__(self, data: ArrayDataset, rank: int, world_size: int, batch_size: int, seed: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.data = data
+        self.idx = shard_indices(len(data), rank, world_size, seed)
+        if len(self.idx) < batch_size:
+            raise ValueError(f"batch_size {batch_size} exceeds the shard size {len(self.idx)} "
+                             f"(rank {rank} of {world_size})")
+        self.batch_size = batch_size
+        self.per_epoch = len(self.idx) // batch_size
+        self.seed = seed
+        self.rank = rank
+        self._epoch = -1
+        self._order = self.idx
+
+    def epoch_of(self, step: int) -> int:
+        return step // self.per_epoch
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch = self.epoch_of(step)
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, self.rank, epoch])
+            self._order = self.idx[rng.permutation(len(self.idx))]
+            self._epoch = epoch
+        k = step % self.per_epoch
+        sel = torch.from_numpy(self._order[k * self.batch_size:(k + 1) * self.batch_size])
+        return self.data.x[sel], self.data.y[sel]
+
+
+# --------------------------------------------------------------------------
+# Language-modelling corpus: the Python standard library's own sources.
+
+#: Bytes of stdlib source used; bounded so loading stays well under a second.
+LM_CORPUS_BYTES = 2_000_000
+LM_TEST_FRACTION = 0.1
+
+
+def stdlib_source_files() -> list[str]:
+    """Sorted top-level .py files of this interpreter's standard library."""
+    root = sysconfig.get_paths()["stdlib"]
+    files = sorted(os.path.join(root, f) for f in os.listdir(root) if f.endswith(".py"))
+    if not files:
+        raise FileNotFoundError(f"no .py files in the standard library directory {root}")
+    return files
+
+
+def load_python_corpus(max_bytes: int = LM_CORPUS_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte-level token streams (vocabulary 256): train first 90 %, test last 10 %.
+
+    Files are concatenated in sorted order, so the corpus is the same on
+    every host of one machine (they share the interpreter).
+    """
+    if max_bytes < 10_000:
+        raise ValueError(f"max_bytes must be >= 10000, got {max_bytes}")
+    chunks, total = [], 0
+    for path in stdlib_source_files():
+        with open(path, "rb") as fh:
+            blob = fh.read()
+        chunks.append(blob)
+        total += len(blob)
+        if total >= max_bytes:
+            break
+    data = np.frombuffer(b"\n".join(chunks)[:max_bytes], dtype=np.uint8).astype(np.int64)
+    cut = int(len(data) * (1 - LM_TEST_FRACTION))
+    return torch.from_numpy(data[:cut].copy()), torch.from_numpy(data[cut:].copy())
+
+
+class TokenWindows:
+    """Random fixed-length windows from one worker's contiguous slice of a token stream."""
+
+    def __init__(self, tokens: torch.Tensor, rank: int, world_size: int, batch_size: int,
+                 seq_len: int, seed: int, steps_per_epoch: int = 100):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        size = len(tokens) // world_size
+        self.tokens = tokens[rank * size:(rank + 1) * size]
+        if len(self.tokens) <= seq_len + 1:
+            raise ValueError(f"seq_len {seq_len} too long for a shard of {len(self.tokens)} tokens")
+        self.batch_size, self.seq_len, self.seed, self.rank = batch_size, seq_len, seed, rank
+        self.per_epoch = steps_per_epoch
+
+    def epoch_of(self, step: int) -> int:
+        return step // self.per_epoch
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, self.rank, step])
+        starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
+        win = torch.stack([self.tokens[s:s + self.seq_len + 1] for s in starts.tolist()])
+        return win[:, :-1], win[:, 1:]
+
+
+def lm_eval_windows(tokens: torch.Tensor, seq_len: int, n_windows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Evenly spaced, non-random test windows so every evaluation sees the same text."""
+    step = max(1, (len(tokens) - seq_len - 1) // n_windows)
+    starts = range(0, len(tokens) - seq_len - 1, step)
+    win = torch.stack([tokens[s:s + seq_len + 1] for s in list(starts)[:n_windows]])
+    return win[:, :-1], win[:, 1:]

@@ -1,0 +1,83 @@
+"""The one thing that differs between arms: how a flat gradient is averaged across workers.
+
+Every exchange has ``allreduce_(flat) -> ExchangeResult`` (averages in
+place) and ``close()``. Keeping the training loop identical and swapping only
+this object is what makes the arms comparable.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+
+ARMS = ("gloo", "reliable", "static", "dblp", "local")
+#: Arms carried by the dblp transport (parameter-server mode, one server).
+DBLP_ARMS = ("reliable", "static", "dblp")
+
+
+@dataclass
+class ExchangeResult:
+    stats: dict = field(default_factory=dict)
+    bound: float | None = None
+    phase: str | None = None
+
+
+class LocalExchange:
+    """No communication: each worker trains on its own shard (the compute-only bound)."""
+
+    name = "local"
+
+    def allreduce_(self, flat: torch.Tensor) -> ExchangeResult:
+        return ExchangeResult({"latency_s": 0.0, "bytes_sent": 0}, None, None)
+
+    def close(self) -> None:
+        pass
+
+
+class GlooExchange:
+    """torch.distributed all-reduce with the gloo backend over TCP: what PyTorch users run today."""
+
+    name = "gloo"
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int,
+                 timeout_s: float):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.world_size = world_size
+        dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}",
+                                rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+
+    def allreduce_(self, flat: torch.Tensor) -> ExchangeResult:
+        t0 = time.perf_counter()
+        self.dist.all_reduce(flat)
+        flat.div_(self.world_size)
+        return ExchangeResult({"latency_s": time.perf_counter() - t0,
+                               "payload_bytes": flat.numel() * flat.element_size()},
+                              0.0, None)
+
+    def close(self) -> None:
+        try:
+            self.dist.destroy_process_group()
+        except Exception:  # a dead peer can make teardown fail; nothing left to save
+            pass
+
+
+def parse_knobs(items: list[str] | None) -> dict:
+    """``["p=0.02", "check_every=5"]`` -> ``{"p": 0.02, "check_every": 5}`` (numbers parsed)."""
+    knobs = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        for conv in (int, float):
+            try:
+                v = conv(v)
+                break
+            except ValueError:
+                continue
+        knobs[k.strip()] = v
+    return knobs
