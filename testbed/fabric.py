@@ -1,0 +1,394 @@
+"""The emulation lifecycle: a routed Mininet fabric as a context manager.
+
+Use (the orchestrator's API)::
+
+    from topologies import make_topology
+    from testbed.fabric import Fabric
+
+    topo = make_topology("fattree", k=4)          # or "star", "leafspine"
+    with Fabric(topo, run_dir=RUN, bw_mbps=20, queue_pkts=100,
+                controller_socket=None,            # default RUN/control.sock
+                bursts=None) as fab:               # optional burst schedule (issue 5)
+        fab.startup_s                    # seconds from __enter__ to routed
+        fab.server, fab.workers          # role placement: fab.place(n) for n workers
+        fab.role("cross")                # cross-traffic hosts
+        h = fab.host("h000")             # HostHandle: .name .ip .mac .intf .pid
+        fab.ip("h000"), fab.intf("h000")
+        p = fab.popen("h000", ["python", "-m", "workloads.server", ...],
+                      env={...}, stdout=f, stderr=subprocess.STDOUT)   # subprocess.Popen
+        fab.run("h100", ["ping", "-c1", fab.ip("h000")], timeout=5)  # CompletedProcess
+        fab.control({"op": "status"})    # one request on the controller's socket
+        fab.control_socket               # path; put it in DBLP_CONTROL_SOCKET
+        fab.env()                        # {"DBLP_CONTROL_SOCKET": ...} for host processes
+        fab.net                          # the Mininet object (CLI, debugging)
+
+Commands run in a host's network (and mount) namespace through ``mnexec -a
+<pid>`` with a list argv, never a shell string. Every Popen is started in its
+own session and killed by process group at teardown if still running.
+
+What ``__enter__`` does, in order: capability check (root, OVS running, tools,
+os-ken/mininet importable); pick the OVS datapath (kernel if the openvswitch
+module is loaded, as in a VM; userspace otherwise, as in this sandbox); record
+a state file for `dblp-testbed clean`; build OpenFlow 1.3 switches with
+explicit DPIDs and ``fail_mode=secure`` (no standalone flooding); shape every
+interface with HTB plus a ``pfifo limit N`` drop-tail child (Mininet's own
+queue option needs netem, absent here); turn TX offload off on host
+interfaces (TCP over the userspace datapath needs it); start the controller
+process (os-ken, ``controllers.run``) with the topology JSON; start the
+switches; wait until every switch is connected and its routes are confirmed
+by a barrier. ``__exit__`` (also on exceptions, Ctrl-C and failed start-up)
+stops helper processes, the controller and Mininet, then removes any
+remaining bridge, veth, nftables table or host shell this fabric recorded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+from topologies import TopoGraph
+from testbed import capabilities, cleanup
+
+OFP_PORT_BASE = 6653
+
+
+@dataclass
+class HostHandle:
+    name: str
+    ip: str
+    mac: str
+    intf: str
+    pid: int
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def control_request(path: str, request: dict, timeout: float = 10.0) -> dict:
+    """Send one JSON request on the controller's UNIX socket, return the reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall((json.dumps(request) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    if not buf:
+        raise ConnectionError(f"controller closed {path} without a reply")
+    return json.loads(buf)
+
+
+def _mininet_topo(topo: TopoGraph):
+    from mininet.topo import Topo
+
+    t = Topo()
+    for h in topo.hosts():
+        hi = topo.host_info[h]
+        t.addHost(h, ip=f"{hi.ip}/{topo.prefixlen}", mac=hi.mac)
+    for s in topo.switches():
+        t.addSwitch(s, dpid="%016x" % topo.dpid_of(s))
+    for l in topo.links():
+        t.addLink(l.node1, l.node2, port1=l.port1, port2=l.port2)
+    return t
+
+
+def shaping_batch(intfs, bw_mbps: float, queue_pkts: int) -> str:
+    """``tc -batch`` text: HTB at bw with a ``pfifo limit N`` child per interface."""
+    rate = f"{bw_mbps}mbit"
+    # burst of a few MTUs keeps HTB accurate at low rates on a busy 2-core host
+    burst = max(3000, int(bw_mbps * 1e6 / 8 / 250))
+    lines = []
+    for i in intfs:
+        lines += [f"qdisc replace dev {i} root handle 1: htb default 1",
+                  f"class replace dev {i} parent 1: classid 1:1 htb rate {rate} ceil {rate} "
+                  f"burst {burst} cburst {burst}",
+                  f"qdisc replace dev {i} parent 1:1 handle 10: pfifo limit {queue_pkts}"]
+    return "\n".join(lines) + "\n"
+
+
+class Fabric:
+    """A routed emulated fabric for the lifetime of a ``with`` block."""
+
+    def __init__(self, topo: TopoGraph, run_dir: str, bw_mbps: float | None = 20.0,
+                 queue_pkts: int = 100, controller_socket: str | None = None,
+                 bursts=None, datapath: str = "auto", ready_timeout_s: float = 90.0,
+                 tx_offload_off: bool = True, log=None):
+        if not isinstance(topo, TopoGraph):
+            raise TypeError(f"topo must be a topologies.TopoGraph, got {type(topo).__name__}")
+        if bw_mbps is not None and not (isinstance(bw_mbps, (int, float)) and 0.1 <= bw_mbps <= 10000):
+            raise ValueError(f"bw_mbps must be a number in 0.1..10000 (or None: unshaped), got {bw_mbps!r}")
+        if not isinstance(queue_pkts, int) or not 1 <= queue_pkts <= 100000:
+            raise ValueError(f"queue_pkts must be an integer in 1..100000, got {queue_pkts!r}")
+        if datapath not in ("auto", "user", "kernel"):
+            raise ValueError(f"datapath must be auto, user or kernel, got {datapath!r}")
+        self.topo, self.bw_mbps, self.queue_pkts = topo, bw_mbps, queue_pkts
+        self.run_dir = os.path.abspath(run_dir)
+        self.raw_dir = os.path.join(self.run_dir, "raw")
+        self.bursts = bursts
+        self.datapath_req = datapath
+        self.ready_timeout_s = ready_timeout_s
+        self.tx_offload_off = tx_offload_off
+        self.log = log or (lambda msg: print(f"fabric: {msg}", file=sys.stderr))
+        self.control_socket = controller_socket or os.path.join(self.run_dir, "control.sock")
+        if len(self.control_socket.encode()) > 100:
+            # AF_UNIX paths are limited to 108 bytes
+            self.control_socket = f"/tmp/dblp-testbed-{os.getpid()}-{uuid.uuid4().hex[:6]}.sock"
+        self.id = f"fabric-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.net = None
+        self.controller = None
+        self.startup_s = None
+        self.datapath = None
+        self._popens = []
+        self._state = None
+        self._hosts = {}
+        self._t0 = None
+        self.timings = {}
+
+    # -- lifecycle ----------------------------------------------------------
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def _save_state(self):
+        cleanup.write_state(self.id, self._state)
+
+    def start(self):
+        self._t0 = time.monotonic()
+        rep = capabilities.require()
+        self.datapath = ("kernel" if rep["kernel_datapath"] else "user") \
+            if self.datapath_req == "auto" else self.datapath_req
+        os.makedirs(self.raw_dir, exist_ok=True)
+        # A stale bridge of ours from a crashed run would make add-br fail.
+        stale = [b for b in cleanup.project_bridges() if b in self.topo.switch_info]
+        if stale:
+            raise RuntimeError(f"project bridges from an earlier run still exist ({', '.join(stale[:5])}"
+                               f"...): run `dblp-testbed clean` first")
+        self._state = {"id": self.id, "pid": os.getpid(), "bridges": self.topo.switches(),
+                       "hosts": self.topo.hosts(), "processes": [],
+                       "files": [self.control_socket]}
+        self._save_state()
+
+        from mininet.link import Link
+        from mininet.net import Mininet
+        from mininet.node import OVSSwitch, RemoteController
+        from mininet.log import setLogLevel
+        from functools import partial
+
+        setLogLevel("error")
+        self.of_port = _free_tcp_port()
+        switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13",
+                             failMode="secure")
+        self.net = Mininet(topo=_mininet_topo(self.topo), switch=switch_cls, link=Link,
+                           controller=None, autoSetMacs=False, autoStaticArp=False,
+                           build=False, waitConnected=False)
+        self.net.addController(RemoteController("c0", ip="127.0.0.1", port=self.of_port))
+        self.net.build()
+        for h in self.net.hosts:
+            self._hosts[h.name] = HostHandle(h.name, self.topo.host_info[h.name].ip,
+                                             self.topo.host_info[h.name].mac,
+                                             self.topo.host_intf(h.name), h.pid)
+            self._state["processes"].append({"pid": h.pid, "expect": f"mininet:{h.name}"})
+        self._save_state()
+        self.timings["build_s"] = time.monotonic() - self._t0
+
+        self._configure_interfaces()
+        self.timings["shaped_s"] = time.monotonic() - self._t0
+        self._start_controller()
+        self.net.start()
+        self.timings["switches_started_s"] = time.monotonic() - self._t0
+        self._wait_routed()
+        self.startup_s = time.monotonic() - self._t0
+        self.log(f"{self.topo.name}: {len(self.topo.switches())} switches, {len(self.topo.hosts())} "
+                 f"hosts routed in {self.startup_s:.1f} s ({self.datapath} datapath)")
+
+    def _configure_interfaces(self):
+        host_cmds = []
+        if self.bw_mbps is not None:
+            sw_intfs = [i for l in self.topo.links() for i, n in ((l.intf1(), l.node1), (l.intf2(), l.node2))
+                        if self.topo.isSwitch(n)]
+            p = subprocess.run(["tc", "-force", "-batch", "-"], input=shaping_batch(
+                sw_intfs, self.bw_mbps, self.queue_pkts), capture_output=True, text=True)
+            if p.returncode:
+                raise RuntimeError(f"shaping switch ports failed: {p.stderr.strip()[:500]}")
+        for name, h in self._hosts.items():
+            if self.tx_offload_off:
+                host_cmds.append((name, ["ethtool", "-K", h.intf, "tx", "off"], None))
+            if self.bw_mbps is not None:
+                host_cmds.append((name, ["tc", "-force", "-batch", "-"],
+                                  shaping_batch([h.intf], self.bw_mbps, self.queue_pkts)))
+        procs = []
+        for name, argv, stdin in host_cmds:
+            procs.append((name, argv, subprocess.Popen(
+                ["mnexec", "-a", str(self._hosts[name].pid)] + argv, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), stdin))
+        errors = []
+        for name, argv, p, stdin in procs:
+            out, err = p.communicate(stdin)
+            if p.returncode:
+                errors.append(f"{name}: {' '.join(argv)}: {err.strip()[:200]}")
+        if errors:
+            raise RuntimeError("configuring host interfaces failed:\n  " + "\n  ".join(errors))
+
+    def _start_controller(self):
+        cfg = {"topology": self.topo.to_dict(), "run_dir": self.run_dir,
+               "control_socket": self.control_socket, "of_port": self.of_port,
+               "bw_mbps": self.bw_mbps, "queue_pkts": self.queue_pkts,
+               "host_pids": {n: h.pid for n, h in self._hosts.items()},
+               "bursts": self.bursts, "python": sys.executable}
+        cfg_path = os.path.join(self.raw_dir, "fabric.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        if os.path.exists(self.control_socket):
+            os.unlink(self.control_socket)
+        log = open(os.path.join(self.raw_dir, "controller.stderr"), "ab")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.controller = subprocess.Popen(
+            [sys.executable, "-m", "controllers.run", "--config", cfg_path],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=root)
+        log.close()
+        self._state["processes"].insert(0, {"pid": self.controller.pid, "expect": "controllers.run",
+                                            "group": True})
+        self._save_state()
+
+    def _wait_routed(self):
+        want = {str(self.topo.dpid_of(s)) for s in self.topo.switches()}
+        deadline = time.monotonic() + self.ready_timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            if self.controller.poll() is not None:
+                raise RuntimeError(f"controller exited with {self.controller.returncode}; see "
+                                   f"{os.path.join(self.raw_dir, 'controller.stderr')}")
+            try:
+                st = control_request(self.control_socket, {"op": "status"}, timeout=5)
+                last = st
+                ready = {d for d, s in st.get("switches", {}).items() if s.get("routed")}
+                if want <= ready:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        n = len([1 for s in (last or {}).get("switches", {}).values() if s.get("routed")])
+        raise TimeoutError(f"only {n}/{len(want)} switches routed after {self.ready_timeout_s} s "
+                           f"(ready_timeout_s); see {self.raw_dir}/controller.log")
+
+    def stop(self):
+        """Tear down what this fabric created; safe to call twice."""
+        if self._state is None:
+            return
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) \
+            if signal.getsignal(signal.SIGINT) is not None else None
+        try:
+            for p in self._popens:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            for p in self._popens:
+                try:
+                    p.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    p.wait()
+            if self.controller is not None and self.controller.poll() is None:
+                try:
+                    os.killpg(self.controller.pid, signal.SIGTERM)
+                    self.controller.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.controller.pid, signal.SIGKILL)
+                    self.controller.wait()
+                except ProcessLookupError:
+                    pass
+            if self.net is not None:
+                try:
+                    self.net.stop()
+                except Exception as e:  # fall through to the name-based clean-up
+                    self.log(f"mininet stop failed ({e}); cleaning by name")
+            cleanup.clean(only_state=self._state)
+            self._state = None
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+
+    # -- hosts and commands -------------------------------------------------
+    def host(self, name) -> HostHandle:
+        if name not in self._hosts:
+            raise KeyError(f"no host {name!r} in {self.topo.name}; hosts: {', '.join(sorted(self._hosts)[:8])}...")
+        return self._hosts[name]
+
+    def hosts(self):
+        return sorted(self._hosts)
+
+    def ip(self, name) -> str:
+        return self.host(name).ip
+
+    def intf(self, name) -> str:
+        return self.host(name).intf
+
+    def role(self, name):
+        return self.topo.role(name)
+
+    @property
+    def server(self):
+        return self.topo.role("server")
+
+    @property
+    def workers(self):
+        return self.topo.role("workers")
+
+    def place(self, n_workers):
+        return self.topo.place(n_workers)
+
+    def env(self) -> dict:
+        return {"DBLP_CONTROL_SOCKET": self.control_socket}
+
+    def popen(self, host, argv, **kw) -> subprocess.Popen:
+        """Start ``argv`` (a list) inside a host's namespaces; tracked for teardown."""
+        if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
+            raise TypeError("argv must be a list of str (no shell strings)")
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(["mnexec", "-a", str(self.host(host).pid)] + list(argv), **kw)
+        self._popens.append(p)
+        if self._state is not None:
+            self._state["processes"].append({"pid": p.pid, "expect": argv[0], "group": True})
+            self._save_state()
+        return p
+
+    def run(self, host, argv, timeout=None, **kw) -> subprocess.CompletedProcess:
+        """Run ``argv`` in a host to completion (text output captured by default)."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a list of str (no shell strings)")
+        return subprocess.run(["mnexec", "-a", str(self.host(host).pid)] + list(argv),
+                              timeout=timeout, **kw)
+
+    def control(self, request: dict, timeout: float = 10.0) -> dict:
+        return control_request(self.control_socket, request, timeout)
+
+    def switch_intf(self, switch, port) -> str:
+        return f"{switch}-eth{port}"

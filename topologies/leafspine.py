@@ -1,0 +1,39 @@
+"""A two-tier leaf-spine fabric: every leaf connects to every spine."""
+from __future__ import annotations
+
+from .fattree import make_dpid
+from .graph import TopoGraph
+
+LAYER_LEAF, LAYER_SPINE = 5, 6
+
+
+class LeafSpineTopo(TopoGraph):
+    """``dtl{L}`` leaves with hosts ``l{L}h{i}`` (10.L.0.(i+2)), spines ``dtp{S}``.
+
+    Leaf ports: 1..hosts_per_leaf down, then one per spine. Spine port L+1
+    goes to leaf L.
+    """
+
+    def __init__(self, leaves: int = 4, spines: int = 2, hosts_per_leaf: int = 2):
+        for knob, v, lo, hi in (("leaves", leaves, 2, 32), ("spines", spines, 1, 16),
+                                ("hosts_per_leaf", hosts_per_leaf, 1, 32)):
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ValueError(f"leaf-spine {knob} must be an integer in {lo}..{hi}, got {v!r}")
+        super().__init__(name=f"leafspine-{leaves}x{spines}", prefixlen=8)
+        self.params = {"leaves": leaves, "spines": spines, "hosts_per_leaf": hosts_per_leaf}
+        sp = [self.addSwitch(f"dtp{s}", make_dpid(LAYER_SPINE, 0, s), tier=1)
+              for s in range(spines)]
+        for l in range(leaves):
+            leaf = self.addSwitch(f"dtl{l}", make_dpid(LAYER_LEAF, l, 0), tier=0, pod=l)
+            for i in range(hosts_per_leaf):
+                h = self.addHost(f"l{l}h{i}", f"10.{l}.0.{i + 2}", pod=l)
+                self.addLink(h, leaf, 0, i + 1)
+            for s, spine in enumerate(sp):
+                self.addLink(leaf, spine, hosts_per_leaf + 1 + s, l + 1)
+        server = "l0h0"
+        workers = [f"l{l}h0" for l in range(1, leaves)]
+        rest = [h for h in self.hosts() if h != server and h not in workers]
+        self.roles = {"server": server, "workers": workers,
+                      "cross": [h for h in rest if h.startswith("l0")],
+                      "placement_order": workers + [h for h in rest if not h.startswith("l0")]
+                      + [h for h in rest if h.startswith("l0")]}
