@@ -61,3 +61,35 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
     except RunDirError as exc:
         fail(str(exc))
     sys.exit(0 if status == "ok" else 1)
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Output directory: sweep.csv, sweep.json, report.md.")
+@click.option("--model", default="digits_cnn", show_default=True, help="Model registry name.")
+@click.option("--workers", type=int, default=3, show_default=True, help="Simulated workers.")
+@click.option("--rounds", type=int, default=300, show_default=True)
+@click.option("--fractions", default="0,0.2,0.4,0.6,0.8", show_default=True,
+              help="Forced gradient drop fractions.")
+@click.option("--phases", default="early,middle,late", show_default=True)
+@click.option("--window", type=float, default=0.25, show_default=True,
+              help="Share of the rounds one phase window spans.")
+@click.option("--seeds", default="0,1,2", show_default=True)
+@click.option("--order", type=click.Choice(["random", "tail"]), default="random", show_default=True,
+              help="Which chunks go missing: a seeded random subset, or always the tail.")
+def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):
+    """Loss-tolerance sweep: accuracy vs forced gradient drops early/mid/late (workloads.sweep)."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "workloads.sweep", "--out", out, "--model", model,
+            "--workers", str(workers), "--rounds", str(rounds), "--fractions", fractions,
+            "--phases", phases, "--window", str(window), "--seeds", seeds, "--order", order]
+    sys.exit(subprocess.call(argv))
+
+
+# Analysis commands (their modules keep pandas/matplotlib imports lazy).
+from testbed.compare import compare_cmd  # noqa: E402
+from testbed.report import report_cmd  # noqa: E402
+
+main.add_command(report_cmd)
+main.add_command(compare_cmd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -193,16 +194,23 @@ def train(args, log: RunLog) -> dict:
     return {"train_time_s": time.perf_counter() - t_train0 - eval_s, "eval": last_eval}
 
 
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("terminated by SIGTERM")
+
+
 def main(argv=None) -> int:
     args = resolve(build_parser().parse_args(argv))
     torch.set_num_threads(max(1, args.threads))
     log = RunLog(args.log, args.arm, "worker", args.rank)
     t0 = time.perf_counter()
+    # A supervisor stops workers with SIGTERM: still write the end line.
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         out = train(args, log)
-    except KeyboardInterrupt:
-        log.write("end", status="error", train_time_s=time.perf_counter() - t0, error="interrupted")
-        print(f"worker {args.rank}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        why = str(exc) or "interrupted"
+        log.write("end", status="error", train_time_s=time.perf_counter() - t0, error=why)
+        print(f"worker {args.rank}: {why}", file=sys.stderr)
         return 130
     except Exception as exc:  # peer death, timeouts, transport errors: say so and stop
         msg = f"{type(exc).__name__}: {exc}".strip()

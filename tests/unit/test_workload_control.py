@@ -1,0 +1,91 @@
+"""The round announcer against a real UNIX-socket listener, and its no-op modes."""
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from workloads.control import ENV_VAR, RoundAnnouncer
+
+
+class _Listener:
+    """A tiny controller stand-in: answers each JSON line like the real one would."""
+
+    def __init__(self, path, reply=None):
+        self.path, self.reply, self.got = path, reply, []
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(4)
+        self.t = threading.Thread(target=self._serve, daemon=True)
+        self.t.start()
+
+    def _serve(self):
+        conn, _ = self.srv.accept()
+        with conn, conn.makefile("rwb") as f:
+            for line in f:
+                try:
+                    req = json.loads(line)
+                    self.got.append(req)
+                    ans = self.reply(req) if self.reply else {"ok": True, "active_bursts": []}
+                except json.JSONDecodeError:
+                    ans = {"ok": False, "error": "malformed"}
+                if ans is None:        # simulate a controller that hangs
+                    time.sleep(5)
+                    return
+                f.write(json.dumps(ans).encode() + b"\n")
+                f.flush()
+
+    def close(self):
+        self.srv.close()
+
+
+@pytest.mark.unit
+def test_announces_round_start_and_end_over_a_real_unix_socket(tmp_path):
+    path = str(tmp_path / "ctl.sock")
+    lis = _Listener(path, lambda r: {"ok": True, "active_bursts": ["b001"] if r["event"] == "start" else []})
+    try:
+        ann = RoundAnnouncer("dblp", path=path)
+        t0 = time.time_ns()
+        assert ann.round("start", 7) == {"ok": True, "active_bursts": ["b001"]}
+        assert ann.round("end", 7)["active_bursts"] == []
+        ann.close()
+    finally:
+        lis.close()
+    first = lis.got[0]
+    assert first["op"] == "round" and first["event"] == "start" and first["arm"] == "dblp"
+    assert first["round"] == 7 and t0 <= first["t_ns"] <= time.time_ns()
+    assert [g["event"] for g in lis.got] == ["start", "end"]
+
+
+@pytest.mark.unit
+def test_noop_without_env_or_listener(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    ann = RoundAnnouncer("gloo")
+    assert not ann.enabled and ann.round("start", 0) is None
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "nobody.sock"))
+    ann = RoundAnnouncer("gloo")
+    t = time.perf_counter()
+    for r in range(1000):
+        assert ann.round("start", r) is None
+    assert time.perf_counter() - t < 0.5       # retries are rate-limited: costs nothing
+    with pytest.raises(ValueError, match="event"):
+        ann.round("middle", 1)
+
+
+@pytest.mark.unit
+def test_late_controller_is_picked_up_and_a_hung_one_is_dropped(tmp_path):
+    path = str(tmp_path / "late.sock")
+    ann = RoundAnnouncer("static", path=path, timeout_s=0.3, retry_s=0.05)
+    assert ann.round("start", 0) is None          # nothing listens yet
+    lis = _Listener(path, lambda r: None if r["round"] == 2 else {"ok": True, "active_bursts": []})
+    try:
+        time.sleep(0.06)
+        assert ann.round("start", 1) == {"ok": True, "active_bursts": []}
+        t = time.perf_counter()
+        assert ann.round("start", 2) is None          # no reply within the timeout
+        assert time.perf_counter() - t < 1.0
+    finally:
+        lis.close()
+        ann.close()
