@@ -1,0 +1,193 @@
+"""The physics of a bounded-loss round: the latency no transport with bound P can beat.
+
+Why this exists: a speedup between two arms says nothing about whether either
+arm is any good. With Bernoulli loss p at the bottleneck and loss bound P, a
+round must deliver a fraction 1 - P of the bytes that cross the bottleneck, so
+it transmits at least (1 - P)/(1 - p) times them, and sending in passes (send,
+probe, resend the missing) it needs ceil(ln P / ln p) passes, each costing at
+least one round-trip time of probing. The per-round bound is therefore
+
+    bound_s = B_push * (1 - P)/(1 - p) * 8 / rate      (bytes through the burst)
+            + B_pull * (1 - P) * 8 / rate              (the average going back,
+                                                        not through the burst)
+            + passes(P, p) * rtt                        (one probe per pass)
+
+with B_push = flows x gradient bytes (every worker pushes through the server's
+downlink in parameter-server mode) and B_pull the same bytes sent back on the
+server's uplink. Gradient payload only: headers would only raise the floor,
+so leaving them out keeps it a bound. A reliable transport (P = 0) needs
+infinitely many passes under Bernoulli loss; it gets no bound (NaN).
+
+The two speedup ratios below do not depend on p: DBLP's speedup over the
+static bound sits between the bandwidth-bound ratio (1 - P_low)/(1 - P_high)
+(big gradients, cheap probes) and the pass-bound ratio ln P_low / ln P_high
+(per-pass overhead dominates).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import tomllib
+
+
+@dataclasses.dataclass(frozen=True)
+class PhysicsInputs:
+    """What the bound needs about the network and the model.
+
+    rate_bps: bottleneck line rate in bit/s (spec `topology.bw_mbps`, or
+        `transport.rate_mbps` when the sender is paced below it).
+    rtt_s: measured round-trip time between a worker and the server, seconds
+        (manifest `physics.rtt_s` or `rtt_ms`; the orchestrator measures it).
+    grad_bytes: gradient bytes one worker sends per round (the workers'
+        `start` event, `grad_bytes`).
+    flows: how many gradient copies cross the bottleneck per round
+        (the world size for a burst on the server's downlink).
+    base_loss: loss probability outside bursts (0 on a clean fabric).
+    burst_loss: loss probability used for a burst when neither the burst's
+        measured loss nor its requested `params.p` is known.
+    include_pull: add the average's trip back (uplink, no burst) to the bound.
+    """
+
+    rate_bps: float
+    rtt_s: float
+    grad_bytes: float
+    flows: int = 1
+    base_loss: float = 0.0
+    burst_loss: float | None = None
+    include_pull: bool = True
+
+    def __post_init__(self):
+        for name in ("rate_bps", "grad_bytes"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"physics input '{name}' must be a positive number, got {v!r}")
+        if not (isinstance(self.rtt_s, (int, float)) and math.isfinite(self.rtt_s)
+                and self.rtt_s >= 0):
+            raise ValueError(f"physics input 'rtt_s' must be >= 0 seconds, got {self.rtt_s!r}")
+        if not (isinstance(self.flows, int) and self.flows >= 1):
+            raise ValueError(f"physics input 'flows' must be an integer >= 1, got {self.flows!r}")
+        for name in ("base_loss", "burst_loss"):
+            v = getattr(self, name)
+            if v is not None and not (0 <= v < 1):
+                raise ValueError(f"physics input '{name}' must be a probability in [0, 1), got {v!r}")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PhysicsInputs":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"physics inputs: unknown field(s) {sorted(unknown)}; "
+                             f"known: {sorted(known)}")
+        return cls(**d)
+
+
+def passes(bound: float, loss: float) -> float:
+    """Ideal number of send/probe passes until at most `bound` is missing.
+
+    After k passes a fraction loss**k is still missing; at least one pass
+    always happens. NaN for a reliable transport (bound 0) under loss.
+    """
+    if not (0 <= bound < 1) or not (0 <= loss < 1):
+        return math.nan
+    if loss <= bound:
+        return 1.0
+    if bound == 0:
+        return math.nan
+    return float(max(1, math.ceil(math.log(bound) / math.log(loss) - 1e-12)))
+
+
+def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs) -> float:
+    """Lower bound on one round's communication time (see module docstring)."""
+    n = passes(bound, loss)
+    if math.isnan(n):
+        return math.nan
+    bits = inputs.flows * inputs.grad_bytes * 8.0
+    t = bits * (1 - bound) / (1 - loss) / inputs.rate_bps
+    if inputs.include_pull:
+        t += bits * (1 - bound) / (1 - inputs.base_loss) / inputs.rate_bps
+    return t + n * inputs.rtt_s
+
+
+def bandwidth_ratio(p_low: float, p_high: float) -> float:
+    """Speedup of P_high over P_low when bytes dominate: (1-P_low)/(1-P_high)."""
+    return (1 - p_low) / (1 - p_high)
+
+
+def pass_ratio(p_low: float, p_high: float) -> float:
+    """Speedup of P_high over P_low when passes dominate: ln P_low / ln P_high."""
+    if not (0 < p_low < 1 and 0 < p_high < 1) or p_high == 1:
+        return math.nan
+    return math.log(p_low) / math.log(p_high)
+
+
+def place_speedup(speedup: float, p_low: float, p_high: float) -> dict:
+    """Where a measured speedup falls relative to the two physical ratios."""
+    lo, hi = bandwidth_ratio(p_low, p_high), pass_ratio(p_low, p_high)
+    out = {"p_low": p_low, "p_high": p_high, "bandwidth_ratio": lo, "pass_ratio": hi,
+           "speedup": speedup, "position": None, "fraction": None}
+    if any(not math.isfinite(x) for x in (speedup, lo, hi)):
+        return out
+    if speedup < lo:
+        out["position"] = "below the bandwidth-bound ratio"
+    elif speedup > hi:
+        out["position"] = "above the pass-bound ratio"
+    else:
+        out["position"] = "between the bandwidth-bound and pass-bound ratios"
+    if hi > lo:
+        out["fraction"] = (speedup - lo) / (hi - lo)
+    return out
+
+
+def _num(x):
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def inputs_for_run(run_dir, grad_bytes: float | None, world_size: int | None,
+                   override: dict | None = None) -> tuple[PhysicsInputs | None, list[str]]:
+    """Collect the bound's inputs from the run's spec.toml and manifest.json.
+
+    Sources, later ones winning: spec `topology.bw_mbps` (or a lower
+    `transport.rate_mbps`), spec burst `p`; manifest `rtt_ms`/`rtt_s` and a
+    manifest `physics` block with any PhysicsInputs field; then `override`.
+    `grad_bytes` and `world_size` come from the workers' start events.
+    Returns (inputs or None, what is missing) so a report can say why no
+    bound is shown instead of inventing one.
+    """
+    run_dir = pathlib.Path(run_dir)
+    d: dict = {}
+    spec_path = run_dir / "spec.toml"
+    if spec_path.exists():
+        spec = tomllib.loads(spec_path.read_text())
+        bw = _num(spec.get("topology", {}).get("bw_mbps"))
+        pace = _num(spec.get("transport", {}).get("rate_mbps"))
+        rate = bw
+        if pace and (rate is None or pace < rate):
+            rate = pace
+        if rate:
+            d["rate_bps"] = float(rate) * 1e6
+        p = _num(spec.get("burst_every", {}).get("p"))
+        if p is not None and 0 <= p < 1:
+            d["burst_loss"] = float(p)
+    man_path = run_dir / "manifest.json"
+    if man_path.exists():
+        man = json.loads(man_path.read_text())
+        if _num(man.get("rtt_ms")) is not None:
+            d["rtt_s"] = man["rtt_ms"] / 1000.0
+        if _num(man.get("rtt_s")) is not None:
+            d["rtt_s"] = float(man["rtt_s"])
+        if isinstance(man.get("physics"), dict):
+            d.update(man["physics"])
+    if grad_bytes:
+        d.setdefault("grad_bytes", float(grad_bytes))
+    if world_size:
+        d.setdefault("flows", int(world_size))
+    d.update(override or {})
+    missing = [k for k in ("rate_bps", "rtt_s", "grad_bytes") if d.get(k) is None]
+    if missing:
+        return None, missing
+    return PhysicsInputs.from_dict(d), []

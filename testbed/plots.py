@@ -1,0 +1,158 @@
+"""The report's figures, drawn from the derived tables only (so they rebuild from raw/).
+
+Each function writes one PNG and returns its path. Matplotlib runs headless
+(Agg) and every input is sorted, so re-running on the same tables gives
+byte-identical files: the report's rebuild check relies on it.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+_META = {"Software": "dblp-testbed"}  # no version string: rebuilds stay identical across upgrades
+
+
+def _colors(arms):
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {a: cycle[i % len(cycle)] for i, a in enumerate(arms)}
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata=_META)
+    plt.close(fig)
+    return path
+
+
+def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
+    """Round latency against time since the arm's first round; burst windows shaded."""
+    n = max(1, len(arms))
+    fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharey=True, squeeze=False)
+    col = _colors(arms)
+    for ax, arm in zip(axes[:, 0], arms):
+        r = rounds[rounds["arm"] == arm]
+        if not len(r):
+            ax.set_title(f"{arm}: no rounds", fontsize=9)
+            continue
+        t0 = int(r["t_start_ns"].min())
+        x = (r["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9
+        ax.plot(x, r["latency_ms"], ".-", ms=3, lw=0.8, color=col[arm])
+        hit = r[r["in_burst"]]
+        ax.plot((hit["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9, hit["latency_ms"], "o",
+                ms=5, mfc="none", color="crimson")
+        b = bursts[bursts["arm"] == arm] if len(bursts) else bursts
+        for bb in b.itertuples(index=False):
+            if pd.notna(bb.actual_start_ns) and pd.notna(bb.actual_end_ns):
+                ax.axvspan((bb.actual_start_ns - t0) / 1e9, (bb.actual_end_ns - t0) / 1e9,
+                           color="crimson", alpha=0.2, lw=0)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_ylabel("ms")
+        ax.set_title(f"{arm}: round latency (shaded: burst windows, circled: burst rounds)",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("seconds since the arm's first round")
+    return _save(fig, path)
+
+
+def latency_cdf(rounds: pd.DataFrame, arms, path):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    col = _colors(arms)
+    for arm in arms:
+        v = np.sort(rounds[rounds["arm"] == arm]["latency_ms"].to_numpy(dtype=float))
+        if v.size:
+            ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=arm, color=col[arm])
+    ax.set_xscale("log")
+    ax.set_xlabel("round latency (ms)")
+    ax.set_ylabel("fraction of rounds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def burst_rounds(summary: dict, arms, path):
+    """Burst-round p50 (bar) and max (tick) per arm, the physical bound, DBLP's speedups."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    col = _colors(arms)
+    a = summary["arms"]
+    xs = np.arange(len(arms))
+    p50 = [a[x]["burst_round_ms_p50"] or 0 for x in arms]
+    mx = [a[x]["burst_round_ms_max"] for x in arms]
+    ax.bar(xs, p50, color=[col[x] for x in arms])
+    for i, arm in enumerate(arms):
+        if mx[i]:
+            ax.plot([i - 0.3, i + 0.3], [mx[i]] * 2, color="k", lw=1)
+        bound = a[arm].get("burst_round_phys_bound_ms_p50")
+        if bound:
+            ax.plot([i - 0.4, i + 0.4], [bound] * 2, color="crimson", ls="--", lw=1.2)
+    ax.set_xticks(xs, arms)
+    ax.set_ylabel("burst-round latency (ms)")
+    notes = []
+    for key, s in sorted(summary["speedups"].items()):
+        if a.get(s["arm"], {}).get("transport") == "dblp" and s["burst_round"]:
+            notes.append(f"{s['arm']} vs {s['baseline']}: {s['burst_round']:.2f}x")
+    ax.set_title("bar: p50, black: max, red dashed: physical bound\n" + "; ".join(notes),
+                 fontsize=8)
+    return _save(fig, path)
+
+
+def accuracy(evals: pd.DataFrame, arms, path):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    col = _colors(arms)
+    for arm in arms:
+        e = evals[evals["arm"] == arm] if len(evals) else evals
+        if len(e):
+            ax.plot(e["t_s"], e["test_accuracy"], "o-", ms=3, label=arm, color=col[arm])
+    ax.set_xlabel("seconds since the arm's first round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    if len(evals):
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def bytes_per_round(rounds: pd.DataFrame, packets: pd.DataFrame, arms, path):
+    """Wire bytes per round from the captures when present, else the transport's counters."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    col = _colors(arms)
+    source = "transport counters (stats.bytes_sent, all workers)"
+    if len(packets):
+        source = "captures (bytes sent by captured hosts)"
+    for arm in arms:
+        if len(packets):
+            p = packets[packets["arm"] == arm]
+            s = p.groupby("round")["sent_bytes"].sum(min_count=1)
+            x, y = s.index.to_numpy(dtype=float), s.to_numpy(dtype=float)
+        else:
+            r = rounds[rounds["arm"] == arm]
+            if "stats_bytes_sent" not in r:
+                continue
+            x, y = r["round"].to_numpy(dtype=float), r["stats_bytes_sent"].to_numpy(dtype=float)
+        if len(x):
+            ax.plot(x, y / 1e3, ".-", ms=2, lw=0.8, label=arm, color=col[arm])
+    ax.set_xlabel("round")
+    ax.set_ylabel("kB per round")
+    ax.set_title(source, fontsize=8)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms) -> list[pathlib.Path]:
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        latency_over_time(rounds, bursts, arms, out / "latency_over_time.png"),
+        latency_cdf(rounds, arms, out / "latency_cdf.png"),
+        burst_rounds(summary, arms, out / "burst_rounds.png"),
+        accuracy(evals, arms, out / "accuracy.png"),
+        bytes_per_round(rounds, packets, arms, out / "bytes_per_round.png"),
+    ]

@@ -1,0 +1,309 @@
+"""Build every derived file of a run directory from raw/: tables, summary, plots, report.
+
+`build_outputs(run_dir)` is the one entry point (the orchestrator calls it at
+the end of a run, `dblp-testbed report DIR` calls it later). It only reads
+raw/, spec.toml and manifest.json and only writes derived files, and it is
+deterministic: rebuilding a run directory gives byte-identical outputs, so
+"every number recomputes from raw/" is something a test can check.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import pathlib
+
+import click
+
+from testbed import physics as phys
+
+DERIVED = ["rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
+           "report.html", "plots"]
+
+
+def _start_info(raw) -> tuple[float | None, int | None]:
+    gb, ws = [], []
+    for arm in raw.arms:
+        for e in raw.events[arm]:
+            if e.get("event") == "start" and e.get("role") != "server":
+                if isinstance(e.get("grad_bytes"), (int, float)):
+                    gb.append(e["grad_bytes"])
+                if isinstance(e.get("world_size"), int):
+                    ws.append(e["world_size"])
+    return (max(gb) if gb else None), (max(ws) if ws else None)
+
+
+def _evals(raw, rounds):
+    import pandas as pd
+    rows = []
+    for arm in raw.arms:
+        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
+        t0 = int(r["t_start_ns"].min()) if len(r) else None
+        for e in raw.events[arm]:
+            if e.get("event") == "eval" and isinstance(e.get("test_accuracy"), (int, float)):
+                t = e.get("t_ns")
+                rows.append({"arm": arm, "round": e.get("round"), "rank": e.get("rank"),
+                             "t_s": (t - t0) / 1e9 if t is not None and t0 is not None else math.nan,
+                             "test_accuracy": e["test_accuracy"], "test_loss": e.get("test_loss")})
+    df = pd.DataFrame(rows, columns=["arm", "round", "rank", "t_s", "test_accuracy", "test_loss"])
+    return df.sort_values(["arm", "round", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _port(raw, port: int | None) -> int:
+    from testbed import packets as pkts
+    if port:
+        return port
+    p = raw.manifest.get("dblp_port") or raw.manifest.get("port")
+    return int(p) if isinstance(p, int) else pkts.DEFAULT_PORT
+
+
+def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
+                  port: int | None = None) -> dict:
+    """Rebuild rounds/bursts/packets CSVs, summary.json, plots/ and report.md/html.
+
+    physics: optional PhysicsInputs (or a dict of its fields) overriding what
+    the spec and manifest say (see physics.inputs_for_run). port: the DBLP UDP
+    port in the pcaps (default: manifest `dblp_port`, else 47474).
+    Returns the summary dict that was written to summary.json.
+    """
+    from testbed import analysis, packets as pkts, plots  # pandas/matplotlib: only when building
+    run_dir = pathlib.Path(run_dir)
+    raw = analysis.load_raw(run_dir)
+    grad_bytes, world = _start_info(raw)
+    if isinstance(physics, phys.PhysicsInputs):
+        inputs, missing = physics, []
+    else:
+        inputs, missing = phys.inputs_for_run(run_dir, grad_bytes, world, physics)
+    bursts = analysis.bursts_table(raw)
+    rounds = analysis.rounds_table(raw, bursts)
+    packet_table, packet_rows, addrs = pkts.packet_table(run_dir, raw.arms, rounds,
+                                                         _port(raw, port))
+    bursts = pkts.burst_receptions(packet_rows, bursts, addrs)
+    rounds = analysis.rounds_table(raw, bursts)  # again: burst loss now measured where possible
+    bursts = analysis.count_rounds_hit(bursts, rounds)
+    rounds = analysis.add_physics(rounds, inputs)
+    summary = analysis.summarize(raw, rounds, bursts, inputs, missing)
+    summary["packets"] = _packet_summary(packet_table, raw.arms)
+    summary["fidelity"] = {a: {k: v for k, v in (raw.manifest.get("arms", {}).get(a) or {}).items()
+                               if k != "status"} for a in raw.arms}
+    evals = _evals(raw, rounds)
+
+    rounds.to_csv(run_dir / "rounds.csv", index=False)
+    bursts.to_csv(run_dir / "bursts.csv", index=False)
+    packet_table.to_csv(run_dir / "packets.csv", index=False)
+    (run_dir / "summary.json").write_text(json.dumps(analysis._finite(summary), indent=2,
+                                                     sort_keys=True) + "\n")
+    pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms)
+    sections = _sections(summary, rounds, bursts, packet_table, raw)
+    (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
+    (run_dir / "report.html").write_text(render_html(sections, pngs))
+    return summary
+
+
+def _packet_summary(table, arms) -> dict:
+    out = {}
+    for arm in arms:
+        t = table[table["arm"] == arm]
+        if not len(t):
+            continue
+        out[arm] = {}
+        for d, g in t.groupby("direction"):
+            out[arm][d] = {c: float(g[c].sum(min_count=1)) if g[c].notna().any() else None
+                           for c in ("sent_packets", "sent_bytes", "recv_packets", "retransmissions",
+                                     "drops")}
+    return out
+
+
+# ------------------------------------------------------------- rendering --
+
+def _f(x, fmt="{:.2f}", none="–"):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return none
+    return fmt.format(x)
+
+
+def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
+    arms = s["arms_order"]
+    a = s["arms"]
+    sec = []
+    sec.append({"title": f"Run {s.get('name') or raw.run_dir.name}: status {s['status']}",
+                "text": [f"Arms: {', '.join(arms)}. Baselines (every arm whose transport is not "
+                         f"dblp): {', '.join(s['baselines']) or 'none'}. Speedup = baseline / arm "
+                         "(> 1: the arm is faster). Latency = critical-path communication time "
+                         "of a round; a burst round is one whose window overlaps a burst window."],
+                "tables": []})
+    # Paper-style table.
+    dblp_arms = [x for x in arms if a[x]["transport"] == "dblp"]
+    head = ["arm", "burst p50 ms", "burst max ms", "normal p50 ms", "train s", "final acc"]
+    for d in dblp_arms:
+        head += [f"{d} burst speedup", f"{d} train-time cut"]
+    rows = []
+    for arm in arms:
+        row = [arm, _f(a[arm]["burst_round_ms_p50"]), _f(a[arm]["burst_round_ms_max"]),
+               _f(a[arm]["normal_round_ms_p50"]), _f(a[arm]["train_time_s"]),
+               _f(a[arm]["final_accuracy"], "{:.4f}")]
+        for d in dblp_arms:
+            sp = s["speedups"].get(f"{d}_vs_{arm}")
+            row += [_f(sp["burst_round"], "{:.2f}x") if sp else "",
+                    _f(sp["train_time_reduction_pct"], "{:.1f} %") if sp else ""]
+        rows.append(row)
+    paper = ["paper (DBLP vs MLT-style static)", "", "", "", "", "within ~0.5 pt"]
+    for _ in dblp_arms:
+        paper += ["up to 5.88x (4.0-5.9x)", "24.4 % mean, 33.9 % max"]
+    rows.append(paper)
+    sec.append({"title": "Paper-style table", "tables": [(head, rows)],
+                "text": ["Speedup columns: the DBLP arm's burst-round p50 speedup over the "
+                         "row's arm and the cut in end-to-end training time against it. The "
+                         "last row is the paper's figures (arXiv 2605.01989), not a measurement."]})
+    # Speedups with spread.
+    rows = []
+    for key in sorted(s["speedups"]):
+        sp = s["speedups"][key]
+        rows.append([sp["arm"], sp["baseline"], _f(sp["burst_round"], "{:.2f}x"),
+                     f"{_f(sp['burst_round_low'])}-{_f(sp['burst_round_high'])}",
+                     _f(sp["burst_round_spread"]), "/".join(str(n) for n in sp["burst_round_n"]),
+                     _f(sp["normal_round"], "{:.2f}x"), _f(sp["train_time"], "{:.2f}x"),
+                     _f(sp["accuracy_delta"], "{:+.4f}"), "; ".join(sp["warnings"])])
+    sec.append({"title": "Speedups of every arm against every baseline",
+                "tables": [(["arm", "baseline", "burst-round", "quartile range", "spread",
+                             "n (arm/base)", "normal-round", "train time", "accuracy delta",
+                             "warning"], rows)], "text": []})
+    # Physics.
+    ph = s["physics"]
+    text = []
+    if ph["inputs"]:
+        i = ph["inputs"]
+        text.append(f"Inputs: bottleneck {i['rate_bps'] / 1e6:.3g} Mbit/s, RTT "
+                    f"{i['rtt_s'] * 1e3:.3g} ms, {i['grad_bytes']:.0f} gradient bytes x "
+                    f"{i['flows']} flows through the bottleneck, base loss {i['base_loss']}. "
+                    "Bound = bytes (1-P)/(1-p) at line rate + the average's return at line "
+                    "rate + ceil(ln P / ln p) passes x RTT; no transport with bound P can beat it.")
+    else:
+        text.append("No physical bound: missing " + ", ".join(ph["missing_inputs"]) + ".")
+    rows = []
+    for arm in arms:
+        if a[arm]["transport"] in ("dblp", "static"):
+            rows.append([arm, _f(a[arm]["burst_round_bound_p50"], "{:.3f}"),
+                         _f(a[arm]["burst_round_ms_p50"]), _f(a[arm]["burst_round_phys_bound_ms_p50"]),
+                         _f(a[arm]["burst_round_over_phys_bound"], "{:.2f}x")])
+    tables = [(["arm", "P in burst rounds", "burst p50 ms", "bound p50 ms", "p50 / bound"], rows)]
+    for key, pl in sorted(ph["pairs"].items()):
+        text.append(f"{key}: measured burst-round speedup {_f(pl['speedup'])}x with P_low "
+                    f"{_f(pl['p_low'], '{:.3f}')} and P_high {_f(pl['p_high'], '{:.3f}')}; "
+                    f"bandwidth-bound ratio {_f(pl['bandwidth_ratio'])}x, pass-bound ratio "
+                    f"{_f(pl['pass_ratio'])}x: {pl['position'] or 'not placeable'}"
+                    + (f" (fraction {_f(pl['fraction'])} of the way)" if pl["fraction"] is not None else "")
+                    + ".")
+    br = rounds[rounds["in_burst"]] if len(rounds) else rounds
+    rows = [[r.arm, r.round, r.burst_id, _f(r.phys_loss, "{:.3f}"), _f(r.bound, "{:.3f}"),
+             r.phase if isinstance(r.phase, str) else "–", _f(r.latency_ms), _f(r.phys_bound_ms), _f(r.latency_over_bound, "{:.2f}x")]
+            for r in br.itertuples(index=False)]
+    tables.append((["arm", "round", "burst", "loss p", "bound P", "phase", "latency ms",
+                    "bound ms", "latency / bound"], rows))
+    sec.append({"title": "Physics: how close each arm came to what the network allows",
+                "text": text, "tables": tables})
+    # Bursts.
+    rows = [[b.arm, b.id, str(b.round), _f(b.requested_loss, "{:.2f}"), _f(b.measured_loss, "{:.3f}"),
+             str(b.dropped_packets), _f(b.received_packets, "{:.0f}"), _f(b.requested_ms),
+             _f(b.actual_ms), _f(b.start_delay_ms), str(b.rounds_hit)]
+            for b in bursts.itertuples(index=False)]
+    sec.append({"title": f"Bursts ({s['bursts']['count']})",
+                "text": ["Measured loss = packets the controller dropped / (dropped + packets "
+                         "the target's capture received in the burst window)."],
+                "tables": [(["arm", "id", "round", "requested p", "measured p", "dropped",
+                             "received", "requested ms", "actual ms", "start delay ms",
+                             "rounds hit"], rows)]})
+    # Packets.
+    rows = []
+    for arm, dirs in sorted(s["packets"].items()):
+        for d, v in sorted(dirs.items()):
+            rows.append([arm, d] + [_f(v[c], "{:.0f}") for c in
+                                    ("sent_packets", "sent_bytes", "recv_packets",
+                                     "retransmissions", "drops")])
+    sec.append({"title": "Packets (from the captures)",
+                "text": [] if rows else ["No captures in raw/."],
+                "tables": [(["arm", "direction", "sent pkts", "sent bytes", "recv pkts",
+                             "retransmissions", "drops"], rows)] if rows else []})
+    fid = [[arm, json.dumps(v, sort_keys=True)] for arm, v in s["fidelity"].items() if v]
+    if fid:
+        sec.append({"title": "Per-arm run record (manifest: fidelity checks, exit state)",
+                    "text": [], "tables": [(["arm", "record"], fid)]})
+    sec.append({"title": "Warnings", "text": [w for w in s["warnings"]] or ["none"], "tables": []})
+    return sec
+
+
+def render_md(sections: list[dict], pngs, run_dir: pathlib.Path) -> str:
+    out = []
+    for i, sec in enumerate(sections):
+        out.append(("# " if i == 0 else "## ") + sec["title"])
+        out.append("")
+        for t in sec["text"]:
+            out += [("- " + t) if sec["title"] == "Warnings" else t, ""]
+        for head, rows in sec["tables"]:
+            out.append("| " + " | ".join(head) + " |")
+            out.append("|" + "---|" * len(head))
+            for r in rows:
+                out.append("| " + " | ".join(str(c).replace("|", "/") for c in r) + " |")
+            out.append("")
+    out.append("## Plots")
+    out.append("")
+    for p in pngs:
+        rel = pathlib.Path(p).relative_to(run_dir)
+        out += [f"![{rel.stem}]({rel.as_posix()})", ""]
+    return "\n".join(out)
+
+
+def render_html(sections: list[dict], pngs) -> str:
+    """Self-contained: the PNGs are embedded as data URIs, no external files."""
+    e = html.escape
+    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>",
+           f"<title>{e(sections[0]['title'])}</title>",
+           "<style>body{font-family:sans-serif;max-width:1100px;margin:1em auto}"
+           "table{border-collapse:collapse;margin:.5em 0;font-size:13px}"
+           "td,th{border:1px solid #bbb;padding:2px 6px;text-align:right}"
+           "th{background:#eee}td:first-child{text-align:left}img{max-width:100%}</style>",
+           "</head><body>"]
+    for i, sec in enumerate(sections):
+        out.append(f"<h{1 if i == 0 else 2}>{e(sec['title'])}</h{1 if i == 0 else 2}>")
+        for t in sec["text"]:
+            out.append(f"<p>{e(t)}</p>")
+        for head, rows in sec["tables"]:
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+            for r in rows:
+                out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>")
+            out.append("</table>")
+    out.append("<h2>Plots</h2>")
+    for p in pngs:
+        data = base64.b64encode(pathlib.Path(p).read_bytes()).decode()
+        out.append(f"<p><img alt='{e(pathlib.Path(p).stem)}' src='data:image/png;base64,{data}'></p>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+@click.command("report")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--rtt-ms", type=float, default=None,
+              help="Measured worker-server RTT for the physical bound (default: manifest.json).")
+@click.option("--rate-mbps", type=float, default=None,
+              help="Bottleneck rate for the physical bound (default: spec topology.bw_mbps).")
+def report_cmd(run_dir, rtt_ms, rate_mbps):
+    """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json)."""
+    from testbed.analysis import RawError
+    override = {}
+    if rtt_ms is not None:
+        override["rtt_s"] = rtt_ms / 1000.0
+    if rate_mbps is not None:
+        override["rate_bps"] = rate_mbps * 1e6
+    try:
+        s = build_outputs(run_dir, override or None)
+    except (RawError, ValueError) as exc:
+        click.echo(f"dblp-testbed: error: {exc}", err=True)
+        raise SystemExit(2)
+    click.echo(f"{run_dir}: status {s['status']}; wrote " + ", ".join(DERIVED))
+    for key, sp in sorted(s["speedups"].items()):
+        if s["arms"][sp["arm"]]["transport"] == "dblp":
+            click.echo(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
+                       f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
+    for w in s["warnings"]:
+        click.echo(f"  warning: {w}")

@@ -1,0 +1,261 @@
+"""Analysis of a hand-written run directory whose every answer is known in advance.
+
+`make_run` writes RUN/raw/ in the COMMON.md JSON-line schema with chosen
+timings: three workers whose compute ends staggered (so only the
+critical-path definition of latency gives the chosen numbers), two bursts per
+arm of which the second touches the previous round's end exactly (so the
+timestamp join must be strict), and per-arm end/eval events.
+"""
+import json
+import math
+
+import pytest
+
+from testbed import analysis, physics
+from testbed.report import build_outputs
+
+pytestmark = pytest.mark.unit
+
+MS = 1_000_000
+PERIOD = 1000 * MS               # one round per second
+T0 = {"gloo": 10**18, "static": 10**18 + 100 * 10**9, "dblp": 10**18 + 200 * 10**9}
+NORMAL = {"gloo": 40.0, "static": 30.0, "dblp": 24.0}      # ms
+BURST = {"gloo": 800.0, "static": 400.0, "dblp": 100.0}    # ms
+BURST_ROUNDS = (3, 7)
+TRAIN = {"gloo": 3.0, "static": 2.0, "dblp": 1.5}
+ACC = {"gloo": 0.97, "static": 0.96, "dblp": 0.95}
+ROUNDS = 10
+WORKERS = 3
+GRAD = 10_000
+
+
+def latency(arm, r, burst=BURST):
+    return burst[arm] if r in BURST_ROUNDS else NORMAL[arm]
+
+
+def bound_of(arm, r):
+    if arm == "gloo":
+        return None
+    if arm == "static":
+        return 0.008
+    return 0.008 if r < 2 else 0.408
+
+
+def round_start(arm, r):
+    return T0[arm] + r * PERIOD
+
+
+def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, spec=True,
+             manifest=True, rtt_ms=5.0):
+    """Write a run directory with known timings; returns its path."""
+    run = tmp
+    for arm in arms:
+        d = run / "raw" / arm
+        d.mkdir(parents=True)
+        for rank in range(WORKERS):
+            lines = [{"event": "start", "arm": arm, "role": "worker", "rank": rank,
+                      "model": "digits_cnn", "params": GRAD // 4, "grad_bytes": GRAD,
+                      "world_size": WORKERS, "seed": 1, "t_ns": T0[arm] - MS}]
+            for r in range(ROUNDS):
+                ts = round_start(arm, r)
+                comm_start = ts + 10 * MS + rank * MS   # rank 2 is the last to start communicating
+                end = ts + 12 * MS + int(latency(arm, r, burst) * MS)
+                lines.append({"event": "round", "arm": arm, "role": "worker", "rank": rank,
+                              "round": r, "epoch": 0, "t_start_ns": ts, "t_end_ns": end,
+                              "compute_s": (comm_start - ts) / 1e9, "comm_s": (end - comm_start) / 1e9,
+                              "bound": bound_of(arm, r),
+                              "phase": None if arm == "gloo" else ("critical" if bound_of(arm, r) == 0.008 else "stable"),
+                              "loss": 1.0 / (r + 1),
+                              "stats": {} if arm == "gloo" else {"bytes_sent": 4000, "chunks_sent": 4,
+                                                                  "retransmitted": 1 if r in BURST_ROUNDS else 0,
+                                                                  "probe_rounds": 2}})
+                if rank == 0 and r in (4, 9):
+                    lines.append({"event": "eval", "arm": arm, "role": "worker", "rank": 0,
+                                  "round": r, "epoch": 0, "t_ns": end + MS,
+                                  "test_accuracy": acc[arm] - (0.1 if r == 4 else 0.0),
+                                  "test_loss": 0.2})
+            lines.append({"event": "end", "arm": arm, "role": "worker", "rank": rank,
+                          "status": "ok", "train_time_s": TRAIN[arm] - 0.1 * rank})
+            (d / f"worker{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        b1s = round_start(arm, 3) + 11 * MS
+        r6_end = round_start(arm, 6) + 12 * MS + int(NORMAL[arm] * MS)
+        bursts = [
+            {"event": "burst", "arm": arm, "id": f"{arm}-b1", "kind": "loss",
+             "target": "server-downlink", "params": {"p": 0.8}, "trigger": "round", "round": 3,
+             "requested_start_ns": b1s - MS, "requested_end_ns": b1s + 50 * MS,
+             "actual_start_ns": b1s, "actual_end_ns": b1s + 50 * MS, "dropped_packets": 12},
+            # Starts exactly where round 6 ends: overlaps round 7 only.
+            {"event": "burst", "arm": arm, "id": f"{arm}-b2", "kind": "loss",
+             "target": "server-downlink", "params": {"p": 0.8}, "trigger": "round", "round": 7,
+             "requested_start_ns": r6_end, "requested_end_ns": round_start(arm, 7) + 30 * MS,
+             "actual_start_ns": r6_end, "actual_end_ns": round_start(arm, 7) + 30 * MS,
+             "dropped_packets": 8},
+        ]
+        (d / "bursts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in bursts))
+    if spec:
+        (run / "spec.toml").write_text(
+            'name = "unit"\narms = [' + ", ".join(f'"{a}"' for a in arms) + ']\n\n'
+            '[topology]\nbw_mbps = 20.0\n\n[transport]\nrate_mbps = 0.0\n\n'
+            '[burst_every]\np = 0.8\n')
+    if manifest:
+        (run / "manifest.json").write_text(json.dumps({"name": "unit", "rtt_ms": rtt_ms,
+                                                       "arms": {a: {"status": "ok"} for a in arms}}))
+    return run
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return make_run(tmp_path / "run")
+
+
+def test_rounds_latency_is_the_critical_path_and_join_is_exact(run_dir):
+    raw = analysis.load_raw(run_dir)
+    assert raw.arms == ["gloo", "static", "dblp"]  # spec order, not alphabetical
+    bursts = analysis.bursts_table(raw)
+    rounds = analysis.rounds_table(raw, bursts)
+    assert len(rounds) == 3 * ROUNDS
+    for r in rounds.itertuples():
+        assert r.latency_ms == pytest.approx(latency(r.arm, r.round), abs=1e-6)
+        # comm_s of rank 0 includes waiting for rank 2's compute: 2 ms more.
+        assert r.comm_ms_max == pytest.approx(latency(r.arm, r.round) + 2, abs=1e-6)
+        assert r.in_burst == (r.round in BURST_ROUNDS)
+        assert r.workers == WORKERS
+    hit = rounds[rounds["in_burst"]]
+    assert sorted(hit[hit["arm"] == "dblp"]["burst_id"]) == ["dblp-b1", "dblp-b2"]
+    # Burst 2 touches round 6's end exactly: zero overlap, not a burst round.
+    r6 = rounds[(rounds["arm"] == "static") & (rounds["round"] == 6)].iloc[0]
+    assert not r6.in_burst and r6.burst_overlap_ms == 0
+    r7 = rounds[(rounds["arm"] == "static") & (rounds["round"] == 7)].iloc[0]
+    assert r7.burst_overlap_ms == pytest.approx(30.0)
+    # Stats are summed over workers, probe rounds are a maximum.
+    assert r7.stats_bytes_sent == 3 * 4000 and r7.stats_retransmitted == 3
+    assert r7.stats_probe_rounds == 2
+    assert analysis.count_rounds_hit(bursts, rounds)["rounds_hit"].tolist() == [1] * 6
+
+
+def test_summary_speedups_are_exact(run_dir):
+    s = build_outputs(run_dir)
+    assert s["status"] == "ok"
+    assert s["baselines"] == ["gloo", "static"]
+    a = s["arms"]
+    for arm in ("gloo", "static", "dblp"):
+        assert a[arm]["rounds"] == ROUNDS and a[arm]["burst_rounds"] == 2
+        assert a[arm]["burst_round_ms_p50"] == pytest.approx(BURST[arm])
+        assert a[arm]["burst_round_ms_max"] == pytest.approx(BURST[arm])
+        assert a[arm]["normal_round_ms_p50"] == pytest.approx(NORMAL[arm])
+        assert a[arm]["train_time_s"] == pytest.approx(TRAIN[arm])   # slowest worker
+        assert a[arm]["final_accuracy"] == pytest.approx(ACC[arm])  # last eval, not the first
+    sp = s["speedups"]
+    assert set(sp) == {"dblp_vs_gloo", "dblp_vs_static", "static_vs_gloo", "gloo_vs_static"}
+    assert sp["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
+    assert sp["dblp_vs_gloo"]["burst_round"] == pytest.approx(8.0)
+    assert sp["static_vs_gloo"]["burst_round"] == pytest.approx(2.0)
+    assert sp["dblp_vs_static"]["normal_round"] == pytest.approx(30 / 24)
+    assert sp["dblp_vs_static"]["train_time"] == pytest.approx(2.0 / 1.5)
+    assert sp["dblp_vs_static"]["train_time_reduction_pct"] == pytest.approx(25.0)
+    assert sp["dblp_vs_static"]["accuracy_delta"] == pytest.approx(-0.01)
+    # Two burst rounds per arm: the ratio is anecdotal and the summary says so.
+    assert any("only 2 round(s)" in w for w in sp["dblp_vs_static"]["warnings"])
+    assert s["bursts"]["count"] == 6 and s["bursts"]["rounds_hit"] == 6
+    assert s["bursts"]["dropped_packets"] == 3 * 20
+    assert s["bursts"]["requested_loss"] == pytest.approx(0.8)
+    for f in ("rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
+              "report.html", "plots/latency_over_time.png", "plots/latency_cdf.png",
+              "plots/burst_rounds.png", "plots/accuracy.png", "plots/bytes_per_round.png"):
+        assert (run_dir / f).stat().st_size > 0, f
+
+
+def test_physics_bound_per_burst_round(run_dir):
+    s = build_outputs(run_dir)
+    inp = s["physics"]["inputs"]
+    assert inp["rate_bps"] == 20e6 and inp["rtt_s"] == pytest.approx(0.005)
+    assert inp["grad_bytes"] == GRAD and inp["flows"] == WORKERS
+    # Hand-computed: bits = 3 x 10000 x 8 = 240000; P = 0.408, p = 0.8:
+    # push 240000 x 0.592 / 0.2 / 20e6 = 35.52 ms, pull 7.104 ms,
+    # ceil(ln 0.408 / ln 0.8) = ceil(4.017) = 5 passes x 5 ms = 25 ms.
+    assert s["arms"]["dblp"]["burst_round_phys_bound_ms_p50"] == pytest.approx(67.624)
+    # P = 0.008: push 59.52 ms, pull 11.904 ms, 22 passes x 5 ms.
+    assert s["arms"]["static"]["burst_round_phys_bound_ms_p50"] == pytest.approx(181.424)
+    assert s["arms"]["static"]["burst_round_over_phys_bound"] == pytest.approx(400 / 181.424)
+    assert s["arms"]["gloo"]["burst_round_phys_bound_ms_p50"] is None  # reliable: no bound
+    pl = s["physics"]["pairs"]["dblp_vs_static"]
+    assert pl["bandwidth_ratio"] == pytest.approx(0.992 / 0.592)
+    assert pl["pass_ratio"] == pytest.approx(math.log(0.008) / math.log(0.408))
+    assert pl["position"] == "between the bandwidth-bound and pass-bound ratios"
+    assert pl["fraction"] == pytest.approx((4.0 - 0.992 / 0.592)
+                                           / (math.log(0.008) / math.log(0.408) - 0.992 / 0.592))
+
+
+def test_physics_formulas():
+    assert physics.passes(0.008, 0.8) == 22
+    assert physics.passes(0.408, 0.8) == 5
+    assert physics.passes(0.5, 0.1) == 1          # the loss is already within the bound
+    assert math.isnan(physics.passes(0.0, 0.8))   # reliable under loss: no finite pass count
+    assert physics.bandwidth_ratio(0.008, 0.408) == pytest.approx(1.6757, abs=1e-4)
+    assert physics.pass_ratio(0.008, 0.408) == pytest.approx(5.39, abs=0.01)
+    assert physics.pass_ratio(0.024, 0.424) == pytest.approx(4.35, abs=0.01)
+    inp = physics.PhysicsInputs(rate_bps=8e6, rtt_s=0.01, grad_bytes=1e6, flows=1,
+                                include_pull=False)
+    # 1 MB at 8 Mbit/s = 1 s; (1 - 0.5)/(1 - 0.5) = 1 pass of bytes; 1 pass x 10 ms.
+    assert physics.round_bound_s(0.5, 0.5, inp) == pytest.approx(1.01)
+    with pytest.raises(ValueError, match="rate_bps"):
+        physics.PhysicsInputs(rate_bps=0, rtt_s=0.01, grad_bytes=1)
+    with pytest.raises(ValueError, match="unknown field"):
+        physics.PhysicsInputs.from_dict({"rate_bps": 1, "rtt_s": 0, "grad_bytes": 1, "rate": 2})
+
+
+def test_missing_rtt_gives_no_bound_and_says_why(tmp_path):
+    run = make_run(tmp_path / "run", manifest=False)
+    s = build_outputs(run)
+    assert s["physics"]["missing_inputs"] == ["rtt_s"]
+    assert s["arms"]["dblp"]["burst_round_phys_bound_ms_p50"] is None
+    assert any("rtt_s" in w for w in s["warnings"])
+    assert s["status"] == "partial" or s["status"] == "ok"
+
+
+def test_incomplete_arm_and_truncated_line(tmp_path):
+    run = make_run(tmp_path / "run")
+    w = run / "raw" / "dblp" / "worker1.jsonl"
+    lines = w.read_text().splitlines()
+    # A crashed worker: no end line, a half-written last line.
+    w.write_text("\n".join(lines[:-1]) + '\n{"event": "round", "arm"')
+    s = build_outputs(run)
+    assert s["arms"]["dblp"]["status"] == "incomplete"
+    assert s["status"] == "partial"
+    assert any("worker1.jsonl" in x and "not a JSON line" in x for x in s["warnings"])
+    assert s["arms"]["gloo"]["status"] == "ok"
+
+
+def test_no_raw_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(analysis.RawError, match="no raw/ directory"):
+        analysis.load_raw(tmp_path)
+
+
+def test_spread_warning_on_wide_burst_rounds(tmp_path):
+    wide = dict(BURST)
+    run = make_run(tmp_path / "run", burst=wide)
+    # Make the two static burst rounds very different: 100 ms and 700 ms.
+    p = run / "raw" / "static"
+    for rank in range(WORKERS):
+        f = p / f"worker{rank}.jsonl"
+        out = []
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if e["event"] == "round" and e["round"] == 7:
+                e["t_end_ns"] += 300 * MS
+                e["comm_s"] += 0.3
+            if e["event"] == "round" and e["round"] == 3:
+                e["t_end_ns"] -= 300 * MS
+                e["comm_s"] -= 0.3
+            out.append(json.dumps(e))
+        f.write_text("\n".join(out) + "\n")
+    raw = analysis.load_raw(run)
+    b = analysis.bursts_table(raw)
+    r = analysis.rounds_table(raw, b)
+    s = analysis.summarize(raw, analysis.add_physics(r, None), analysis.count_rounds_hit(b, r),
+                           None, [])
+    sp = s["speedups"]["dblp_vs_static"]
+    assert sp["burst_round"] == pytest.approx(4.0)           # median unchanged
+    assert sp["burst_round_spread"] == pytest.approx((550 / 250))
+    assert sp["burst_round_low"] == pytest.approx(250 / 100)
+    assert sp["burst_round_high"] == pytest.approx(550 / 100)
