@@ -1,0 +1,316 @@
+"""`dblp-testbed run`: one experiment from a validated spec to its report.
+
+The run path (DESIGN.md): a fresh run directory with the resolved spec and a
+manifest; the capability check; one routed fabric with the controller and
+its burst schedule; for each arm the server and workers on their hosts with
+packet captures around them; then the derived tables, plots and report.
+Whatever happens (a crashed worker, Ctrl-C, SIGTERM), the fabric is torn
+down, the manifest says how the run ended and `raw/` keeps what was measured.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import secrets
+import signal
+import sys
+import time
+
+import click
+
+from testbed.bursts import resolve_bursts
+from testbed.processes import ProcessGroup
+from testbed.rundir import Manifest, new_run_dir
+from testbed.spec import ARMS, Spec
+
+DATA_PORT = 47474
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM reached the harness: stop the arm, keep what we have."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class ArmFailed(Exception):
+    """An arm's process failed; the message carries the log lines that matter."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+def run_experiment(spec: Spec, out: str | None) -> str:
+    """Run every arm of `spec`; return the run's status ("ok" or a failure)."""
+    from testbed import capabilities
+
+    caps = capabilities.check()
+    if caps["problems"]:
+        click.echo(f"dblp-testbed: error: cannot emulate here: {caps['problems'][0]}", err=True)
+        return "error"
+    run_dir = new_run_dir(spec, out)
+    manifest = Manifest(run_dir, spec, caps)
+    click.echo(f"run directory: {run_dir}", err=True)
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    status, error = "ok", None
+    try:
+        schedule = resolve_bursts(spec)
+        (run_dir / "raw" / "burst_schedule.json").write_text(json.dumps(schedule, indent=2))
+        status = _run_on_fabric(spec, run_dir, manifest, schedule)
+    except Interrupted as exc:
+        status, error = "interrupted", f"stopped by {exc}"
+    except Exception as exc:  # noqa: BLE001 - reported, partial results kept
+        status, error = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        manifest.finish(status, error)
+        if error:
+            click.echo(f"dblp-testbed: run {status}: {error}", err=True)
+        _build_outputs(run_dir, manifest)
+    click.echo(f"run {status}: {run_dir}", err=True)
+    return status
+
+
+def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
+    """Derive tables, plots and the report from raw/; never lose the run to it."""
+    try:
+        from testbed.report import build_outputs
+        build_outputs(run_dir)
+    except Exception as exc:  # noqa: BLE001
+        manifest.update(report_error=f"{type(exc).__name__}: {exc}")
+        click.echo(f"dblp-testbed: report failed: {exc}", err=True)
+
+
+def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
+                   schedule: list[dict]) -> str:
+    from testbed.fabric import Fabric
+    from testbed.spec import build_topology
+    from topologies import TOPOLOGIES
+
+    topo = build_topology(spec["topology"], TOPOLOGIES, spec["placement"]["workers"])
+    server, workers = topo.place(spec["placement"]["workers"])
+    manifest.update(placement={"server": server, "workers": list(workers)})
+    t0 = time.monotonic()
+    with Fabric(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
+                queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule) as fab:
+        manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DATA_PORT,
+                        rtt_ms=measure_rtt_ms(fab, workers[0], server))
+        click.echo(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
+                   f"server {server}, workers {', '.join(workers)}", err=True)
+        failed = []
+        for arm in spec.arms:
+            manifest.arm(arm, status="running", started_ns=time.time_ns())
+            try:
+                arm_run = ArmRun(spec, arm, fab, run_dir, server, list(workers))
+                fidelity = arm_run.run()
+                manifest.arm(arm, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
+            except ArmFailed as exc:
+                manifest.arm(arm, status="failed", ended_ns=time.time_ns(), error=str(exc))
+                click.echo(f"[{arm}] failed:\n{exc}", err=True)
+                failed.append(arm)
+            except Interrupted:
+                manifest.arm(arm, status="interrupted", ended_ns=time.time_ns())
+                raise
+        return "ok" if not failed else "failed"
+
+
+def measure_rtt_ms(fab, src: str, dst: str) -> float | None:
+    """Median idle RTT worker->server: the per-pass cost in the round bound."""
+    import re
+    res = fab.run(src, ["ping", "-c", "7", "-i", "0.2", "-W", "2", fab.ip(dst)], timeout=20)
+    rtts = sorted(float(x) for x in re.findall(r"time=([0-9.]+) ms", res.stdout))[1:]
+    return rtts[len(rtts) // 2] if rtts else None
+
+
+class ArmRun:
+    """One arm: the server (if any), the workers and the captures, supervised."""
+
+    def __init__(self, spec: Spec, arm: str, fab, run_dir: pathlib.Path,
+                 server: str, workers: list[str]):
+        self.spec, self.arm, self.fab = spec, arm, fab
+        self.transport, self.control = ARMS[arm]
+        self.raw = run_dir / "raw" / arm
+        self.raw.mkdir(parents=True, exist_ok=True)
+        self.server, self.workers = server, workers
+        self.procs = ProcessGroup()
+        self.captures = ProcessGroup()
+
+    # -- argv builders: lists only, never a shell ---------------------------
+    def _common_args(self) -> list[str]:
+        t = self.spec["training"]
+        return ["--model", t["model"], "--rounds", str(t["rounds"]),
+                "--seed", str(self.spec.seed), "--lr", str(t["lr"]),
+                "--batch-size", str(t["batch_size"])]
+
+    def _knobs(self) -> list[str]:
+        tr = self.spec["transport"]
+        rate = tr["rate_mbps"] or self.spec["topology"]["bw_mbps"]
+        knobs = {"missing": tr["missing"], "rate_mbps": rate,
+                 "round_deadline_s": tr["round_deadline_s"], "control": self.control}
+        if self.transport == "static":
+            knobs["p"] = tr["p_static"]
+        elif self.transport == "dblp":
+            knobs.update(p_low=tr["p_low"], p_high=tr["p_high"], threshold=tr["threshold"],
+                         check_every=tr["check_every"])
+        out = []
+        for k, v in knobs.items():
+            out += ["--knob", f"{k}={v}"]
+        return out
+
+    def _env(self, rank: int | None = None) -> dict:
+        env = dict(os.environ)
+        env.update({
+            "DBLP_CONTROL_SOCKET": str(self.fab.control_socket),
+            "DBLP_SESSION": self.session,
+            "WORLD_SIZE": str(len(self.workers)),
+            "MASTER_ADDR": self.fab.ip(self.server if self.transport != "gloo" else self.workers[0]),
+            "MASTER_PORT": str(self.port),
+            "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": "",
+        })
+        if rank is not None:
+            env["RANK"] = str(rank)
+            env["GLOO_SOCKET_IFNAME"] = self.fab.intf(self.workers[rank])
+        else:
+            env["GLOO_SOCKET_IFNAME"] = self.fab.intf(self.server)
+        return env
+
+    def run(self) -> dict:
+        self.session = secrets.token_hex(8)
+        self.port = DATA_PORT
+        py = sys.executable
+        try:
+            self._start_captures()
+            if self.transport in ("reliable", "static", "dblp"):
+                self.procs.start(
+                    "server", [py, "-m", "workloads.server", "--arm", self.arm,
+                               "--log", str(self.raw / "server.jsonl"), "--port", str(self.port)]
+                    + self._common_args() + self._knobs(),
+                    self.raw / "server.out", popen=functools.partial(self.fab.popen, self.server),
+                    env=self._env())
+            for rank, host in enumerate(self.workers):
+                self.procs.start(
+                    f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.arm,
+                                      "--log", str(self.raw / f"worker{rank}.jsonl")]
+                    + self._common_args() + self._knobs()
+                    + ["--eval-every", str(self.spec["training"]["eval_every"])],
+                    self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
+                    env=self._env(rank))
+            cpu = CpuSampler()
+            self._supervise(cpu)
+            return {"cpu_busy_frac": cpu.busy_fraction()}
+        finally:
+            self.procs.stop()
+            self.captures.stop(sig=signal.SIGINT)
+
+    def _start_captures(self):
+        if not self.spec["capture"]["enabled"]:
+            return
+        roles = {"server": self.server, **{f"worker{i}": h for i, h in enumerate(self.workers)}}
+        for role in self.spec["capture"]["hosts"]:
+            host = roles[role]
+            self.captures.start(
+                f"tcpdump-{role}",
+                ["tcpdump", "-i", self.fab.intf(host), "-s", str(self.spec["capture"]["snaplen"]),
+                 "-w", str(self.raw / f"{role}.pcap"), "-U", "-n", "udp or tcp"],
+                self.raw / f"tcpdump-{role}.out", popen=functools.partial(self.fab.popen, host), critical=False)
+        time.sleep(0.3)  # tcpdump needs a moment before it sees packets
+
+    def _supervise(self, cpu: "CpuSampler"):
+        rounds = self.spec["training"]["rounds"]
+        timeout = self.spec["limits"]["arm_timeout_s"]
+        start = time.monotonic()
+        progress = Progress(self.arm, rounds, self.raw / "worker0.jsonl")
+        workers = [f"worker{i}" for i in range(len(self.workers))]
+        while True:
+            cpu.sample()
+            progress.show()
+            bad = self.procs.failed()
+            if bad:
+                lines = "\n".join(f"  {m.name} (pid {m.pid}, exit {m.poll()}):\n"
+                                  + "\n".join("    " + l for l in m.tail().splitlines())
+                                  for m in bad)
+                raise ArmFailed(lines)
+            if self.procs.wait(workers, timeout=0.5):
+                break
+            if time.monotonic() - start > timeout:
+                raise ArmFailed(f"  timed out after {timeout:.0f} s (limits.arm_timeout_s)")
+        # Workers done: the server finishes its last round and exits.
+        self.procs.wait(["server"], timeout=10)
+        progress.show(final=True)
+        bad = self.procs.failed()
+        if bad:
+            raise ArmFailed("\n".join(f"  {m.name}: exit {m.poll()}\n{m.tail()}" for m in bad))
+
+
+class Progress:
+    """One status line per arm: round, rate and ETA, from rank 0's log."""
+
+    def __init__(self, arm: str, rounds: int, log: pathlib.Path):
+        self.arm, self.rounds, self.log = arm, rounds, log
+        self.t0 = time.monotonic()
+        self.last_print = 0.0
+        self.round = 0
+        self.tty = sys.stderr.isatty()
+
+    def _latest_round(self) -> int:
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 4096))
+                tail = fh.read().decode(errors="replace").splitlines()
+        except OSError:
+            return self.round
+        for line in reversed(tail):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "round":
+                return int(rec["round"]) + 1
+        return self.round
+
+    def show(self, final: bool = False):
+        now = time.monotonic()
+        if not final and now - self.last_print < (1.0 if self.tty else 15.0):
+            return
+        self.last_print = now
+        self.round = self._latest_round()
+        el = now - self.t0
+        eta = (el / self.round * (self.rounds - self.round)) if self.round else float("nan")
+        msg = (f"[{self.arm}] round {self.round}/{self.rounds}  elapsed {el:5.0f} s  "
+               f"ETA {eta:5.0f} s")
+        if self.tty and not final:
+            click.echo("\r" + msg, nl=False, err=True)
+        else:
+            click.echo(("\r" if self.tty else "") + msg, err=True)
+
+
+class CpuSampler:
+    """Machine-wide CPU busy fraction during an arm: the emulator shares the
+    cores with the workloads, so a saturated CPU means the numbers may be the
+    emulator's, not the network's."""
+
+    def __init__(self):
+        self.first = self._read()
+        self.last = self.first
+
+    @staticmethod
+    def _read():
+        with open("/proc/stat") as fh:
+            vals = [int(x) for x in fh.readline().split()[1:]]
+        idle = vals[3] + vals[4]
+        return sum(vals), idle
+
+    def sample(self):
+        self.last = self._read()
+
+    def busy_fraction(self) -> float:
+        total = self.last[0] - self.first[0]
+        idle = self.last[1] - self.first[1]
+        return round(1 - idle / total, 3) if total else 0.0
