@@ -143,9 +143,12 @@ class ArmRun:
     # -- argv builders: lists only, never a shell ---------------------------
     def _common_args(self) -> list[str]:
         t = self.spec["training"]
-        return ["--model", t["model"], "--rounds", str(t["rounds"]),
-                "--seed", str(self.spec.seed), "--lr", str(t["lr"]),
-                "--batch-size", str(t["batch_size"])]
+        args = ["--model", t["model"], "--rounds", str(t["rounds"]), "--seed", str(self.spec.seed)]
+        if t["lr"]:
+            args += ["--lr", str(t["lr"])]
+        if t["batch_size"]:
+            args += ["--batch-size", str(t["batch_size"])]
+        return args
 
     def _knobs(self) -> list[str]:
         tr = self.spec["transport"]

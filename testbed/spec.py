@@ -27,7 +27,7 @@ ARMS = {
     "dblp-tcp": ("dblp", "tcp"),
 }
 TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
-MODELS = ("digits_cnn", "digits_resnet", "stdlib_lm")
+MODELS = ("digits_cnn", "digits_resnet", "transformer_lm")
 BURST_KINDS = ("loss", "police", "congest")
 MISSING_MODES = ("zero", "mean", "error_feedback")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -69,8 +69,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
     "training": {
         "model": (str, "digits_cnn"),
         "rounds": (int, 300),
-        "batch_size": (int, 32),
-        "lr": ((int, float), 0.05),
+        "batch_size": (int, 0),      # 0: the model's own default
+        "lr": ((int, float), 0.0),   # 0: the model's own default
         "eval_every": (int, 50),
     },
     "transport": {
@@ -283,8 +283,9 @@ def validate(data: dict) -> Spec:
         raise SpecError("training.model", f"unknown model {train['model']!r}",
                         f"choose from: {', '.join(MODELS)}")
     _in("training.rounds", train["rounds"], 1, 100_000, "use 1..100000 rounds")
-    _in("training.batch_size", train["batch_size"], 1, 4096, "use a batch of 1..4096")
-    _in("training.lr", train["lr"], 0, 10, "use a learning rate in (0, 10]", lo_open=True)
+    _in("training.batch_size", train["batch_size"], 0, 4096,
+        "use 0 (the model's default) or a batch of 1..4096")
+    _in("training.lr", train["lr"], 0, 10, "use 0 (the model's default) or a rate in (0, 10]")
     _in("training.eval_every", train["eval_every"], 1, 100_000, "evaluate every 1..100000 rounds")
 
     if tr["missing"] not in MISSING_MODES:

@@ -38,7 +38,7 @@ BAD_SPECS = [
     ("missing-mode", '[transport]\nmissing = "guess"', "transport.missing"),
     ("model-unknown", '[training]\nmodel = "gpt5"', "training.model"),
     ("rounds-zero", '[training]\nrounds = 0', "training.rounds"),
-    ("lr-zero", '[training]\nlr = 0', "training.lr"),
+    ("lr-negative", '[training]\nlr = -0.1', "training.lr"),
     ("too-many-workers", '[topology]\nk = 4\n[placement]\nworkers = 16',
      "placement.workers"),
     ("name-shell", 'name = "a;rm -rf /"', "name"),
