@@ -1,0 +1,113 @@
+"""`dblp-testbed compare`: catches a weakened DBLP, passes unchanged code, explains bad files."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from testbed import compare
+from testbed.report import build_outputs
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_analysis import ACC, BURST, make_run  # noqa: E402
+
+pytestmark = pytest.mark.unit
+CLI = pathlib.Path(sys.executable).with_name("dblp-testbed")
+
+
+def _cli(*args):
+    return subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three 'repeats' with dblp burst rounds of 100, 110 and 90 ms, and a weakened DBLP."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, dblp_ms in (("r1", 100.0), ("r2", 110.0), ("r3", 90.0)):
+        out[name] = make_run(base / name, burst=dict(BURST, dblp=dblp_ms))
+        build_outputs(out[name])
+    # P_high = P_low: DBLP's burst rounds cost what static's do.
+    out["weak"] = make_run(base / "weak", burst=dict(BURST, dblp=BURST["static"]))
+    build_outputs(out["weak"])
+    out["dumb"] = make_run(base / "dumb", acc=dict(ACC, dblp=0.80))
+    build_outputs(out["dumb"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(runs, tmp_path_factory):
+    ref = tmp_path_factory.mktemp("ref") / "ci.json"
+    res = _cli("compare", runs["r1"], runs["r2"], runs["r3"], "--reference", ref, "--update")
+    assert res.returncode == 0, res.stderr
+    return ref
+
+
+def test_reference_tolerances_come_from_the_spread(reference):
+    ref = json.loads(reference.read_text())
+    key = "speedups.dblp_vs_static.burst_round"
+    # Ratios 4.0, 400/110, 400/90: median 4.0, range 400/90 - 400/110 = 0.808.
+    assert ref["figures"][key] == pytest.approx(4.0)
+    rng = 400 / 90 - 400 / 110
+    assert ref["tolerances"][key] == {"direction": "higher",
+                                      "rel": pytest.approx(1.5 * rng / 4.0)}
+    acc = ref["tolerances"]["arms.dblp.final_accuracy"]
+    assert acc["abs"] == pytest.approx(0.02)  # no spread: the floor
+    assert ref["figures"]["speedups.dblp_vs_gloo.burst_round"] == pytest.approx(8.0)
+
+
+def test_unchanged_run_passes(runs, reference):
+    res = _cli("compare", runs["r1"], "--reference", reference)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "speedups.dblp_vs_static.burst_round" in res.stdout
+    assert "REGRESSED" not in res.stdout
+    # A slower repeat inside the spread passes too.
+    assert _cli("compare", runs["r2"], "--reference", reference).returncode == 0
+
+
+def test_weakened_dblp_fails(runs, reference):
+    res = _cli("compare", runs["weak"], "--reference", reference)
+    assert res.returncode == 1
+    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
+    assert "REGRESSED" in rows["speedups.dblp_vs_static.burst_round"]
+    assert "REGRESSED" in rows["speedups.dblp_vs_gloo.burst_round"]
+    assert rows["arms.dblp.final_accuracy"].rstrip().endswith("ok")
+    assert "REGRESSION" in res.stderr
+
+
+def test_accuracy_drop_fails(runs, reference):
+    ok, rows = compare.compare(runs["dumb"], reference)
+    assert not ok
+    verdicts = {r["figure"]: r["verdict"] for r in rows if r["guarded"]}
+    assert verdicts == {"arms.dblp.final_accuracy": "REGRESSED",
+                        "speedups.dblp_vs_gloo.burst_round": "ok",
+                        "speedups.dblp_vs_static.burst_round": "ok"}
+
+
+def test_faster_is_not_a_regression(runs, reference, tmp_path):
+    fast = make_run(tmp_path / "fast", burst=dict(BURST, dblp=50.0))
+    build_outputs(fast)
+    assert compare.compare(fast, reference)[0]
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "file not found"),
+    ("{not json", "not valid JSON"),
+    ('{"figures": {}}', "needs a 'figures' and a 'tolerances' object"),
+    ('{"figures": {}, "tolerances": {"x": {"rel": 0.1}}}', "direction"),
+])
+def test_bad_reference_is_one_line_exit_2(runs, tmp_path, content, needle):
+    ref = tmp_path / "ref.json"
+    if content is not None:
+        ref.write_text(content)
+    res = _cli("compare", runs["r1"], "--reference", ref)
+    assert res.returncode == 2
+    assert needle in res.stderr and res.stderr.strip().count("\n") == 0
+    assert str(ref) in res.stderr
+
+
+def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
+    res = _cli("compare", tmp_path, "--reference", reference)
+    assert res.returncode == 2
+    assert "summary.json: file not found" in res.stderr and "dblp-testbed report" in res.stderr
