@@ -8,7 +8,8 @@ Use (the orchestrator's API)::
     topo = make_topology("fattree", k=4)          # or "star", "leafspine"
     with Fabric(topo, run_dir=RUN, bw_mbps=20, queue_pkts=100,
                 controller_socket=None,            # default RUN/control.sock
-                bursts=None) as fab:               # optional burst schedule (issue 5)
+                bursts=None,                       # burst schedule (list of dicts, issue 5)
+                roles=None) as fab:                # {"server": h, "workers": [...]} override
         fab.startup_s                    # seconds from __enter__ to routed
         fab.server, fab.workers          # role placement: fab.place(n) for n workers
         fab.role("cross")                # cross-traffic hosts
@@ -17,6 +18,7 @@ Use (the orchestrator's API)::
         p = fab.popen("h000", ["python", "-m", "workloads.server", ...],
                       env={...}, stdout=f, stderr=subprocess.STDOUT)   # subprocess.Popen
         fab.run("h100", ["ping", "-c1", fab.ip("h000")], timeout=5)  # CompletedProcess
+        fab.popen_on("h000")(argv, **kw)  # a Popen-like callable bound to one host
         fab.control({"op": "status"})    # one request on the controller's socket
         fab.control_socket               # path; put it in DBLP_CONTROL_SOCKET
         fab.env()                        # {"DBLP_CONTROL_SOCKET": ...} for host processes
@@ -123,8 +125,8 @@ class Fabric:
 
     def __init__(self, topo: TopoGraph, run_dir: str, bw_mbps: float | None = 20.0,
                  queue_pkts: int = 100, controller_socket: str | None = None,
-                 bursts=None, datapath: str = "auto", ready_timeout_s: float = 90.0,
-                 tx_offload_off: bool = True, log=None):
+                 bursts=None, roles: dict | None = None, datapath: str = "auto",
+                 ready_timeout_s: float = 90.0, tx_offload_off: bool = True, log=None):
         if not isinstance(topo, TopoGraph):
             raise TypeError(f"topo must be a topologies.TopoGraph, got {type(topo).__name__}")
         if bw_mbps is not None and not (isinstance(bw_mbps, (int, float)) and 0.1 <= bw_mbps <= 10000):
@@ -137,6 +139,11 @@ class Fabric:
         self.run_dir = os.path.abspath(run_dir)
         self.raw_dir = os.path.join(self.run_dir, "raw")
         self.bursts = bursts
+        for h in ([roles.get("server")] if roles and roles.get("server") else []) + \
+                list((roles or {}).get("workers", [])):
+            if h not in topo.host_info:
+                raise ValueError(f"roles names host {h!r}, which {topo.name} does not have")
+        self.roles = dict(topo.roles, **(roles or {}))
         self.datapath_req = datapath
         self.ready_timeout_s = ready_timeout_s
         self.tx_offload_off = tx_offload_off
@@ -254,7 +261,7 @@ class Fabric:
                "control_socket": self.control_socket, "of_port": self.of_port,
                "bw_mbps": self.bw_mbps, "queue_pkts": self.queue_pkts,
                "host_pids": {n: h.pid for n, h in self._hosts.items()},
-               "bursts": self.bursts, "python": sys.executable}
+               "bursts": self.bursts, "roles": self.roles, "python": sys.executable}
         cfg_path = os.path.join(self.raw_dir, "fabric.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
@@ -350,15 +357,17 @@ class Fabric:
         return self.host(name).intf
 
     def role(self, name):
-        return self.topo.role(name)
+        if name not in self.roles:
+            raise KeyError(f"no role {name!r}; roles: {sorted(self.roles)}")
+        return self.roles[name]
 
     @property
     def server(self):
-        return self.topo.role("server")
+        return self.roles["server"]
 
     @property
     def workers(self):
-        return self.topo.role("workers")
+        return list(self.roles["workers"])
 
     def place(self, n_workers):
         return self.topo.place(n_workers)
@@ -377,6 +386,11 @@ class Fabric:
             self._state["processes"].append({"pid": p.pid, "expect": argv[0], "group": True})
             self._save_state()
         return p
+
+    def popen_on(self, host):
+        """A ``subprocess.Popen``-like callable bound to one host (for ProcessGroup)."""
+        self.host(host)
+        return lambda argv, **kw: self.popen(host, argv, **kw)
 
     def run(self, host, argv, timeout=None, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` in a host to completion (text output captured by default)."""

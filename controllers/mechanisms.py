@@ -1,0 +1,127 @@
+"""Data-path mechanisms behind the burst kinds that live outside OpenFlow.
+
+``loss``: an nftables ``netdev`` table whose chains hook egress (or ingress)
+of switch-side ports and drop ``numgen random`` packets. Rules go through
+libnftables in-process (ctypes), because forking ``nft`` costs milliseconds
+and the burst's start-lag budget is 5 ms; the ``nft`` binary is the fallback.
+``congest``: a paced UDP sender (``controllers.crosstraffic``) started in a
+cross-traffic host's namespace; the drops are read from the port's pfifo.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import subprocess
+
+NFT_PREFIX = "dtburst_"   # `dblp-testbed clean` removes netdev tables with this prefix
+NUMGEN_MOD = 10000
+
+
+class Nft:
+    """Run nft scripts through libnftables when available (no fork)."""
+
+    def __init__(self):
+        self.ctx = None
+        try:
+            lib = ctypes.CDLL("libnftables.so.1")
+            lib.nft_ctx_new.restype = ctypes.c_void_p
+            lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+            lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+            lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+            lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+            lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+            lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+            lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+            lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+            ctx = lib.nft_ctx_new(0)
+            lib.nft_ctx_buffer_output(ctx)
+            lib.nft_ctx_buffer_error(ctx)
+            self.lib, self.ctx = lib, ctx
+        except (OSError, AttributeError):
+            self.lib = None
+
+    @property
+    def in_process(self) -> bool:
+        return self.ctx is not None
+
+    def run(self, script: str) -> str:
+        if self.ctx is not None:
+            rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
+            out = (self.lib.nft_ctx_get_output_buffer(self.ctx) or b"").decode()
+            err = (self.lib.nft_ctx_get_error_buffer(self.ctx) or b"").decode()
+            if rc != 0:
+                raise RuntimeError(f"nft failed: {err.strip()[:400]}")
+            return out
+        p = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"nft failed: {p.stderr.strip()[:400]}")
+        return p.stdout
+
+
+def loss_table_name(burst_id: str) -> str:
+    return NFT_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", burst_id)[:40]
+
+
+def loss_script(table: str, ports, p: float) -> str:
+    """nft multi-line syntax (see BRIEF): count everything, drop with probability p."""
+    threshold = int(round(p * NUMGEN_MOD))
+    lines = [f"table netdev {table} {{"]
+    for i, tp in enumerate(ports):
+        lines += [f"  chain c{i} {{",
+                  f"    type filter hook {tp.direction} device \"{tp.intf}\" priority 0;",
+                  "    counter",
+                  f"    numgen random mod {NUMGEN_MOD} < {threshold} counter drop",
+                  "  }"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+_COUNTER = re.compile(r"counter packets (\d+) bytes \d+( drop)?")
+
+
+def parse_loss_counters(listing: str):
+    """(seen, dropped) summed over the table's chains."""
+    seen = dropped = 0
+    for line in listing.splitlines():
+        m = _COUNTER.search(line)
+        if not m:
+            continue
+        if "drop" in line:
+            dropped += int(m.group(1))
+        else:
+            seen += int(m.group(1))
+    return seen, dropped
+
+
+class LossBurst:
+    """Switch a loss table on; off returns (seen, dropped) from its counters."""
+
+    def __init__(self, nft: Nft, burst_id: str, ports, p: float):
+        self.nft, self.ports, self.p = nft, list(ports), p
+        self.table = loss_table_name(burst_id)
+
+    def on(self):
+        self.nft.run(loss_script(self.table, self.ports, self.p))
+
+    def off(self):
+        out = self.nft.run(f"list table netdev {self.table}\ndelete table netdev {self.table}\n")
+        return parse_loss_counters(out)
+
+    def abort(self):
+        try:
+            self.nft.run(f"delete table netdev {self.table}\n")
+        except RuntimeError:
+            pass
+
+
+def pfifo_drops(intf: str) -> int:
+    """Drops counted by the bounded drop-tail queue (pfifo, handle 10:) of an interface."""
+    p = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", intf], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"tc -s qdisc show dev {intf}: {p.stderr.strip()}")
+    total = 0
+    for q in json.loads(p.stdout or "[]"):
+        if q.get("kind") in ("pfifo", "bfifo"):
+            total += int(q.get("drops", 0))
+    return total
