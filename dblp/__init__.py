@@ -1,1 +1,64 @@
-"""DBLP: a phase-aware bounded-loss gradient transport."""
+"""DBLP: a phase-aware bounded-loss gradient transport (UDP data, UDP or TCP control).
+
+Public API (stable; workloads and the harness code against these names)
+-----------------------------------------------------------------------
+Policies (only the aggregator consults them; its decision reaches everyone)::
+
+    dblp.POLICIES                      # {"reliable", "static", "dblp"} -> class
+    dblp.make_policy("static", p=0.008)
+    dblp.make_policy("dblp", p_low=0.008, p_high=None (= p_low + 0.40),
+                     threshold=0.5, check_every=10 | "epoch", rounds_per_epoch=None)
+    # bad knobs raise ValueError naming the knob
+
+Parameter-server mode (N workers + 1 server; the paper's setup)::
+
+    srv = dblp.ParameterServer(host="0.0.0.0", port=47474, world_size=N, policy="dblp",
+                               session_id=None (random 64-bit), control="udp" | "tcp",
+                               missing="zero" | "mean" | "error_feedback",
+                               rate_bps=None (pacing, bits/s on the wire), round_timeout=30.0,
+                               join_timeout=120.0, idle_timeout=600.0, **policy_knobs)
+    stats_list = srv.serve(rounds, on_round_start=f(round), on_round_end=f(round, stats))
+    srv.close()
+
+    group = dblp.TransportGroup(rank, world_size, master_addr, master_port=47474,
+                                mode="ps" | "sharded", policy="dblp", session_id=None,
+                                control="udp" | "tcp", missing="zero", rate_bps=None,
+                                round_timeout=30.0, join_timeout=120.0)
+    group = dblp.TransportGroup.from_env(**overrides)   # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    stats = group.allreduce_(flat_tensor)   # torch or numpy, in place -> mean; returns RoundStats
+    stats.as_dict()  # round, rank, role, mode, control, latency_s, bound, phase, next_bound,
+                     # chunks, bytes_sent, chunks_sent, retransmitted, missing_at_stop,
+                     # pull_missing, probe_rounds, passes_push, passes_pull, rtt_s,
+                     # grad_norm, counters{malformed, foreign, stale, duplicates, late,
+                     # early_dropped}
+    group.close()
+
+    model.register_comm_hook(group, dblp.ddp_comm_hook)   # DDP, single bucket
+
+Sharded mode: no server; every rank aggregates 1/N of the gradient, rank 0 also
+runs the rendezvous on MASTER_PORT. In PS mode ``world_size`` counts workers
+(ranks 0..N-1); the server is rank N. The tensor size is fixed per group.
+
+Wire format: ``dblp.wire`` (one declaration, ``HEADER_FIELDS``); scapy layer:
+``dblp.scapy_layer.DBLP`` and ``dblp.scapy_layer.bind(port)``.
+
+Errors: ``dblp.TransportError``; a dead or silent peer raises ``dblp.PeerTimeout``
+within ``round_timeout`` naming the rank and what was missing; a closed TCP
+control connection raises ``dblp.PeerClosed``.
+
+Identical replicas: every member answers the pull with a bitmap; the aggregator
+takes the union U of chunks any member lacks, repairs until |U| <= P x chunks,
+and sends FINAL(U); every replica (the aggregator's included) zero-fills exactly
+U, so all apply a bit-identical aggregate.
+"""
+from .errors import PeerClosed, PeerTimeout, TransportError
+from .group import TransportGroup, ddp_comm_hook
+from .policy import POLICIES, PhaseAwareBound, ReliablePolicy, StaticBound, make_policy
+from .server import DEFAULT_PORT, ParameterServer
+from .stats import Counters, RoundStats
+
+__all__ = [
+    "POLICIES", "make_policy", "ReliablePolicy", "StaticBound", "PhaseAwareBound",
+    "ParameterServer", "TransportGroup", "ddp_comm_hook", "RoundStats", "Counters",
+    "TransportError", "PeerTimeout", "PeerClosed", "DEFAULT_PORT",
+]

@@ -1,0 +1,268 @@
+"""The member side: ``TransportGroup.allreduce_`` averages a flat gradient in place.
+
+Parameter-server mode ("ps"): this process is worker ``rank`` of
+``world_size``; a ``ParameterServer`` listens at MASTER_ADDR:MASTER_PORT.
+Sharded mode ("sharded"): no server; rank ``s`` aggregates shard ``s`` and rank
+0 also runs the rendezvous at MASTER_ADDR:MASTER_PORT. Configure from the
+torchrun-style environment with ``TransportGroup.from_env()``.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+
+from . import wire
+from .engine import Engine, TcpControl
+from .join import Rendezvous, _msg, join_aggregator, new_session_id
+from .policy import make_policy
+from .rounds import grad_norm, make_layout, max_passes, run_round
+from .server import DEFAULT_PORT, _mean_srtt, check_common, policy_phase
+from .stats import RoundStats
+from .wire import MsgType
+
+
+def _int_knob(name: str, value, lo: int, hi: int) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, float) and v != value or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return v
+
+
+class TransportGroup:
+    """A member of a DBLP job. ``allreduce_(t)`` -> RoundStats, ``t`` now the mean.
+
+    In PS mode the loss bound of each round is the server's (it arrives in
+    the FINAL of the previous round); ``policy`` matters in sharded mode,
+    where every rank decides identically from the identical aggregate.
+    """
+
+    def __init__(self, rank: int, world_size: int, master_addr: str = "127.0.0.1",
+                 master_port: int = DEFAULT_PORT, *, mode: str = "ps", policy="dblp",
+                 session_id: int | None = None, control: str = "udp", missing: str = "zero",
+                 rate_bps: float | None = None, round_timeout: float = 30.0,
+                 join_timeout: float = 120.0, bind_host: str = "0.0.0.0", **policy_knobs):
+        self.world_size = _int_knob("world_size", world_size, 1, 65534)
+        self.rank = _int_knob("rank", rank, 0, self.world_size - 1)
+        self.master_port = _int_knob("master_port", master_port, 1, 65535)
+        if mode not in ("ps", "sharded"):
+            raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
+        if mode == "sharded" and control == "tcp":
+            raise ValueError("control='tcp' is supported in mode='ps' only (the paper's design)")
+        check_common(control=control, missing=missing, rate_bps=rate_bps,
+                     round_timeout=round_timeout, join_timeout=join_timeout)
+        if session_id is not None and not (isinstance(session_id, int) and 0 < session_id < 2**64):
+            raise ValueError(f"session_id must be an int in [1, 2**64), got {session_id!r}")
+        try:
+            self.master_ip = socket.gethostbyname(master_addr)
+        except (OSError, UnicodeError, TypeError):
+            raise ValueError(f"master_addr {master_addr!r} does not resolve") from None
+        self.mode = mode
+        self.policy = make_policy(policy, **policy_knobs)
+        self.control = control
+        self.missing = missing
+        self.session_id = session_id
+        self.round_timeout = float(round_timeout)
+        self.join_timeout = float(join_timeout)
+        self.server_rank = self.world_size if mode == "ps" else 0
+        bind_port = self.master_port if (mode == "sharded" and self.rank == 0) else 0
+        self.engine = Engine(self.rank, bind=(bind_host, bind_port), control=control,
+                             rate_bps=rate_bps, session=session_id or 0)
+        self.round = -1
+        self.numel: int | None = None
+        self.residual: np.ndarray | None = None
+        self.owner_residual: dict | None = {} if missing == "error_feedback" else None
+        self.bound_ppm = wire.bound_to_ppm(self.policy.bound(0))
+        self.phase = policy_phase(self.policy)
+        self.policy_name = self.policy.name
+        self.history: list[RoundStats] = []
+        self._listen = None
+
+    @classmethod
+    def from_env(cls, env=None, **kwargs) -> "TransportGroup":
+        """Build from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables)."""
+        env = os.environ if env is None else env
+        args = {}
+        for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"),
+                         ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")):
+            if key in kwargs:
+                continue
+            if var not in env:
+                if var == "MASTER_PORT":
+                    continue
+                raise ValueError(f"environment variable {var} is not set (torchrun sets it)")
+            args[key] = env[var]
+        for key in ("rank", "world_size", "master_port"):
+            if key in args:
+                args[key] = _int_knob(key, args[key], 0, 65535)
+        args.update(kwargs)
+        return cls(**args)
+
+    # -- joining ----------------------------------------------------------------------
+    def _join(self, numel: int) -> None:
+        eng = self.engine
+        master = (self.master_ip, self.master_port)
+        if self.mode == "sharded" and self.rank == 0:
+            eng.session = self.session_id or new_session_id()
+            welcome = {"session": eng.session, "world_size": self.world_size, "mode": "sharded",
+                       "policy": self.policy.name, "bound_ppm": self.bound_ppm, "numel": numel}
+            rv = Rendezvous(eng, list(range(1, self.world_size)), welcome, want_tcp=False,
+                            include_table=True, listen=None)
+            rv.addrs[0] = master
+            rv.expected.add(0)
+            rv.run(self.join_timeout)
+            self.numel = numel
+            return
+        w = join_aggregator(eng, master, self.server_rank, {"rank": self.rank, "numel": numel,
+                                                            "mode": self.mode},
+                            self.join_timeout, self.session_id)
+        if int(w.get("numel", numel)) != numel:
+            raise ValueError(f"tensor of {numel} elements, but the job uses {w['numel']}")
+        if w.get("mode", self.mode) != self.mode:
+            raise ValueError(f"mode={self.mode!r} but the aggregator runs {w.get('mode')!r}")
+        eng.session = int(w["_session"])
+        eng.join_handler = None
+        self.bound_ppm = int(w.get("bound_ppm", self.bound_ppm))
+        self.phase = w.get("phase", self.phase)
+        self.policy_name = w.get("policy", self.policy_name)
+        if self.mode == "sharded":
+            for r, a in w["peers"].items():
+                if int(r) != self.rank:
+                    eng.peers[int(r)] = (a[0], int(a[1]))
+            eng.peers[0] = master
+        if self.control == "tcp":
+            sock = socket.create_connection(master, timeout=self.join_timeout)
+            conn = TcpControl(sock, peer=self.server_rank)
+            conn.send(_msg(MsgType.HELLO, {"rank": self.rank, "numel": numel}, src=self.rank,
+                           session=eng.session))
+            eng.tcp[self.server_rank] = conn
+            eng.register_tcp(conn)
+        self.numel = numel
+
+    # -- the collective ----------------------------------------------------------------
+    def allreduce_(self, tensor) -> RoundStats:
+        """Average ``tensor`` (flat, any float dtype; torch or numpy) across the group."""
+        arr, writeback = _as_flat_float32(tensor)
+        numel = int(arr.size)
+        if numel == 0:
+            raise ValueError("tensor must not be empty")
+        if self.numel is None:
+            self._join(numel)
+            self.parts = make_layout(numel, self.mode, self.world_size)
+            self.result = np.zeros(numel, np.float32)
+            if self.missing == "error_feedback":
+                self.residual = np.zeros(numel, np.float32)
+        elif numel != self.numel:
+            raise ValueError(f"tensor has {numel} elements; this group was set up for {self.numel}")
+        eng = self.engine
+        r = self.round + 1
+        eng.begin_round(r)
+        contribution = arr if self.residual is None else arr + self.residual
+        contribution = np.ascontiguousarray(contribution, dtype=np.float32)
+        b0, c0 = eng.bytes_sent, eng.counters.snapshot()
+        bound, phase = self.bound_ppm, self.phase
+        t0 = time.monotonic()
+        res = run_round(eng, self.parts, list(range(self.world_size)), contribution, self.result,
+                        bound, self.missing, self.round_timeout,
+                        owner_residual=self.owner_residual)
+        t1 = time.monotonic()
+        self.round = r
+        # Error feedback: what the aggregator did not take is carried to the next round.
+        if self.residual is not None:
+            self.residual[:] = 0
+            for s in res.push_senders:
+                part = self.parts[s.part]
+                lost = np.repeat(~s.held, wire.CHUNK_ELEMS)[:part.stop - part.start]
+                self.residual[part.start:part.stop] = np.where(lost, s.data, 0)
+        norm = grad_norm(self.result)
+        if self.mode == "ps":
+            self.bound_ppm = res.next_bound_ppm if res.next_bound_ppm is not None else bound
+            if self.policy_name == "dblp":
+                self.phase = "critical" if res.critical else "relaxed"
+        else:
+            self.policy.observe(r, norm)
+            self.bound_ppm = wire.bound_to_ppm(self.policy.bound(r + 1))
+            self.phase = policy_phase(self.policy)
+        arr[:] = self.result
+        if writeback is not None:
+            writeback(arr)
+        pulls = [s for g in res.pull_groups for s in g.senders.values()]
+        senders = res.push_senders + pulls
+        pushed = sum(s.count for s in res.push_senders)
+        st = RoundStats(
+            round=r, rank=self.rank, role="worker" if self.mode == "ps" else "peer",
+            mode=self.mode, control=self.control, latency_s=t1 - t0, bound=bound / wire.PPM,
+            phase=phase, next_bound=self.bound_ppm / wire.PPM, chunks=res.total_chunks,
+            bytes_sent=eng.bytes_sent - b0, chunks_sent=sum(s.chunks_sent for s in senders),
+            retransmitted=sum(s.retransmitted for s in senders),
+            missing_at_stop=(sum(int((~s.held).sum()) for s in res.push_senders) / pushed
+                             if pushed else 0.0),
+            pull_missing=(sum(int(x.final.sum()) for x in res.pull_receivers)
+                          + sum(int(g.dropped.sum()) for g in res.pull_groups))
+            / max(1, res.total_chunks),
+            probe_rounds=sum(s.probes for s in senders),
+            passes_push=max_passes(res.push_senders),
+            passes_pull=max([x.max_pass for x in res.pull_receivers] + [max_passes(pulls)]),
+            rtt_s=_mean_srtt(eng), grad_norm=norm, counters=eng.counters.diff(c0))
+        self.history.append(st)
+        return st
+
+    def close(self) -> None:
+        """Answer stragglers briefly (lost DONEs), then release the sockets."""
+        try:
+            self.engine.linger(0.5)
+        finally:
+            self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _as_flat_float32(tensor):
+    """A float32 numpy view of ``tensor`` and, if a copy was needed, how to write back."""
+    if isinstance(tensor, np.ndarray):
+        if tensor.dtype == np.float32 and tensor.flags.c_contiguous:
+            return tensor.reshape(-1), None
+        tmp = np.ascontiguousarray(tensor, dtype=np.float32).reshape(-1)
+
+        def wb(a, t=tensor):
+            t[...] = a.reshape(t.shape)
+        return tmp, wb
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        raise ValueError("tensor must be a numpy array or a torch tensor") from None
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"tensor must be a numpy array or a torch tensor, got {type(tensor)}")
+    t = tensor.detach()
+    if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+        return t.view(-1).numpy(), None
+    tmp = t.to("cpu", torch.float32).contiguous().view(-1).numpy().copy()
+
+    def wb(a, t=tensor):
+        with torch.no_grad():
+            t.copy_(torch.from_numpy(a).view(t.shape))
+    return tmp, wb
+
+
+def ddp_comm_hook(group: TransportGroup, bucket):
+    """DDP communication hook: ``model.register_comm_hook(group, ddp_comm_hook)``.
+
+    The group has a fixed tensor size, so give DDP a single bucket
+    (``bucket_cap_mb`` >= the model's gradient size); a bucket of another size
+    raises ValueError.
+    """
+    import torch
+    buf = bucket.buffer()
+    group.allreduce_(buf)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut

@@ -1,0 +1,85 @@
+"""Token-bucket pacing and an RTT estimator: the transport's two clocks.
+
+The bucket meters whole datagrams: a datagram leaves only when the bucket holds
+its full wire size, so pacing never splits or truncates one. The estimator is
+Jacobson/Karels (SRTT + 4*RTTVAR) fed with unambiguous samples (every PROBE
+transmission carries a fresh id that the reply echoes), so probe timeouts follow
+the measured RTT instead of the prototype's fixed seconds.
+"""
+from __future__ import annotations
+
+import time
+
+WIRE_OVERHEAD = 42  # Ethernet 14 + IPv4 20 + UDP 8: what a shaper counts per datagram
+
+
+class TokenBucket:
+    """Pace at ``rate_bps`` bits/s of wire bytes; ``None`` means unpaced."""
+
+    def __init__(self, rate_bps: float | None, depth_bytes: int | None = None,
+                 overhead: int = WIRE_OVERHEAD, clock=time.monotonic):
+        if rate_bps is not None:
+            rate_bps = float(rate_bps)
+            if not rate_bps > 0:
+                raise ValueError(f"rate_bps must be positive or None, got {rate_bps!r}")
+        self.rate = None if rate_bps is None else rate_bps / 8.0  # bytes/s
+        self.overhead = overhead
+        if depth_bytes is None:
+            depth_bytes = 16 * 1514 if self.rate is None else max(8 * 1514, int(self.rate * 0.002))
+        if depth_bytes < 1514:
+            raise ValueError(f"depth_bytes must hold one full datagram (>= 1514), got {depth_bytes}")
+        self.depth = float(depth_bytes)
+        self.tokens = self.depth
+        self.clock = clock
+        self.last = clock()
+
+    def _refill(self, now: float) -> None:
+        if now > self.last:
+            self.tokens = min(self.depth, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+
+    def wait_time(self, nbytes: int, now: float | None = None) -> float:
+        """Seconds until a datagram of ``nbytes`` payload may leave (0 = now)."""
+        if self.rate is None:
+            return 0.0
+        now = self.clock() if now is None else now
+        self._refill(now)
+        need = nbytes + self.overhead
+        return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
+
+    def consume(self, nbytes: int, now: float | None = None) -> None:
+        """Account a datagram that left (control messages may drive tokens negative)."""
+        if self.rate is None:
+            return
+        now = self.clock() if now is None else now
+        self._refill(now)
+        self.tokens -= nbytes + self.overhead
+
+
+class RttEstimator:
+    """SRTT/RTTVAR with RTO = SRTT + 4 RTTVAR clamped to [min_rto, max_rto]."""
+
+    def __init__(self, initial_rto: float = 0.05, min_rto: float = 0.002, max_rto: float = 1.0):
+        if not 0 < min_rto <= initial_rto <= max_rto:
+            raise ValueError("need 0 < min_rto <= initial_rto <= max_rto "
+                             f"(got {min_rto}, {initial_rto}, {max_rto})")
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.min_rto, self.max_rto = min_rto, max_rto
+        self._rto = initial_rto
+        self.samples = 0
+
+    def sample(self, rtt: float) -> None:
+        if rtt < 0:
+            return
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.samples += 1
+        self._rto = min(self.max_rto, max(self.min_rto, self.srtt + 4 * self.rttvar))
+
+    @property
+    def rto(self) -> float:
+        return self._rto

@@ -1,0 +1,149 @@
+"""Loss-bound policies: which fraction P of a round's chunks may go missing.
+
+A policy is a small object with validated knobs (like PyTorch's
+``PowerSGDState``). Only the aggregator consults it: it asks ``bound(round)``
+before a round and reports the whole-model gradient norm with ``observe``
+after it; the decision for the next round travels to every participant in the
+FINAL message of the current round, so all peers use the same bound.
+"""
+from __future__ import annotations
+
+import math
+
+
+def _check_fraction(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}") from None
+    if not (0.0 <= v < 1.0) or math.isnan(v):
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return v
+
+
+class ReliablePolicy:
+    """P = 0: every chunk must arrive (the transport's reliable mode)."""
+
+    name = "reliable"
+
+    def __init__(self):
+        self.phase = "reliable"
+
+    def bound(self, round: int) -> float:
+        return 0.0
+
+    def observe(self, round: int, grad_norm: float) -> None:
+        """Reliable delivery ignores the training phase."""
+
+    def knobs(self) -> dict:
+        return {}
+
+
+class StaticBound:
+    """A fixed bound P: the MLT-style baseline of the paper (default 0.8 %)."""
+
+    name = "static"
+
+    def __init__(self, p: float = 0.008):
+        self.p = _check_fraction("p", p)
+        self.phase = "static"
+
+    def bound(self, round: int) -> float:
+        return self.p
+
+    def observe(self, round: int, grad_norm: float) -> None:
+        """A static bound ignores the training phase."""
+
+    def knobs(self) -> dict:
+        return {"p": self.p}
+
+
+class PhaseAwareBound:
+    """DBLP: P_low in critical phases, P_high otherwise.
+
+    Training starts critical. At every check (after rounds ``check_every-1``,
+    ``2*check_every-1``, ...) the aggregator compares the whole-model gradient
+    norm with the one of the previous check: a relative change
+    ``|prev - cur| / prev >= threshold`` is the critical-learning signal
+    (Accordion) and selects P_low until the next check, otherwise P_high.
+    ``check_every="epoch"`` checks once per epoch of ``rounds_per_epoch`` rounds.
+    """
+
+    name = "dblp"
+
+    def __init__(self, p_low: float = 0.008, p_high: float | None = None, threshold: float = 0.5,
+                 check_every: int | str = 10, rounds_per_epoch: int | None = None):
+        self.p_low = _check_fraction("p_low", p_low)
+        self.p_high = _check_fraction("p_high", self.p_low + 0.40 if p_high is None else p_high)
+        if self.p_high < self.p_low:
+            raise ValueError(f"p_high ({self.p_high}) must be >= p_low ({self.p_low})")
+        try:
+            self.threshold = float(threshold)
+        except (TypeError, ValueError):
+            raise ValueError(f"threshold must be a positive number, got {threshold!r}") from None
+        if not self.threshold > 0 or math.isinf(self.threshold):
+            raise ValueError(f"threshold must be a positive finite number, got {threshold!r}")
+        if check_every == "epoch":
+            if not isinstance(rounds_per_epoch, int) or isinstance(rounds_per_epoch, bool) \
+                    or rounds_per_epoch < 1:
+                raise ValueError("rounds_per_epoch must be a positive int when check_every='epoch',"
+                                 f" got {rounds_per_epoch!r}")
+            self.interval = rounds_per_epoch
+        elif isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 1:
+            self.interval = check_every
+        else:
+            raise ValueError(f"check_every must be a positive int or 'epoch', got {check_every!r}")
+        self.check_every = check_every
+        self.rounds_per_epoch = rounds_per_epoch
+        self.critical = True
+        self.prev_norm: float | None = None
+        self.history: list[tuple[int, float, bool]] = []  # (round, norm, critical after)
+
+    @property
+    def phase(self) -> str:
+        return "critical" if self.critical else "relaxed"
+
+    def bound(self, round: int) -> float:
+        return self.p_low if self.critical else self.p_high
+
+    def observe(self, round: int, grad_norm: float) -> None:
+        """Feed the norm of round ``round``'s aggregate; decides rounds after it."""
+        if (round + 1) % self.interval:
+            return
+        cur = float(grad_norm)
+        if self.prev_norm is not None and math.isfinite(cur):
+            prev = self.prev_norm
+            change = abs(prev - cur) / prev if prev > 0 else (0.0 if cur == 0 else math.inf)
+            self.critical = change >= self.threshold
+        if math.isfinite(cur):
+            self.prev_norm = cur
+        self.history.append((round, cur, self.critical))
+
+    def knobs(self) -> dict:
+        return {"p_low": self.p_low, "p_high": self.p_high, "threshold": self.threshold,
+                "check_every": self.check_every, "rounds_per_epoch": self.rounds_per_epoch}
+
+
+POLICIES = {
+    "reliable": ReliablePolicy,
+    "static": StaticBound,
+    "dblp": PhaseAwareBound,
+}
+
+
+def make_policy(name, **knobs):
+    """Build a policy by registry name; an existing policy object passes through."""
+    if not isinstance(name, str):
+        if hasattr(name, "bound") and hasattr(name, "observe"):
+            if knobs:
+                raise ValueError("knobs given together with a policy object")
+            return name
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}")
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {name!r}") from None
+    try:
+        return cls(**knobs)
+    except TypeError as exc:
+        raise ValueError(f"bad knob for policy {name!r}: {exc}") from None

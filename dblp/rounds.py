@@ -1,0 +1,274 @@
+"""One aggregation round: who pushes which part to whom, aggregation, pull, FINAL.
+
+The gradient (a flat float32 vector) is cut into chunks of ``CHUNK_ELEMS``
+floats and the chunks into parts of at most ``MAX_PART_CHUNKS`` (one bitmap
+datagram). Every part has an owner that aggregates it: the server in
+parameter-server mode, rank ``s`` for shard ``s`` in sharded mode. A round:
+
+1. every member that is not the owner pushes its part (bounded loss, the
+   owner's receiver STOPs as soon as the part misses at most P);
+2. the owner aggregates (``missing`` = "zero": plain mean over all members,
+   the paper; "mean": each chunk divided by the members that delivered it;
+   "error_feedback": zero-fill plus residuals carried into the next round);
+3. the owner pulls the aggregate to every member with the same bound;
+4. identical replicas: each member answers STOP with its bitmap; the owner
+   takes the union U of chunks some member lacks, repairs (resends chunks
+   missed by the fewest members) until |U| <= P x chunks, and sends FINAL(U).
+   Every replica, the owner's own included, zero-fills exactly U, so every
+   replica applies a bit-identical aggregate.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from . import wire
+from .engine import DONE, PULL, PUSH, Engine, InTransfer, OutTransfer, pack_bitmap
+from .wire import CHUNK_ELEMS, Flag, MsgType
+
+MISSING_MODES = ("zero", "mean", "error_feedback")
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    index: int
+    start: int  # first element
+    stop: int  # one past the last element
+    owner: int
+
+    @property
+    def chunks(self) -> int:
+        return max(1, -(-(self.stop - self.start) // CHUNK_ELEMS))
+
+
+def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int = wire.MAX_PART_CHUNKS
+                ) -> list[Part]:
+    """Cut ``numel`` floats into parts; PS parts belong to rank ``world_size`` (the server)."""
+    if numel < 1:
+        raise ValueError(f"numel must be >= 1, got {numel}")
+    total_chunks = -(-numel // CHUNK_ELEMS)
+    if mode == "ps":
+        ranges = [(0, total_chunks, world_size)]
+    elif mode == "sharded":
+        ranges = []
+        for s in range(world_size):
+            a, b = s * total_chunks // world_size, (s + 1) * total_chunks // world_size
+            if b > a:
+                ranges.append((a, b, s))
+    else:
+        raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
+    parts = []
+    for a, b, owner in ranges:
+        for c in range(a, b, max_part_chunks):
+            e0, e1 = c * CHUNK_ELEMS, min(min(c + max_part_chunks, b) * CHUNK_ELEMS, numel)
+            parts.append(Part(len(parts), e0, e1, owner))
+    return parts
+
+
+class PullGroup:
+    """The owner's pull of one aggregated part to every other member, up to FINAL."""
+
+    def __init__(self, eng: Engine, part: Part, members: list[int], data: np.ndarray, bound_ppm: int):
+        self.eng, self.part = eng, part
+        self.data = data
+        self.count = part.chunks
+        self.allowed = wire.allowed_missing(self.count, bound_ppm)
+        self.senders = {}
+        for m in members:
+            s = OutTransfer(eng, PULL, part.index, m, data, bound_ppm)
+            self.senders[m] = s
+            eng.add_sender(s)
+        self.dropped: np.ndarray | None = None if self.senders else np.zeros(self.count, bool)
+        self.repairs = 0
+
+    def poll(self) -> bool:
+        """True once U (the union of chunks some member lacks) is within the bound."""
+        if self.dropped is not None:
+            return True
+        if any(s.state != DONE for s in self.senders.values()):
+            return False
+        lacking = np.zeros(self.count, np.int32)
+        for s in self.senders.values():
+            lacking += ~s.held
+        union = lacking > 0
+        excess = int(union.sum()) - self.allowed
+        if excess <= 0:
+            self.dropped = union
+            return True
+        # Repair the chunks the fewest members lack until |U| fits the bound.
+        idx = np.flatnonzero(union)
+        fix = np.zeros(self.count, bool)
+        fix[idx[np.argsort(lacking[idx], kind="stable")[:excess]]] = True
+        self.repairs += 1
+        for s in self.senders.values():
+            need = fix & ~s.held
+            if need.any():
+                s.repair(need)
+        return False
+
+    def send_final(self, next_bound_ppm: int, critical: bool) -> None:
+        eng = self.eng
+        payload = pack_bitmap(self.dropped)
+        flags = Flag.PULL | (Flag.CRITICAL if critical else 0)
+        for m in self.senders:
+            copies = eng.copies(m)
+            msg = wire.pack_header(MsgType.FINAL, src=eng.rank, part=self.part.index,
+                                   session=eng.session, round=eng.round, count=self.count,
+                                   length=len(payload), bound=self.senders[m].bound_ppm,
+                                   aux=next_bound_ppm, flags=flags, copies=copies) + payload
+            eng.add_final(m, self.part.index, msg, copies)
+
+
+def _chunk_mask_to_elems(mask: np.ndarray, n: int) -> np.ndarray:
+    return np.repeat(mask, CHUNK_ELEMS)[:n]
+
+
+@dataclasses.dataclass
+class RoundResult:
+    push_senders: list
+    pull_receivers: list
+    push_receivers: list
+    pull_groups: list
+    dropped_chunks: int = 0
+    total_chunks: int = 0
+    grad_norm: float | None = None
+    next_bound_ppm: int | None = None
+    critical: bool | None = None
+
+
+def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: np.ndarray | None,
+              result: np.ndarray, bound_ppm: int, missing: str, round_timeout: float,
+              first_wait: float | None = None, owner_residual: dict | None = None,
+              decide=None) -> RoundResult:
+    """Run round ``eng.round`` for this participant; the aggregate lands in ``result``.
+
+    ``contribution`` is this rank's (error-compensated) gradient, None for a
+    pure server. ``decide(result) -> (next_bound_ppm, critical)`` is called by
+    a single-owner aggregator (PS server) once the applied aggregate is known;
+    its answer travels in FINAL.
+    """
+    me = eng.rank
+    n_members = len(members)
+    push_senders, pull_receivers, push_receivers = [], [], []
+    owned: dict[int, dict] = {}
+    for part in parts:
+        sl = slice(part.start, part.stop)
+        if part.owner == me:
+            acc = np.zeros(part.stop - part.start, np.float32)
+            counts = np.zeros(part.chunks, np.int32)
+            if contribution is not None and me in members:
+                acc += contribution[sl]
+                counts += 1
+            recvs = []
+            for m in members:
+                if m == me:
+                    continue
+                r = InTransfer(eng, PUSH, part.index, m, acc, bound_ppm, add=True, freeze=True)
+                eng.add_receiver(r)
+                recvs.append(r)
+            push_receivers += recvs
+            owned[part.index] = {"part": part, "acc": acc, "counts": counts, "recvs": recvs,
+                                 "pull": None}
+        elif me in members:
+            s = OutTransfer(eng, PUSH, part.index, part.owner, contribution[sl], bound_ppm)
+            eng.add_sender(s)
+            push_senders.append(s)
+            r = InTransfer(eng, PULL, part.index, part.owner, result[sl], bound_ppm,
+                           add=False, freeze=False, trust_header_bound=True)
+            eng.add_receiver(r)
+            pull_receivers.append(r)
+    eng.replay_early()
+    if first_wait is not None:
+        eng.run_until(lambda: eng.seen_round, time.monotonic() + first_wait,
+                      lambda: f"rank {me}: no member started round {eng.round} within "
+                              f"{first_wait} s")
+    deadline = time.monotonic() + round_timeout
+    finals_sent = not owned
+    state = {"finals_sent": finals_sent, "decided": None}
+
+    def advance() -> bool:
+        pending = False
+        for info in owned.values():
+            if info["pull"] is None:
+                if not all(r.stopped for r in info["recvs"]):
+                    pending = True
+                    continue
+                part = info["part"]
+                counts = info["counts"]
+                for r in info["recvs"]:
+                    counts += r.have
+                acc = info["acc"]
+                if missing == "mean":
+                    div = _chunk_mask_to_elems(np.maximum(counts, 1), acc.size).astype(np.float32)
+                    np.divide(acc, div, out=acc)
+                else:
+                    acc /= np.float32(n_members)
+                if owner_residual is not None:
+                    res = owner_residual.get(part.index)
+                    if res is not None:
+                        acc += res
+                result[part.start:part.stop] = acc
+                info["pull"] = PullGroup(eng, part, [m for m in members if m != me],
+                                         result[part.start:part.stop], bound_ppm)
+            if not info["pull"].poll():
+                pending = True
+        return not pending
+
+    def all_done() -> bool:
+        if not state["finals_sent"] and advance():
+            # Every owned part has its dropped set U: zero it on our replica,
+            # keep it as residual if asked, decide, then FINAL.
+            for info in owned.values():
+                part, dropped = info["part"], info["pull"].dropped
+                view = result[part.start:part.stop]
+                mask = _chunk_mask_to_elems(dropped, view.size)
+                if owner_residual is not None:
+                    owner_residual[part.index] = np.where(mask, view, np.float32(0))
+                view[mask] = 0
+            nb, crit = (0, False)
+            if decide is not None:
+                nb, crit = decide(result)
+                state["decided"] = (nb, crit)
+            for info in owned.values():
+                info["pull"].send_final(nb, crit)
+            state["finals_sent"] = True
+        if not state["finals_sent"]:
+            return False
+        return all(s.state == DONE for s in push_senders) and \
+            all(r.final is not None for r in pull_receivers)
+
+    def describe() -> str:
+        waiting = [s.describe() for s in push_senders if s.state != DONE]
+        waiting += [r.describe() for r in pull_receivers if r.final is None]
+        waiting += [r.describe() for r in push_receivers if not r.stopped]
+        for info in owned.values():
+            if info["pull"] is not None:
+                waiting += [s.describe() for s in info["pull"].senders.values() if s.state != DONE]
+        return (f"rank {me}, round {eng.round}: no completion before the round deadline; "
+                f"still waiting for: " + "; ".join(waiting[:6]) + (" ..." if len(waiting) > 6 else ""))
+
+    eng.run_until(all_done, deadline, describe)
+    res = RoundResult(push_senders, pull_receivers, push_receivers,
+                      [i["pull"] for i in owned.values()])
+    res.total_chunks = sum(p.chunks for p in parts)
+    dropped = sum(int(r.final.sum()) for r in pull_receivers)
+    dropped += sum(int(g.dropped.sum()) for g in res.pull_groups)
+    res.dropped_chunks = dropped
+    if state["decided"] is not None:
+        res.next_bound_ppm, res.critical = state["decided"]
+    elif pull_receivers:
+        r = pull_receivers[0]
+        res.next_bound_ppm = r.final_next_bound
+        res.critical = bool(r.final_flags & Flag.CRITICAL)
+    return res
+
+
+def max_passes(transfers) -> int:
+    return max((t.passes for t in transfers), default=0)
+
+
+def grad_norm(x: np.ndarray) -> float:
+    return float(math.sqrt(float(np.dot(x.astype(np.float64), x.astype(np.float64)))))

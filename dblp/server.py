@@ -1,0 +1,170 @@
+"""The parameter server: N workers push, it averages, it pulls the average back."""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+
+from . import wire
+from .engine import Engine
+from .join import Rendezvous, new_session_id
+from .policy import make_policy
+from .rounds import MISSING_MODES, grad_norm, make_layout, max_passes, run_round
+from .stats import RoundStats
+
+DEFAULT_PORT = 47474
+
+
+def check_common(*, control, missing, rate_bps, round_timeout, join_timeout) -> None:
+    """Validate knobs shared by server and group; ValueError names the knob."""
+    if control not in ("udp", "tcp"):
+        raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
+    if missing not in MISSING_MODES:
+        raise ValueError(f"missing must be one of {MISSING_MODES}, got {missing!r}")
+    if rate_bps is not None and not (isinstance(rate_bps, (int, float)) and rate_bps > 0):
+        raise ValueError(f"rate_bps must be a positive number or None, got {rate_bps!r}")
+    for name, v in (("round_timeout", round_timeout), ("join_timeout", join_timeout)):
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+
+
+def policy_phase(policy) -> str:
+    return getattr(policy, "phase", "") or policy.name
+
+
+class ParameterServer:
+    """Aggregator of parameter-server mode (rank ``world_size``; workers are 0..N-1).
+
+    ``serve(rounds)`` joins the workers (first call), then runs rounds:
+    ``on_round_start(round)`` before waiting for that round's pushes,
+    ``on_round_end(round, stats)`` once the aggregate and FINAL went out.
+    The server waits up to ``idle_timeout`` for the first message of a round
+    (workers compute in between) and then ``round_timeout`` for the round.
+    """
+
+    def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_PORT, world_size: int = 1,
+                 policy="dblp", session_id: int | None = None, control: str = "udp",
+                 missing: str = "zero", rate_bps: float | None = None, round_timeout: float = 30.0,
+                 join_timeout: float = 120.0, idle_timeout: float = 600.0, **policy_knobs):
+        if not isinstance(world_size, int) or world_size < 1 or world_size > 65534:
+            raise ValueError(f"world_size must be an int in [1, 65534], got {world_size!r}")
+        if not isinstance(port, int) or not 0 <= port < 65536:
+            raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
+        check_common(control=control, missing=missing, rate_bps=rate_bps,
+                     round_timeout=round_timeout, join_timeout=join_timeout)
+        if session_id is not None and not (isinstance(session_id, int) and 0 < session_id < 2**64):
+            raise ValueError(f"session_id must be an int in [1, 2**64), got {session_id!r}")
+        self.policy = make_policy(policy, **policy_knobs)
+        self.world_size = world_size
+        self.control = control
+        self.missing = missing
+        self.round_timeout = float(round_timeout)
+        self.join_timeout = float(join_timeout)
+        self.idle_timeout = float(idle_timeout)
+        self.session_id = session_id or new_session_id()
+        self.rank = world_size
+        self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
+                             control=control, rate_bps=rate_bps)
+        self.port = self.engine.address[1]
+        self.listen = None
+        if control == "tcp":
+            self.listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listen.bind((host, self.port))
+            self.listen.listen(world_size + 8)
+        self.round = -1
+        self.joined = False
+        self.rendezvous = None
+        self.parts = None
+        self.result = None
+        self.residual: dict | None = {} if missing == "error_feedback" else None
+        self.history: list[RoundStats] = []
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.engine.address
+
+    def _join(self) -> None:
+        p = self.policy
+        welcome = {"session": self.session_id, "world_size": self.world_size, "mode": "ps",
+                   "server_rank": self.rank, "policy": p.name, "control": self.control,
+                   "bound_ppm": wire.bound_to_ppm(p.bound(0)), "phase": policy_phase(p)}
+        self.rendezvous = Rendezvous(self.engine, list(range(self.world_size)), welcome,
+                                     want_tcp=self.control == "tcp", include_table=False,
+                                     listen=self.listen)
+        self.rendezvous.run(self.join_timeout)
+        numel = self.rendezvous.numel
+        self.parts = make_layout(numel, "ps", self.world_size)
+        self.result = np.zeros(numel, np.float32)
+        self.joined = True
+
+    def _decide(self, aggregate: np.ndarray):
+        r = self.engine.round
+        self._norm = grad_norm(aggregate)
+        self.policy.observe(r, self._norm)
+        nb = wire.bound_to_ppm(self.policy.bound(r + 1))
+        return nb, policy_phase(self.policy) == "critical"
+
+    def serve(self, rounds: int, on_round_start=None, on_round_end=None) -> list[RoundStats]:
+        """Run ``rounds`` rounds (joining first if needed); returns their stats."""
+        if not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"rounds must be a non-negative int, got {rounds!r}")
+        if not self.joined:
+            self._join()
+        eng = self.engine
+        out = []
+        for _ in range(rounds):
+            r = self.round + 1
+            if on_round_start is not None:
+                on_round_start(r)
+            eng.begin_round(r)
+            bound = self.policy.bound(r)
+            phase = policy_phase(self.policy)
+            b0, c0 = eng.bytes_sent, eng.counters.snapshot()
+            self._norm = None
+            t0 = time.monotonic()
+            res = run_round(eng, self.parts, list(range(self.world_size)), None, self.result,
+                            wire.bound_to_ppm(bound), self.missing, self.round_timeout,
+                            first_wait=self.idle_timeout, owner_residual=self.residual,
+                            decide=self._decide)
+            t1 = time.monotonic()
+            self.round = r
+            senders = [s for g in res.pull_groups for s in g.senders.values()]
+            pushed = sum(x.count for x in res.push_receivers)
+            st = RoundStats(
+                round=r, rank=self.rank, role="server", mode="ps", control=self.control,
+                latency_s=t1 - t0, bound=bound, phase=phase,
+                next_bound=(res.next_bound_ppm or 0) / wire.PPM, chunks=res.total_chunks,
+                bytes_sent=eng.bytes_sent - b0, chunks_sent=sum(s.chunks_sent for s in senders),
+                retransmitted=sum(s.retransmitted for s in senders),
+                missing_at_stop=(sum(x.count - x.n_have for x in res.push_receivers) / pushed
+                                 if pushed else 0.0),
+                pull_missing=res.dropped_chunks / max(1, res.total_chunks),
+                probe_rounds=sum(s.probes for s in senders),
+                passes_push=max((x.max_pass for x in res.push_receivers), default=0),
+                passes_pull=max_passes(senders),
+                rtt_s=_mean_srtt(eng), grad_norm=self._norm,
+                counters=eng.counters.diff(c0))
+            self.history.append(st)
+            out.append(st)
+            if on_round_end is not None:
+                on_round_end(r, st)
+        eng.linger(min(2.0, self.round_timeout))
+        return out
+
+    def close(self) -> None:
+        if self.listen is not None:
+            self.listen.close()
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _mean_srtt(eng: Engine):
+    vals = [e.srtt for e in eng.rtts.values() if e.srtt is not None]
+    return sum(vals) / len(vals) if vals else None

@@ -1,0 +1,182 @@
+"""The DBLP wire format: the single declaration the packer and the scapy layer share.
+
+Every message, data or control, is one UDP datagram (or one length-prefixed
+frame on the optional TCP control connection) that starts with the same fixed
+40-byte header, network byte order. ``HEADER_FIELDS`` is the only place the
+layout is written down: ``pack``/``unpack`` below and ``dblp.scapy_layer.DBLP``
+are both generated from it, and the tests check one against the other.
+
+Payload per message type:
+
+* DATA: ``length`` bytes of little-endian float32 (chunk ``index`` of
+  ``count`` in stream (``flags & PULL``, ``part``, ``src``)).
+* PROBE: empty; ``index`` is a fresh probe id the reply echoes (RTT samples
+  are unambiguous), ``copies`` asks the receiver to send its reply that many
+  times (control redundancy under heavy loss).
+* BITMAP / STOP: the receiver's bitmap of held chunks, ``ceil(count/8)`` bytes,
+  bit ``i`` = byte ``i // 8``, bit ``7 - i % 8`` (numpy ``packbits`` order).
+  STOP means "the missing fraction is within the bound: stop sending".
+* FINAL: bitmap of the chunks every replica zero-fills in this round's pull;
+  ``aux`` is the bound (ppm) the aggregator decided for the next round and
+  ``flags & CRITICAL`` its phase.
+* DONE: empty acknowledgement of FINAL.
+* HELLO / WELCOME: small JSON objects for joining (numel, address table).
+
+Data datagrams never exceed ``MAX_DATAGRAM`` (1472) bytes of UDP payload, so
+they fit a 1500-byte MTU without IP fragmentation.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+MAGIC = 0xDB1B
+VERSION = 1
+MAX_DATAGRAM = 1472  # 1500 MTU - 20 IPv4 - 8 UDP
+PPM = 1_000_000  # bounds travel as parts per million (integers: all peers agree exactly)
+
+
+class MsgType(enum.IntEnum):
+    """Message types; values are on the wire."""
+
+    DATA = 1
+    PROBE = 2
+    BITMAP = 3
+    STOP = 4
+    FINAL = 5
+    DONE = 6
+    HELLO = 7
+    WELCOME = 8
+
+
+class Flag(enum.IntFlag):
+    """Header flag bits; values are on the wire."""
+
+    PULL = 0x01  # stream goes aggregator -> member (else member -> aggregator)
+    CRITICAL = 0x02  # phase bit: critical (P_low) when set
+    TCP = 0x04  # sender uses TCP for control (informational)
+
+
+# (name, struct code, description) -- THE declaration of the header.
+HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("magic", "H", "0xDB1B"),
+    ("version", "B", "wire version, 1"),
+    ("type", "B", "MsgType"),
+    ("flags", "B", "Flag bits"),
+    ("copies", "B", "redundancy the peer should use for its control reply"),
+    ("src", "H", "rank of the sender of this message"),
+    ("part", "H", "part (bucket/shard) index of the stream"),
+    ("session", "Q", "random 64-bit job id; other sessions are ignored"),
+    ("round", "I", "training round"),
+    ("index", "I", "DATA: chunk index; PROBE/BITMAP/STOP: probe id"),
+    ("count", "I", "chunks in the stream"),
+    ("length", "H", "payload bytes that follow the header"),
+    ("bound", "I", "loss bound of this round, ppm"),
+    ("aux", "I", "DATA: pass number; FINAL: next round's bound, ppm"),
+)
+
+HEADER_FORMAT = "!" + "".join(code for _, code, _ in HEADER_FIELDS)
+_HEADER = struct.Struct(HEADER_FORMAT)
+HEADER_SIZE = _HEADER.size
+MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE
+CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
+CHUNK_BYTES = CHUNK_ELEMS * 4
+MAX_PART_CHUNKS = MAX_PAYLOAD * 8  # a bitmap must fit one datagram
+FIELD_NAMES = tuple(name for name, _, _ in HEADER_FIELDS)
+
+assert HEADER_SIZE == 40, HEADER_SIZE
+
+
+class Header(NamedTuple):
+    """A decoded header; field order is ``HEADER_FIELDS``."""
+
+    magic: int
+    version: int
+    type: int
+    flags: int
+    copies: int
+    src: int
+    part: int
+    session: int
+    round: int
+    index: int
+    count: int
+    length: int
+    bound: int
+    aux: int
+
+
+assert Header._fields == FIELD_NAMES
+
+
+class MalformedDatagram(ValueError):
+    """A datagram that is not a well-formed DBLP message (counted, never fatal)."""
+
+
+def pack_header(type: int, *, src: int = 0, part: int = 0, session: int = 0, round: int = 0,
+                index: int = 0, count: int = 0, length: int = 0, bound: int = 0, aux: int = 0,
+                flags: int = 0, copies: int = 1) -> bytes:
+    """Pack one header (no payload)."""
+    return _HEADER.pack(MAGIC, VERSION, int(type), int(flags), int(copies), int(src), int(part),
+                        int(session), int(round), int(index), int(count), int(length), int(bound),
+                        int(aux))
+
+
+def pack(type: int, payload: bytes = b"", **fields) -> bytes:
+    """Pack header + payload; ``length`` is filled in from the payload."""
+    payload = bytes(payload)
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes exceeds MAX_PAYLOAD={MAX_PAYLOAD}")
+    return pack_header(type, length=len(payload), **fields) + payload
+
+
+_TYPES = frozenset(int(t) for t in MsgType)
+
+
+def unpack_header(buf, nbytes: int | None = None) -> Header:
+    """Decode and validate a header; raise MalformedDatagram on anything off.
+
+    ``nbytes`` is how many bytes of ``buf`` are valid (``recv_into`` style).
+    Checks: size, magic, version, type, declared length == actual payload,
+    chunk index < count for DATA, float alignment of DATA payloads.
+    """
+    n = len(buf) if nbytes is None else nbytes
+    if n < HEADER_SIZE:
+        raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE}")
+    h = Header._make(_HEADER.unpack_from(buf, 0))
+    if h.magic != MAGIC:
+        raise MalformedDatagram(f"bad magic 0x{h.magic:04x}")
+    if h.version != VERSION:
+        raise MalformedDatagram(f"unsupported version {h.version}")
+    if h.type not in _TYPES:
+        raise MalformedDatagram(f"unknown type {h.type}")
+    if h.length != n - HEADER_SIZE:
+        raise MalformedDatagram(f"length field {h.length} != payload {n - HEADER_SIZE}")
+    if h.type == MsgType.DATA:
+        if h.index >= h.count:
+            raise MalformedDatagram(f"chunk index {h.index} >= count {h.count}")
+        if h.length % 4 or h.length == 0:
+            raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s")
+    elif h.type in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
+        if h.length != (h.count + 7) // 8:
+            raise MalformedDatagram(f"bitmap of {h.length} bytes for {h.count} chunks")
+    if h.bound >= PPM or (h.type == MsgType.FINAL and h.aux >= PPM):
+        raise MalformedDatagram(f"bound {h.bound} ppm out of range")
+    return h
+
+
+def unpack(buf) -> tuple[Header, bytes]:
+    """Decode a whole datagram into (header, payload bytes)."""
+    h = unpack_header(buf)
+    return h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length])
+
+
+def bound_to_ppm(p: float) -> int:
+    """Loss bound as an integer number of parts per million (rounded)."""
+    return int(round(float(p) * PPM))
+
+
+def allowed_missing(count: int, bound_ppm: int) -> int:
+    """Chunks a stream of ``count`` chunks may miss under ``bound_ppm`` (integer math)."""
+    return (count * bound_ppm) // PPM
