@@ -161,13 +161,18 @@ def requested_loss(params: dict | None) -> float:
 BURST_COLUMNS = ["arm", "id", "kind", "target", "trigger", "round", "requested_start_ns",
                  "requested_end_ns", "actual_start_ns", "actual_end_ns", "requested_ms",
                  "actual_ms", "start_delay_ms", "requested_loss", "dropped_packets",
-                 "received_packets", "measured_loss", "rounds_hit", "params"]
+                 "seen_packets", "received_packets", "measured_loss", "measured_loss_source",
+                 "rounds_hit", "error", "params"]
 
 
 def bursts_table(raw: RawRun) -> pd.DataFrame:
     rows = []
     for arm in raw.arms:
+        # A burst may be logged twice (a failed start, then its end): the last line wins.
+        last = {}
         for b in raw.bursts[arm]:
+            last[str(b.get("id"))] = b
+        for b in last.values():
             rs, re_ = b.get("requested_start_ns"), b.get("requested_end_ns")
             as_, ae = b.get("actual_start_ns"), b.get("actual_end_ns")
             rows.append({
@@ -181,10 +186,18 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
                 "start_delay_ms": (as_ - rs) / 1e6 if as_ is not None and rs is not None else math.nan,
                 "requested_loss": requested_loss(b.get("params")),
                 "dropped_packets": b.get("dropped_packets"),
-                "received_packets": math.nan, "measured_loss": math.nan, "rounds_hit": 0,
+                "seen_packets": b.get("seen_packets"),
+                "received_packets": math.nan, "measured_loss": math.nan,
+                "measured_loss_source": None, "rounds_hit": 0, "error": b.get("error"),
                 "params": json.dumps(b.get("params") or {}, sort_keys=True),
             })
     df = pd.DataFrame(rows, columns=BURST_COLUMNS)
+    # The controller's loss rule counts what it saw and what it dropped: exact loss.
+    d = pd.to_numeric(df["dropped_packets"], errors="coerce")
+    n = pd.to_numeric(df["seen_packets"], errors="coerce")
+    ok = d.notna() & n.notna() & (n > 0)
+    df.loc[ok, "measured_loss"] = d[ok] / n[ok]
+    df.loc[ok, "measured_loss_source"] = "controller counters"
     if len(df):
         df = df.sort_values(["arm", "actual_start_ns", "id"], kind="stable").reset_index(drop=True)
     return df

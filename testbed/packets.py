@@ -6,8 +6,8 @@ scapy, DBLP traffic with the layer the wire format declares
 (`dblp.scapy_layer.DBLP`, bound to the transport's UDP port with `bind`).
 
 How packets are attributed (all exact, no tolerances):
-- The capturing host's address is the one that appears in every packet of
-  its pcap (the most frequent endpoint).
+- Each capture is named after its role (server.pcap, worker0.pcap); the
+  roles' addresses are resolved from all captures together (resolve_addresses).
 - Round: the DBLP header's round counter, mapped onto the logged round
   numbers by the offset most packets agree on (the counter may start at 1
   or wrap); packets without a DBLP header (gloo's TCP) go to the round whose
@@ -30,7 +30,8 @@ import pandas as pd
 DEFAULT_PORT = 47474
 
 PACKET_COLUMNS = ["arm", "host", "t_ns", "src", "dst", "sport", "dport", "proto", "kind",
-                  "ip_bytes", "hdr_round", "seq", "tcp_seq", "payload", "is_data"]
+                  "ip_bytes", "hdr_round", "seq", "stream", "pass_no", "tcp_seq", "payload",
+                  "is_data"]
 TABLE_COLUMNS = ["arm", "round", "direction", "src", "dst", "src_host", "dst_host",
                  "sent_packets", "sent_bytes", "recv_packets", "recv_bytes",
                  "retransmissions", "drops", "control_packets"]
@@ -40,6 +41,13 @@ TABLE_COLUMNS = ["arm", "round", "direction", "src", "dst", "src_host", "dst_hos
 _ROUND_FIELDS = ("round", "round_id", "rnd")
 _SEQ_FIELDS = ("seq", "chunk", "index", "idx")
 _TYPE_FIELDS = ("type", "kind", "msg_type", "mtype", "op")
+# Fields that tell one gradient stream from another (dblp.wire: session, sender
+# rank, part, PULL flag) and the DATA pass number (0: first send).
+_STREAM_FIELDS = ("session", "src", "part", "flags")
+_PASS_FIELDS = ("aux",)
+_PULL_BIT = 0x01
+# Transports whose TCP traffic is the control path, not gradient bytes.
+_UDP_DATA_TRANSPORTS = ("dblp", "static", "reliable")
 
 
 def dblp_layer(port: int = DEFAULT_PORT):
@@ -74,7 +82,10 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.utils import PcapReader
 
+    from testbed.analysis import arm_transport
+
     DBLP = dblp_layer(port)
+    tcp_is_control = arm_transport(arm) in _UDP_DATA_TRANSPORTS
     rows = []
     with PcapReader(str(path)) as reader:
         for pkt in reader:
@@ -84,8 +95,8 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
             t_ns = int(round(float(pkt.time) * 1e9))
             row = {"arm": arm, "host": host, "t_ns": t_ns, "src": ip.src, "dst": ip.dst,
                    "sport": None, "dport": None, "proto": "ip", "kind": None,
-                   "ip_bytes": int(ip.len), "hdr_round": None, "seq": None, "tcp_seq": None,
-                   "payload": 0, "is_data": False}
+                   "ip_bytes": int(ip.len), "hdr_round": None, "seq": None, "stream": None,
+                   "pass_no": None, "tcp_seq": None, "payload": 0, "is_data": False}
             if ip.haslayer(UDP):
                 u = ip[UDP]
                 row.update(proto="udp", sport=int(u.sport), dport=int(u.dport),
@@ -96,35 +107,78 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
                     kind = _type_name(layer, tname, tval)
                     _, rnd = _field(layer, _ROUND_FIELDS)
                     _, seq = _field(layer, _SEQ_FIELDS)
-                    row.update(proto="dblp", kind=kind, hdr_round=rnd, seq=seq,
-                               is_data=kind in ("data", "chunk", "0"))
+                    # session:sender rank:part:pull (flags bit 0x01; the phase bit is not a stream)
+                    vals = [int(_field(layer, (f,))[1] or 0) for f in _STREAM_FIELDS]
+                    vals[-1] &= _PULL_BIT
+                    stream = ":".join(map(str, vals))
+                    is_data = kind in ("data", "chunk", "1")
+                    row.update(proto="dblp", kind=kind, hdr_round=rnd, seq=seq, stream=stream,
+                               pass_no=_field(layer, _PASS_FIELDS)[1] if is_data else None,
+                               is_data=is_data)
             elif ip.haslayer(TCP):
                 t = ip[TCP]
                 pl = max(0, int(ip.len) - 4 * int(ip.ihl) - 4 * int(t.dataofs))
                 row.update(proto="tcp", sport=int(t.sport), dport=int(t.dport),
-                           tcp_seq=int(t.seq), payload=pl, is_data=pl > 0, kind="tcp")
+                           tcp_seq=int(t.seq), payload=pl, is_data=pl > 0 and not tcp_is_control,
+                           kind="tcp-control" if tcp_is_control else "tcp")
             rows.append(row)
     return pd.DataFrame(rows, columns=PACKET_COLUMNS)
 
 
-def host_address(df: pd.DataFrame) -> str | None:
-    """The capturing host's IPv4 address: the endpoint present in most packets."""
-    if not len(df):
-        return None
-    counts = collections.Counter(df["src"]) + collections.Counter(df["dst"])
-    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+def resolve_addresses(captures: dict, known: dict | None = None) -> tuple[dict, list[str]]:
+    """Address of each capturing role, from every capture of the run at once.
+
+    captures: {(arm, role): packets}. A pcap has no direction, so a host that
+    only ever talks to one peer is ambiguous on its own. In order:
+    1. `known` ({role: address}, e.g. manifest "addresses");
+    2. a capture with three or more endpoints: the endpoint in most packets;
+    3. a two-endpoint capture whose other endpoint is already another role's;
+    4. DBLP: the sender of DATA without the PULL flag is a member (worker),
+       its receiver the aggregator;
+    5. otherwise the most frequent endpoint, with a warning.
+    The same role is the same host in every arm.
+    """
+    out = dict(known or {})
+    notes: list[str] = []
+    ends = {}
+    for key, df in captures.items():
+        if len(df):
+            c = collections.Counter(df["src"]) + collections.Counter(df["dst"])
+            ends[key] = sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))
+    for (_, role), e in sorted(ends.items()):
+        if role not in out and len(e) >= 3:
+            out[role] = e[0][0]
+    changed = True
+    while changed:
+        changed = False
+        for (_, role), e in sorted(ends.items()):
+            if role in out:
+                continue
+            taken = {a for r, a in out.items() if r != role}
+            free = [a for a, _ in e if a not in taken]
+            if len(free) == 1:
+                out[role] = free[0]
+                changed = True
+    for (arm, role), e in sorted(ends.items()):
+        if role in out:
+            continue
+        df = captures[(arm, role)]
+        data = df[(df["proto"] == "dblp") & df["is_data"].astype(bool)]
+        if len(data):
+            push = data[data["stream"].astype(str).str.endswith(":0")]
+            cand = push["src"] if not role.startswith("server") else push["dst"]
+            if len(cand):
+                out[role] = collections.Counter(cand).most_common(1)[0][0]
+                continue
+        out[role] = e[0][0]
+        notes.append(f"capture {arm}/{role}.pcap: own address ambiguous, took {e[0][0]}")
+    return out, notes
 
 
-def read_arm(run_dir, arm: str, port: int = DEFAULT_PORT) -> tuple[pd.DataFrame, dict]:
-    """All pcaps of one arm -> (packets, {host: address})."""
-    frames, hosts = [], {}
-    for path in sorted((pathlib.Path(run_dir) / "raw" / arm).glob("*.pcap")):
-        df = read_pcap(path, arm, path.stem, port)
-        hosts[path.stem] = host_address(df)
-        frames.append(df)
-    if not frames:
-        return pd.DataFrame(columns=PACKET_COLUMNS), hosts
-    return pd.concat(frames, ignore_index=True), hosts
+def read_arm(run_dir, arm: str, port: int = DEFAULT_PORT) -> dict:
+    """All pcaps of one arm -> {role: packets} (role = the pcap's file stem)."""
+    return {path.stem: read_pcap(path, arm, path.stem, port)
+            for path in sorted((pathlib.Path(run_dir) / "raw" / arm).glob("*.pcap"))}
 
 
 def server_address(pk: pd.DataFrame, hosts: dict) -> str | None:
@@ -164,28 +218,39 @@ def assign_rounds(pk: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
     return out
 
 
-def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame,
-                 port: int = DEFAULT_PORT) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """(per-round table, every packet, {arm: {host: address, "server": address}})."""
+def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEFAULT_PORT,
+                 known: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[str]]:
+    """(per-round table, every packet, {arm: {role: address, "server_address": ...}}, notes)."""
+    from testbed.analysis import arm_transport
+
+    captures = {}
+    for arm in arms:
+        for role, df in read_arm(run_dir, arm, port).items():
+            captures[(arm, role)] = df
+    hosts, notes = resolve_addresses(captures, known)
     tables, allpk, addrs = [], [], {}
     for arm in arms:
-        pk, hosts = read_arm(run_dir, arm, port)
-        if not len(pk):
+        frames = [df for (a, _), df in sorted(captures.items()) if a == arm and len(df)]
+        if not frames:
             continue
-        srv = server_address(pk, hosts)
-        addrs[arm] = dict(hosts, server_address=srv)
+        pk = pd.concat(frames, ignore_index=True)
+        arm_hosts = {r: hosts.get(r) for (a, r) in captures if a == arm}
+        srv = hosts.get("server")
+        if srv is None and arm_transport(arm) in _UDP_DATA_TRANSPORTS:
+            srv = server_address(pk, {})
+        addrs[arm] = dict(arm_hosts, server_address=srv)
         pk["round"] = assign_rounds(pk, rounds[rounds["arm"] == arm] if len(rounds) else rounds)
-        host_of = {a: h for h, a in hosts.items() if a}
+        host_of = {a: h for h, a in arm_hosts.items() if a}
         pk = pk.sort_values(["host", "t_ns"], kind="stable").reset_index(drop=True)
-        # Sender side: what a captured host transmitted.
-        sent = pk[pk["src"] == pk["host"].map(hosts)].copy()
-        recv = pk[pk["dst"] == pk["host"].map(hosts)].copy()
+        own = pk["host"].map(arm_hosts)
+        sent = pk[pk["src"] == own].copy()   # what a captured host transmitted
+        recv = pk[pk["dst"] == own].copy()   # what a captured host received
         key = np.where(sent["proto"] == "tcp",
                        sent["src"] + ">" + sent["dst"] + ":" + sent["sport"].astype(str) + ":"
                        + sent["dport"].astype(str) + ":" + sent["tcp_seq"].astype(str),
                        sent["src"] + ">" + sent["dst"] + ":" + sent["sport"].astype(str) + ":"
-                       + sent["dport"].astype(str) + ":" + sent["hdr_round"].astype(str) + ":"
-                       + sent["seq"].astype(str))
+                       + sent["dport"].astype(str) + ":" + sent["stream"].astype(str) + ":"
+                       + sent["hdr_round"].astype(str) + ":" + sent["seq"].astype(str))
         sent["retx"] = pd.Series(key, index=sent.index).duplicated() & sent["is_data"].astype(bool)
         sent["control"] = ~sent["is_data"].astype(bool)
         g = ["round", "src", "dst"]
@@ -198,7 +263,6 @@ def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame,
         t = s.join(r, how="outer").reset_index()
         t["src_host"] = t["src"].map(host_of)
         t["dst_host"] = t["dst"].map(host_of)
-        both = t["src_host"].notna() & t["dst_host"].notna()
         for c in ("sent_packets", "sent_bytes", "recv_packets", "recv_bytes",
                   "retransmissions", "control_packets"):
             t[c] = t[c].astype(float)
@@ -206,28 +270,31 @@ def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame,
         t.loc[t["src_host"].isna(), ["sent_packets", "sent_bytes", "retransmissions",
                                      "control_packets"]] = math.nan
         t.loc[t["dst_host"].isna(), ["recv_packets", "recv_bytes"]] = math.nan
+        both = t["src_host"].notna() & t["dst_host"].notna()
         t["drops"] = np.where(both, t["sent_packets"].fillna(0) - t["recv_packets"].fillna(0),
                               math.nan)
         t["direction"] = np.where(t["dst"] == srv, "push",
-                                  np.where(t["src"] == srv, "pull", "other"))
+                                  np.where(t["src"] == srv, "pull", "peer"))
         t["arm"] = arm
         tables.append(t[TABLE_COLUMNS])
         allpk.append(pk)
     if not tables:
         return (pd.DataFrame(columns=TABLE_COLUMNS), pd.DataFrame(columns=PACKET_COLUMNS + ["round"]),
-                addrs)
+                addrs, notes)
     table = pd.concat(tables, ignore_index=True)
     table = table.sort_values(["arm", "round", "direction", "src", "dst"],
                               kind="stable", na_position="last").reset_index(drop=True)
-    return table, pd.concat(allpk, ignore_index=True), addrs
+    return table, pd.concat(allpk, ignore_index=True), addrs, notes
 
 
 def burst_receptions(packets: pd.DataFrame, bursts: pd.DataFrame, addrs: dict) -> pd.DataFrame:
-    """Measured burst loss = dropped / (dropped + received by the target in the window).
+    """Count what the burst's target received in the window; fill in the loss if unknown.
 
-    The controller counts exactly what it dropped; the target's capture
-    counts exactly what got through. Only targets that name a captured
-    host's downlink (server-downlink, workerN-downlink) can be measured.
+    The controller's loss rule counts what it saw and what it dropped, which
+    gives the loss exactly (analysis.bursts_table). Without those counters the
+    loss is dropped / (dropped + what the target's capture received in the
+    burst window). Only targets that name a captured host's downlink
+    (server-downlink, workerN-downlink) have a capture to count.
     """
     bursts = bursts.copy()
     if not len(bursts) or not len(packets):
@@ -249,6 +316,8 @@ def burst_receptions(packets: pd.DataFrame, bursts: pd.DataFrame, addrs: dict) -
         rec = int(len(inwin))
         bursts.at[i, "received_packets"] = rec
         dropped = pd.to_numeric(pd.Series([b["dropped_packets"]]), errors="coerce").iloc[0]
-        if pd.notna(dropped) and dropped + rec > 0:
+        # The controller's own seen/dropped counters win; the capture fills in without them.
+        if pd.isna(b["measured_loss"]) and pd.notna(dropped) and dropped + rec > 0:
             bursts.at[i, "measured_loss"] = float(dropped) / float(dropped + rec)
+            bursts.at[i, "measured_loss_source"] = "capture"
     return bursts

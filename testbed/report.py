@@ -77,13 +77,15 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
         inputs, missing = phys.inputs_for_run(run_dir, grad_bytes, world, physics)
     bursts = analysis.bursts_table(raw)
     rounds = analysis.rounds_table(raw, bursts)
-    packet_table, packet_rows, addrs = pkts.packet_table(run_dir, raw.arms, rounds,
-                                                         _port(raw, port))
+    known = raw.manifest.get("addresses") if isinstance(raw.manifest.get("addresses"), dict) else None
+    packet_table, packet_rows, addrs, notes = pkts.packet_table(run_dir, raw.arms, rounds,
+                                                                _port(raw, port), known)
     bursts = pkts.burst_receptions(packet_rows, bursts, addrs)
     rounds = analysis.rounds_table(raw, bursts)  # again: burst loss now measured where possible
     bursts = analysis.count_rounds_hit(bursts, rounds)
     rounds = analysis.add_physics(rounds, inputs)
     summary = analysis.summarize(raw, rounds, bursts, inputs, missing)
+    summary["warnings"] += notes
     summary["packets"] = _packet_summary(packet_table, raw.arms)
     summary["fidelity"] = {a: {k: v for k, v in (raw.manifest.get("arms", {}).get(a) or {}).items()
                                if k != "status"} for a in raw.arms}
@@ -205,14 +207,16 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
                 "text": text, "tables": tables})
     # Bursts.
     rows = [[b.arm, b.id, str(b.round), _f(b.requested_loss, "{:.2f}"), _f(b.measured_loss, "{:.3f}"),
-             str(b.dropped_packets), _f(b.received_packets, "{:.0f}"), _f(b.requested_ms),
+             str(b.dropped_packets), _f(b.seen_packets, "{:.0f}"), _f(b.received_packets, "{:.0f}"),
+             _f(b.requested_ms),
              _f(b.actual_ms), _f(b.start_delay_ms), str(b.rounds_hit)]
             for b in bursts.itertuples(index=False)]
     sec.append({"title": f"Bursts ({s['bursts']['count']})",
-                "text": ["Measured loss = packets the controller dropped / (dropped + packets "
-                         "the target's capture received in the burst window)."],
+                "text": ["Measured loss = packets the controller's loss rule dropped / packets "
+                         "it saw; without those counters, dropped / (dropped + packets the "
+                         "target's capture received in the burst window)."],
                 "tables": [(["arm", "id", "round", "requested p", "measured p", "dropped",
-                             "received", "requested ms", "actual ms", "start delay ms",
+                             "seen", "received (capture)", "requested ms", "actual ms", "start delay ms",
                              "rounds hit"], rows)]})
     # Packets.
     rows = []
