@@ -34,9 +34,9 @@ class TokenBucket:
         self.last = clock()
 
     def _refill(self, now: float) -> None:
-        if now > self.last:
+        if now > self.last:  # a stale ``now`` must not move the clock back
             self.tokens = min(self.depth, self.tokens + (now - self.last) * self.rate)
-        self.last = now
+            self.last = now
 
     def wait_time(self, nbytes: int, now: float | None = None) -> float:
         """Seconds until a datagram of ``nbytes`` payload may leave (0 = now)."""

@@ -1,0 +1,68 @@
+"""Scapy layer ``DBLP`` generated from ``dblp.wire.HEADER_FIELDS`` (the one declaration).
+
+``bind(port)`` binds it to UDP on that port (both directions), so
+``rdpcap`` dissects captures of the transport; the payload after the header
+is ``Raw`` (chunk floats or a bitmap). Tests check that dissecting the
+packer's bytes gives back every field and that ``bytes(DBLP(...))`` equals
+``wire.pack(...)``.
+"""
+from __future__ import annotations
+
+from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, LongField,
+                          ShortField, XShortField)
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, bind_layers
+
+from . import wire
+
+_BY_CODE = {"B": ByteField, "H": ShortField, "I": IntField, "Q": LongField}
+_DEFAULTS = {"magic": wire.MAGIC, "version": wire.VERSION, "type": int(wire.MsgType.DATA),
+             "copies": 1, "length": None}
+
+
+def _field(name: str, code: str):
+    default = _DEFAULTS.get(name, 0)
+    if name == "magic":
+        return XShortField(name, default)
+    if name == "type":
+        return ByteEnumField(name, default, {int(t): t.name for t in wire.MsgType})
+    if name == "flags":
+        return FlagsField(name, default, 8, [f.name for f in wire.Flag] + ["b3", "b4", "b5",
+                                                                          "b6", "b7"])
+    return _BY_CODE[code](name, default)
+
+
+class DBLP(Packet):
+    """A DBLP message header; ``length`` is filled in from the payload when left None."""
+
+    name = "DBLP"
+    fields_desc = [_field(name, code) for name, code, _ in wire.HEADER_FIELDS]
+
+    def post_build(self, pkt: bytes, pay: bytes) -> bytes:
+        if self.length is None:
+            off = _offset_of("length")
+            pkt = pkt[:off] + len(pay).to_bytes(2, "big") + pkt[off + 2:]
+        return pkt + pay
+
+    def extract_padding(self, s: bytes):
+        n = self.length or 0
+        return s[:n], s[n:]
+
+
+def _offset_of(field: str) -> int:
+    import struct
+    off = 0
+    for name, code, _ in wire.HEADER_FIELDS:
+        if name == field:
+            return off
+        off += struct.calcsize("!" + code)
+    raise KeyError(field)
+
+
+assert len(DBLP.fields_desc) == len(wire.HEADER_FIELDS)
+
+
+def bind(port: int = 47474) -> None:
+    """Dissect UDP traffic to or from ``port`` as DBLP."""
+    bind_layers(UDP, DBLP, dport=port)
+    bind_layers(UDP, DBLP, sport=port)

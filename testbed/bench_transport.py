@@ -1,0 +1,493 @@
+"""`dblp-testbed bench transport`: DBLP vs gloo on a shaped veth pair between two namespaces.
+
+Two network namespaces ``dbt-<tag>-a`` (worker / gloo rank 0) and
+``dbt-<tag>-b`` (aggregator / gloo rank 1) joined by a veth pair; each end's
+egress is shaped with HTB (default 100 Mbit/s, pfifo child); TX checksum
+offload is off on both ends (gloo's TCP needs it with some datapaths, and it
+keeps TSO super-packets away from the shaper). Random loss is an nftables
+``numgen random`` drop on the input hook of both namespaces, applied to every
+UDP and TCP packet (data, control, gloo alike), so "loss p" means p in each
+direction for everything. One round trip = push of the gradient to the
+aggregator + pull of the aggregate (one DBLP round, measured at the worker);
+gloo's row is one ``all_reduce`` of the same tensor between the same hosts.
+
+Everything the bench creates is named ``dbt-*``/``dbt*`` and removed in
+``finally`` (namespaces take their veths and nft tables with them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import click
+
+DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
+DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
+DEFAULT_RATE = 100e6
+
+
+def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(cmd), capture_output=True, text=True, input=input)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+class NetnsPair:
+    """Two namespaces joined by an HTB-shaped veth pair; removed on exit.
+
+    ``set_loss(p, protocols)`` installs (or replaces) an nftables drop of a
+    fraction ``p`` of incoming packets of those protocols in both namespaces.
+    """
+
+    def __init__(self, rate_bps: float | None = DEFAULT_RATE, tag: str | None = None,
+                 queue_packets: int = 1000):
+        tag = tag or uuid.uuid4().hex[:6]
+        self.tag = tag
+        self.ns = (f"dbt-{tag}-a", f"dbt-{tag}-b")
+        self.dev = (f"dbt{tag}a", f"dbt{tag}b")
+        self.ip = ("10.201.0.1", "10.201.0.2")
+        self.rate_bps = rate_bps
+        self.queue_packets = queue_packets
+        self.loss = 0.0
+        self._created = False
+
+    def __enter__(self) -> "NetnsPair":
+        try:
+            self.create()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    def exec(self, side: int, *cmd: str, check: bool = True, input: str | None = None):
+        return _run("ip", "netns", "exec", self.ns[side], *cmd, check=check, input=input)
+
+    def create(self) -> None:
+        a, b = self.ns
+        self._created = True
+        _run("ip", "netns", "add", a)
+        _run("ip", "netns", "add", b)
+        _run("ip", "link", "add", self.dev[0], "netns", a, "type", "veth", "peer", "name",
+             self.dev[1], "netns", b)
+        for side in (0, 1):
+            dev = self.dev[side]
+            self.exec(side, "ip", "link", "set", "lo", "up")
+            self.exec(side, "ip", "addr", "add", f"{self.ip[side]}/30", "dev", dev)
+            self.exec(side, "ip", "link", "set", dev, "up")
+            self.exec(side, "ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off",
+                      check=False)
+            if self.rate_bps:
+                rate = f"{int(self.rate_bps)}bit"
+                self.exec(side, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
+                          "default", "10")
+                self.exec(side, "tc", "class", "add", "dev", dev, "parent", "1:", "classid",
+                          "1:10", "htb", "rate", rate, "ceil", rate)
+                self.exec(side, "tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle",
+                          "10:", "pfifo", "limit", str(self.queue_packets))
+
+    def set_loss(self, p: float, protocols: str = "udp, tcp") -> None:
+        """Drop a fraction ``p`` of incoming ``protocols`` packets in both namespaces."""
+        self.loss = p
+        for side in (0, 1):
+            self.exec(side, "nft", "delete", "table", "inet", "dbt", check=False)
+            if p <= 0:
+                continue
+            per_million = int(round(p * 1_000_000))
+            rules = f"""table inet dbt {{
+    chain input {{
+        type filter hook input priority 0; policy accept;
+        meta l4proto {{ {protocols} }} numgen random mod 1000000 < {per_million} counter drop
+    }}
+}}
+"""
+            self.exec(side, "nft", "-f", "-", input=rules)
+
+    def drop_counts(self) -> list[int]:
+        out = []
+        for side in (0, 1):
+            p = self.exec(side, "nft", "list", "table", "inet", "dbt", check=False)
+            n = 0
+            for tok in p.stdout.split("packets")[1:]:
+                n += int(tok.split()[0])
+            out.append(n)
+        return out
+
+    def destroy(self) -> None:
+        if not self._created:
+            return
+        for ns in self.ns:
+            _run("ip", "netns", "del", ns, check=False)
+        self._created = False
+
+
+# -- agents (run inside a namespace, driven over stdin/stdout, one JSON per line) ----------
+
+def _reply(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _agent_dblp(args: dict) -> None:
+    import numpy as np
+
+    import dblp
+    role = args["role"]
+    common = dict(control=args["control"], rate_bps=args["rate_bps"],
+                  round_timeout=args["round_timeout"], join_timeout=30.0)
+    policy, knobs = args["policy"], args.get("knobs", {})
+    if role == "server":
+        obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, policy, session_id=args["session"],
+                                   idle_timeout=args["round_timeout"] + 30, **common, **knobs)
+    else:
+        obj = dblp.TransportGroup(0, 1, args["server"], args["port"], policy=policy,
+                                  session_id=args["session"], **common, **knobs)
+        grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
+    _reply({"ready": True})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            break
+        try:
+            if role == "server":
+                stats = obj.serve(cmd["rounds"])
+            else:
+                stats = []
+                for _ in range(cmd["rounds"]):
+                    t = grad.copy()
+                    stats.append(obj.allreduce_(t))
+            _reply({"ok": True, "stats": [s.as_dict() for s in stats]})
+        except Exception as exc:  # reported to the driver, which restarts the agents
+            _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            break
+    obj.close()
+
+
+def _agent_gloo(args: dict) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    os.environ["GLOO_SOCKET_IFNAME"] = args["ifname"]
+    dist.init_process_group("gloo", init_method=f"tcp://{args['master']}:{args['port']}",
+                            rank=args["rank"], world_size=2,
+                            timeout=datetime.timedelta(seconds=args["round_timeout"]))
+    t = torch.randn(args["numel"], generator=torch.Generator().manual_seed(args["rank"]))
+    small = torch.zeros(1)
+    dist.all_reduce(small)
+    dist.all_reduce(t.clone())  # warm-up: connections and buffers
+    _reply({"ready": True})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "quit":
+            break
+        try:
+            stats = []
+            for _ in range(cmd["rounds"]):
+                x = t.clone()
+                dist.all_reduce(small)  # line both ranks up before timing
+                t0 = time.monotonic()
+                dist.all_reduce(x)
+                x /= 2
+                stats.append({"latency_s": time.monotonic() - t0})
+            _reply({"ok": True, "stats": stats})
+        except Exception as exc:
+            _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            break
+    os._exit(0)  # a gloo group after a timeout can hang in its destructor
+
+
+def agent_main(argv: list[str]) -> None:
+    args = json.loads(argv[0])
+    if args["kind"] == "gloo":
+        _agent_gloo(args)
+    else:
+        _agent_dblp(args)
+
+
+class Agent:
+    """A process in a namespace that answers one JSON line per command."""
+
+    def __init__(self, pair: NetnsPair, side: int, args: dict):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", pair.ns[side], sys.executable, "-m",
+             "testbed.bench_transport", json.dumps(args)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env, cwd=root)
+
+    def send(self, obj) -> None:
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout: float) -> dict:
+        import select
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return {"ok": False, "error": f"agent silent for {timeout:.0f} s"}
+            r, _, _ = select.select([self.proc.stdout], [], [], left)
+            if r:
+                line = self.proc.stdout.readline()
+                if not line:
+                    err = self.proc.stderr.read()[-800:] if self.proc.poll() is not None else ""
+                    return {"ok": False, "error": f"agent exited: {err.strip()}"}
+                try:
+                    return json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.proc.wait(timeout=3)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- the driver ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    impl: str  # "dblp" | "gloo"
+    policy: str  # reliable | static
+    bound: float
+    control: str  # udp | tcp
+
+    @property
+    def label(self) -> str:
+        if self.impl == "gloo":
+            return "gloo all_reduce"
+        return f"{self.policy} P={self.bound:.1%} {self.control}"
+
+
+def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True):
+    cfgs = []
+    for control in controls:
+        for b in bounds:
+            cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control))
+    if gloo:
+        cfgs.append(Config("gloo", "reliable", 0.0, "tcp"))
+    return cfgs
+
+
+def ideal_passes(bound: float, loss: float, chunks: int) -> int:
+    """ceil(ln P / ln p): passes a bounded round needs (reliable: until all K arrive)."""
+    if loss <= 0:
+        return 1
+    target = bound if bound > 0 else 0.5 / chunks
+    if target >= loss:
+        return 1
+    return max(1, math.ceil(math.log(target) / math.log(loss) - 1e-9))
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
+              rate_bps: float = DEFAULT_RATE, configs=None, round_timeout: float = 30.0,
+              log=print) -> dict:
+    """Run every config at every loss on one shaped veth pair; return the JSON document."""
+    from dblp.wire import CHUNK_ELEMS
+    configs = configs or default_configs()
+    nbytes = numel * 4
+    floor_s = nbytes * 8 / rate_bps
+    chunks = -(-numel // CHUNK_ELEMS)
+    rows = []
+    with NetnsPair(rate_bps) as pair:
+        for ci, cfg in enumerate(configs):
+            agents: list[Agent] = []
+            try:
+                for loss in losses:
+                    if not agents:
+                        agents = _start(pair, cfg, numel, rate_bps, round_timeout, 47000 + ci)
+                    pair.set_loss(loss)
+                    stats, err = _rounds(agents, reps, round_timeout, cfg)
+                    pair.set_loss(0.0)
+                    row = _row(cfg, loss, stats, err, floor_s, chunks, reps)
+                    rows.append(row)
+                    log(_format_row(row))
+                    if err:
+                        for a in agents:
+                            a.stop()
+                        agents = []
+            finally:
+                for a in agents:
+                    a.stop()
+    return {"floor_s": floor_s, "bytes": nbytes, "rate_bps": rate_bps, "chunks": chunks,
+            "reps": reps, "losses": list(losses), "rows": rows,
+            "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)"}
+
+
+def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:
+    if cfg.impl == "gloo":
+        base = {"kind": "gloo", "master": pair.ip[0], "port": port, "numel": numel,
+                "round_timeout": round_timeout}
+        agents = [Agent(pair, 0, dict(base, rank=0, ifname=pair.dev[0])),
+                  Agent(pair, 1, dict(base, rank=1, ifname=pair.dev[1]))]
+        ready_timeout = 120
+    else:
+        knobs = {"p": cfg.bound} if cfg.policy == "static" else {}
+        base = {"kind": "dblp", "policy": cfg.policy, "knobs": knobs, "control": cfg.control,
+                "rate_bps": rate_bps, "round_timeout": round_timeout, "port": port,
+                "numel": numel, "session": int(uuid.uuid4().int >> 65) | 1}
+        agents = [Agent(pair, 1, dict(base, role="server")),
+                  Agent(pair, 0, dict(base, role="worker", server=pair.ip[1]))]
+        ready_timeout = 60
+    for a in agents:
+        r = a.read(ready_timeout)
+        if not r.get("ready"):
+            for b in agents:
+                b.stop()
+            raise RuntimeError(f"{cfg.label}: agent failed to start: {r.get('error')}")
+    if cfg.impl == "dblp":  # join + one warm-up round on a clean link
+        _rounds(agents, 1, round_timeout, cfg)
+    return agents
+
+
+def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config):
+    for a in agents:
+        a.send({"cmd": "rounds", "rounds": n})
+    replies = [a.read(n * round_timeout + 30) for a in agents]
+    worker = replies[0] if cfg.impl == "gloo" else replies[1]
+    err = next((r["error"] for r in replies if not r.get("ok")), None)
+    return worker.get("stats", []), err
+
+
+def _row(cfg: Config, loss: float, stats: list[dict], err, floor_s: float, chunks: int,
+         reps: int) -> dict:
+    p = loss
+    if cfg.impl == "gloo":
+        need = 1.0 / (1 - p)  # 2-rank ring: each rank sends the tensor once, both ways at once
+        passes = None
+        ideal = None
+    else:
+        need = 2 * (1 - cfg.bound) / (1 - p)  # push + pull, same bound on both
+        passes = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
+        ideal = ideal_passes(cfg.bound, p, chunks)
+    rt = _median([s["latency_s"] for s in stats]) if len(stats) == reps and not err else None
+    bound_s = floor_s * need
+    row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
+           "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
+           "ratio": (rt / bound_s) if rt else None, "passes": passes, "ideal_passes": ideal,
+           "reps": len(stats), "spread_s": ([min(s["latency_s"] for s in stats),
+                                             max(s["latency_s"] for s in stats)] if stats else None)}
+    if cfg.impl == "dblp" and stats:
+        row["passes_push"] = _median([s["passes_push"] for s in stats])
+        row["passes_pull"] = _median([s["passes_pull"] for s in stats])
+        row["probe_rounds"] = _median([s["probe_rounds"] for s in stats])
+        row["missing_at_stop"] = _median([s["missing_at_stop"] for s in stats])
+        row["pull_missing"] = _median([s["pull_missing"] for s in stats])
+        row["rtt_ms"] = _median([(s["rtt_s"] or 0) * 1e3 for s in stats])
+    if err:
+        row["error"] = err
+    return row
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+HEADER = (f"{'impl':5} {'policy':8} {'bound':>6} {'ctrl':4} {'loss':>5} {'round_trip_s':>12} "
+          f"{'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5}")
+
+
+def _format_row(r: dict) -> str:
+    s = (f"{r['impl']:5} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {r['loss']:5.0%} "
+         f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
+         f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')}")
+    if r.get("error"):
+        s += f"  ({r['error'][:70]})"
+    return s
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"floor_s = {doc['floor_s']:.3f} s ({doc['bytes']} B at {doc['rate_bps'] / 1e6:g} "
+             f"Mbit/s), medians of {doc['reps']} round trips", HEADER]
+    lines += [_format_row(r) for r in doc["rows"]]
+    lines += ["", "speedup of the 40.8 % bound over static 0.8 % (same control):"]
+    for control in ("udp", "tcp"):
+        for loss in doc["losses"]:
+            a = _find(doc, "static", 0.008, control, loss)
+            b = _find(doc, "static", 0.408, control, loss)
+            if a and b and a["round_trip_s"] and b["round_trip_s"]:
+                lines.append(f"  {control} loss {loss:4.0%}: {a['round_trip_s'] / b['round_trip_s']:.2f}x")
+    return "\n".join(lines)
+
+
+def _find(doc, policy, bound, control, loss):
+    for r in doc["rows"]:
+        if r["impl"] == "dblp" and r["policy"] == policy and abs(r["bound"] - bound) < 1e-9 \
+                and r["control"] == control and r["loss"] == loss:
+            return r
+    return None
+
+
+@click.command("transport")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the result document here.")
+@click.option("--reps", type=int, default=5, show_default=True, help="Round trips per row (median).")
+@click.option("--losses", default=",".join(f"{x:g}" for x in DEFAULT_LOSSES), show_default=True,
+              help="Comma-separated loss fractions.")
+@click.option("--rate-mbit", type=float, default=100.0, show_default=True)
+@click.option("--mbytes", type=float, default=4.0, show_default=True, help="Gradient size (MiB).")
+@click.option("--controls", default="udp,tcp", show_default=True)
+@click.option("--bounds", default="0,0.008,0.408", show_default=True)
+@click.option("--no-gloo", is_flag=True, help="Skip the torch.distributed gloo rows.")
+@click.option("--round-timeout", type=float, default=30.0, show_default=True,
+              help="Per-round deadline; a row that misses it is reported as failed.")
+@click.option("--quick", is_flag=True,
+              help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo.")
+def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
+                  round_timeout, quick):
+    """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
+    if os.geteuid() != 0:
+        raise click.UsageError("bench transport needs root (network namespaces)")
+    try:
+        loss_list = tuple(float(x) for x in losses.split(","))
+        bound_list = tuple(float(x) for x in bounds.split(","))
+    except ValueError:
+        raise click.BadParameter("--losses/--bounds must be comma-separated numbers") from None
+    if any(not 0 <= x < 1 for x in loss_list):
+        raise click.BadParameter("every loss must be in [0, 1)", param_hint="--losses")
+    if any(not 0 <= x < 1 for x in bound_list):
+        raise click.BadParameter("every bound must be in [0, 1)", param_hint="--bounds")
+    ctl = tuple(c.strip() for c in controls.split(","))
+    if any(c not in ("udp", "tcp") for c in ctl):
+        raise click.BadParameter("controls are udp and/or tcp", param_hint="--controls")
+    if reps < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--reps")
+    if quick:
+        reps, loss_list, mbytes, ctl, no_gloo = 2, (0.0, 0.5), 1.0, ("udp",), True
+        bound_list = (0.0, 0.408)
+    numel = int(mbytes * (1 << 20)) // 4
+    cfgs = default_configs(bound_list, ctl, gloo=not no_gloo)
+    click.echo(HEADER)
+    doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
+                    log=lambda s: click.echo(s))
+    click.echo("")
+    click.echo(format_table(doc))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=1)
+        click.echo(f"wrote {json_path}")
+
+
+if __name__ == "__main__":
+    agent_main(sys.argv[1:])
