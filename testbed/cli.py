@@ -93,3 +93,13 @@ from testbed.report import report_cmd  # noqa: E402
 
 main.add_command(report_cmd)
 main.add_command(compare_cmd)
+
+
+@main.group()
+def bench():
+    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), and others."""
+
+
+from testbed.bench_transport import transport_cmd  # noqa: E402
+
+bench.add_command(transport_cmd)
