@@ -34,8 +34,12 @@ from testbed import physics as phys
 SPREAD_WARN = 1.5
 # Fewer burst rounds than this on either side make a burst-round ratio anecdotal.
 MIN_SAMPLES = 3
-# Stats counters that are maxima over workers rather than sums.
-MAX_STATS = {"probe_rounds", "passes", "latency_s", "bound"}
+# Transport stats summed over workers (counters); every other numeric stat is
+# per-worker state (bound, phase norm, passes, fractions) and is reported as
+# the maximum over workers. Identity fields are dropped.
+SUM_STATS = ("bytes_sent", "chunks_sent", "chunks", "retransmitted", "payload_bytes",
+             "packets_sent", "dropped")
+SKIP_STATS = {"rank", "round"}
 
 DEFINITIONS = {
     "round_window": "[min worker t_start_ns, max worker t_end_ns]",
@@ -205,14 +209,14 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
 
 def _stat_columns(stats_list: list[dict], prefix: str) -> dict:
     keys = sorted({k for s in stats_list for k, v in s.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)} - SKIP_STATS)
     out = {}
     for k in keys:
         vals = [s[k] for s in stats_list if isinstance(s.get(k), (int, float))
                 and not isinstance(s.get(k), bool)]
         if not vals:
             continue
-        out[prefix + k] = max(vals) if k in MAX_STATS else sum(vals)
+        out[prefix + k] = sum(vals) if k in SUM_STATS else max(vals)
     return out
 
 
