@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import subprocess
+import threading
 import time
 
 from controllers.compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER,
@@ -55,6 +56,7 @@ class FabricController(BaseApp):
         self.nft = Nft()
         self.next_meter = 1
         self.seq = 0
+        self.lock = threading.RLock()  # bursts start/end from socket and timer threads
         self.logger.info("fabric controller: %s, %d switches, %d hosts, %d bursts scheduled, "
                          "nft %s", self.topo.name, len(self.topo.switches()),
                          len(self.topo.hosts()), len(self.schedule),
@@ -99,7 +101,7 @@ class FabricController(BaseApp):
     def _request(self, dp, msg, timeout=2.0):
         """Send a request and wait (green) for its reply by xid."""
         dp.set_xid(msg)
-        ev = hub.Event()
+        ev = threading.Event()  # os-ken's default hub is native threads
         self.waiters[msg.xid] = [ev, None]
         dp.send_msg(msg)
         ev.wait(timeout=timeout)
@@ -208,23 +210,20 @@ class FabricController(BaseApp):
         if not isinstance(req, dict):
             return {"ok": False, "error": "request must be a JSON object"}
         op = req.get("op")
+        handlers = {"status": self.op_status, "round": self.op_round, "burst": self.op_burst,
+                    "schedule": self.op_schedule}
         try:
-            if op == "status":
-                return self.op_status()
-            if op == "round":
-                return self.op_round(req)
-            if op == "burst":
-                return self.op_burst(req)
-            if op == "schedule":
-                return self.op_schedule(req)
-            return {"ok": False, "error": f"unknown op {op!r}; use round, burst, status or schedule"}
+            if op not in handlers:
+                return {"ok": False, "error": f"unknown op {op!r}; use round, burst, status or schedule"}
+            with self.lock:
+                return handlers[op](req)
         except (BurstError, TargetError, ValueError, TypeError, KeyError) as e:
             return {"ok": False, "error": f"{type(e).__name__}: {e}"}
         except Exception as e:  # the controller must survive anything a client sends
             self.logger.exception("request %r failed", req)
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}"}
 
-    def op_status(self):
+    def op_status(self, req=None):
         sw = {str(d): {"name": s["name"], "connected": s.get("connected", False),
                        "routed": s.get("routed", False), "flows": s.get("flows", 0),
                        "connects": s["connects"]} for d, s in self.sw_state.items()}
@@ -300,6 +299,13 @@ class FabricController(BaseApp):
                 "requested_end_ns": rec.requested_end_ns}
 
     def _start_timed(self, spec, arm, at_ns):
+        with self.lock:
+            try:
+                self._start_timed_locked(spec, arm, at_ns)
+            except Exception:
+                self.logger.exception("timed burst %s failed", spec.id)
+
+    def _start_timed_locked(self, spec, arm, at_ns):
         key = (arm, spec.id)
         if key in self.active:
             return
@@ -314,7 +320,8 @@ class FabricController(BaseApp):
         try:
             ports = resolve_target(self.topo, spec.target, self.roles)
             if spec.kind == "loss":
-                mech = LossBurst(self.nft, f"{rec.arm}_{spec.id}", ports, spec.params["p"])
+                mech = LossBurst(self.nft, f"{rec.arm}_{spec.id}", self.topo, ports,
+                                 spec.params["p"], self.cfg.get("loss_sink", "dtz0-eth0"))
                 mech.on()
             elif spec.kind == "police":
                 mech = self._police_start(rec, ports)
@@ -337,6 +344,10 @@ class FabricController(BaseApp):
             hub.spawn_after(max(0.0, (end_at_ns - time.time_ns()) / 1e9), self._end, key, end_at_ns)
 
     def _end(self, key, requested_end_ns):
+        with self.lock:
+            self._end_locked(key, requested_end_ns)
+
+    def _end_locked(self, key, requested_end_ns):
         item = self.active.pop(key, None)
         if item is None:
             return
@@ -456,7 +467,14 @@ class FabricController(BaseApp):
         rate = rec.spec.params.get("rate_mbps", 2.0 * bw)
         size = rec.spec.params.get("pkt_bytes", 1400)
         busy = {self.roles.get("server")} | set(self.roles.get("workers", []))
-        flows = [self._cross_flow(tp, busy) for tp in ports]
+        # each source's own link is shaped to bw: enough sources to exceed it
+        n_src = max(1, int(-(-rate // (0.8 * bw))))
+        flows, used = [], set()
+        for tp in ports:
+            for _ in range(n_src):
+                flows.append(self._cross_flow(tp, busy, used))
+                used.add(flows[-1][0])
+        rate = rate / n_src
         before = {tp.intf: pfifo_drops(tp.intf) for tp in ports}
         procs = []
         py = self.cfg.get("python", "python3")
@@ -476,11 +494,12 @@ class FabricController(BaseApp):
         return {"procs": procs, "before": before, "ports": ports, "flows": flows,
                 "rate_mbps": rate, "t_go": max(t_go) if t_go else None}
 
-    def _cross_flow(self, tp, busy):
-        """(src, dst, sport) whose path leaves ``tp.switch`` by ``tp.port``."""
+    def _cross_flow(self, tp, busy, used=()):
+        """(src, dst, sport) whose path leaves ``tp.switch`` by ``tp.port``; a fresh src if any."""
         cross = list(self.roles.get("cross", []))
         others = [h for h in self.topo.hosts() if h not in busy and h not in cross]
         sources = cross + others + sorted(busy - {None})
+        sources = [h for h in sources if h not in used] + [h for h in sources if h in used]
         neighbour, _ = self.topo.ports(tp.switch)[tp.port]
         dsts = [neighbour] if not self.topo.isSwitch(neighbour) else \
             [h for h in self.topo.hosts() if h not in busy] + sorted(busy - {None})
@@ -510,7 +529,8 @@ class FabricController(BaseApp):
         hub.sleep(0.05)  # let the queue drain before reading its counters
         rec.dropped_packets = sum(pfifo_drops(tp.intf) - mech["before"][tp.intf]
                                   for tp in mech["ports"])
-        rec.detail = {"cross_flows": [list(f) for f in mech["flows"]], "rate_mbps": mech["rate_mbps"]}
+        rec.detail = {"cross_flows": [list(f) for f in mech["flows"]],
+                      "rate_mbps_per_flow": mech["rate_mbps"]}
 
     def close(self):
         for key in list(self.active):

@@ -218,18 +218,34 @@ class Fabric:
         self._save_state()
         self.timings["build_s"] = time.monotonic() - self._t0
 
+        self._make_loss_sink()
         self._configure_interfaces()
         self.timings["shaped_s"] = time.monotonic() - self._t0
         self._start_controller()
         self.net.start()
+        self._shape_switch_ports()
         self.timings["switches_started_s"] = time.monotonic() - self._t0
         self._wait_routed()
         self.startup_s = time.monotonic() - self._t0
         self.log(f"{self.topo.name}: {len(self.topo.switches())} switches, {len(self.topo.hosts())} "
                  f"hosts routed in {self.startup_s:.1f} s ({self.datapath} datapath)")
 
-    def _configure_interfaces(self):
-        host_cmds = []
+    def _make_loss_sink(self):
+        """The veth pair `loss` bursts forward their victims into (controllers.mechanisms)."""
+        from controllers.mechanisms import SINK_PAIR
+        a, b = SINK_PAIR
+        self._state["bridges"].append(a.split("-")[0])  # recognised by clean-up via its name
+        self._save_state()
+        subprocess.run(["ip", "link", "del", a], capture_output=True)
+        for argv in (["ip", "link", "add", a, "type", "veth", "peer", "name", b],
+                     ["ip", "link", "set", a, "up"], ["ip", "link", "set", b, "up"]):
+            p = subprocess.run(argv, capture_output=True, text=True)
+            if p.returncode:
+                raise RuntimeError(f"{' '.join(argv)}: {p.stderr.strip()}")
+        self.loss_sink = a
+
+    def _shape_switch_ports(self):
+        """After the switches started: adding a port to userspace OVS resets its qdisc."""
         if self.bw_mbps is not None:
             sw_intfs = [i for l in self.topo.links() for i, n in ((l.intf1(), l.node1), (l.intf2(), l.node2))
                         if self.topo.isSwitch(n)]
@@ -237,6 +253,15 @@ class Fabric:
                 sw_intfs, self.bw_mbps, self.queue_pkts), capture_output=True, text=True)
             if p.returncode:
                 raise RuntimeError(f"shaping switch ports failed: {p.stderr.strip()[:500]}")
+            shown = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+            shaped = {l.split(" dev ")[1].split()[0] for l in shown.splitlines()
+                      if l.startswith("qdisc pfifo 10:") and " dev " in l}
+            missing = [i for i in sw_intfs if i not in shaped]
+            if missing:
+                raise RuntimeError(f"switch ports without the bounded queue: {missing[:5]}")
+
+    def _configure_interfaces(self):
+        host_cmds = []
         for name, h in self._hosts.items():
             if self.tx_offload_off:
                 host_cmds.append((name, ["ethtool", "-K", h.intf, "tx", "off"], None))
@@ -261,7 +286,7 @@ class Fabric:
                "control_socket": self.control_socket, "of_port": self.of_port,
                "bw_mbps": self.bw_mbps, "queue_pkts": self.queue_pkts,
                "host_pids": {n: h.pid for n, h in self._hosts.items()},
-               "bursts": self.bursts, "roles": self.roles, "python": sys.executable}
+               "bursts": self.bursts, "roles": self.roles, "loss_sink": self.loss_sink, "python": sys.executable}
         cfg_path = os.path.join(self.raw_dir, "fabric.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
