@@ -103,3 +103,8 @@ def bench():
 from testbed.bench_transport import transport_cmd  # noqa: E402
 
 bench.add_command(transport_cmd)
+
+# Fabric commands: doctor, net check/cli, clean, burst, bench bursts (testbed.net_commands).
+from testbed.net_commands import register as _register_fabric_commands  # noqa: E402
+
+_register_fabric_commands(main)

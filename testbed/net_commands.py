@@ -1,0 +1,237 @@
+"""CLI commands about the fabric: doctor, net check/cli, clean, burst, bench bursts."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import click
+
+from topologies import TOPOLOGIES
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM tears the fabric down like Ctrl-C does."""
+    def handler(*_):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _topology(topo, k):
+    from topologies import make_topology
+    return make_topology("fattree", k=k) if topo == "fattree" else make_topology(topo)
+
+
+def _run_dir(out, what):
+    if out:
+        os.makedirs(out, exist_ok=True)
+        return out
+    return tempfile.mkdtemp(prefix=f"dblp-{what}-")
+
+
+topo_option = click.option("--topo", type=click.Choice(sorted(TOPOLOGIES)), default="fattree",
+                           show_default=True, help="Topology from the registry.")
+k_option = click.option("--k", type=int, default=4, show_default=True,
+                        help="Fat-tree arity (even, 4..8).")
+bw_option = click.option("--bw", type=float, default=20.0, show_default=True, metavar="MBIT",
+                         help="Shaped rate of every link (HTB), Mbit/s.")
+queue_option = click.option("--queue", type=int, default=100, show_default=True, metavar="PKTS",
+                            help="Bounded drop-tail queue per port (pfifo limit).")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def doctor(as_json):
+    """What this machine can emulate, and why not."""
+    from testbed.capabilities import check
+    rep = check()
+    if as_json:
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        click.echo(f"root: {rep['root']}   OVS running: {rep['ovs_running']}   "
+                   f"datapath: {rep['datapath']}")
+        click.echo("tools: " + " ".join(f"{t}{'' if ok else '(MISSING)'}" for t, ok in rep["tools"].items()))
+        click.echo("python: " + " ".join(f"{m}{'' if ok else '(MISSING)'}" for m, ok in rep["modules"].items()))
+        click.echo("qdiscs: " + " ".join(f"{q}{'' if ok else '(no)'}" for q, ok in rep["qdiscs"].items()))
+        click.echo(f"nftables netdev egress: {rep['nft_netdev_egress']}   "
+                   f"wmem_default: {rep['wmem_default']}")
+        for p in rep["problems"]:
+            click.echo(f"PROBLEM: {p}")
+        for n in rep["notes"]:
+            click.echo(f"note: {n}")
+        click.echo("ok: the fabric can be built" if rep["ok"] else "not ok")
+    sys.exit(0 if rep["ok"] else 1)
+
+
+@click.group()
+def net():
+    """Build the routed fabric and check or explore it."""
+
+
+@net.command("check")
+@topo_option
+@k_option
+@bw_option
+@queue_option
+@click.option("--goodput-s", type=float, default=5.0, show_default=True,
+              help="iperf3 duration for the TCP goodput check (0: skip).")
+@click.option("--flows", type=int, default=1, show_default=True,
+              help="Concurrent cross-pod TCP flows (disjoint host pairs).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Run directory for logs (default: a fresh temporary one).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
+    """Build the fabric; all-pairs reachability, core spread, TCP goodput, startup time."""
+    t_process = time.monotonic()
+    _sigterm_as_interrupt()
+    from testbed import netcheck
+    from testbed.fabric import Fabric
+    try:
+        graph = _topology(topo, k)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+    run_dir = _run_dir(out, "netcheck")
+    res = {"topology": graph.name, "hosts": len(graph.hosts()), "switches": len(graph.switches()),
+           "shaped_mbps": bw, "queue_pkts": queue, "run_dir": run_dir}
+    with Fabric(graph, run_dir=run_dir, bw_mbps=bw, queue_pkts=queue,
+                log=(lambda m: None) if as_json else None) as fab:
+        res["startup_s"] = round(time.monotonic() - t_process, 2)
+        res["fabric_startup_s"] = round(fab.startup_s, 2)
+        res["datapath"] = fab.datapath
+        reach = netcheck.all_pairs(fab)
+        res.update(pairs=reach["pairs"], pairs_ok=reach["pairs_ok"], unreachable=reach["failed"])
+        spread = netcheck.core_spread(fab)
+        res.update(core_switches=spread["core_switches"], core_switches_used=spread["core_switches_used"],
+                   core_packets=spread["per_core"])
+        if goodput_s > 0:
+            g = netcheck.tcp_goodput(fab, netcheck.cross_pod_pairs(graph, flows), duration_s=goodput_s)
+            res.update(tcp_goodput_mbps=round(g["total_mbps"] / g["flows"], 2),
+                       tcp_goodput_total_mbps=g["total_mbps"], tcp_flows=g["per_flow_mbps"])
+        else:
+            res["tcp_goodput_mbps"] = None
+    res["ok"] = res["pairs_ok"] == res["pairs"] and res["core_switches_used"] == res["core_switches"]
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        click.echo(f"{res['topology']}: {res['switches']} switches, {res['hosts']} hosts, "
+                   f"{res['datapath']} datapath; routed {res['startup_s']} s after process start")
+        click.echo(f"reachability: {res['pairs_ok']}/{res['pairs']} pairs")
+        click.echo(f"core spread: {res['core_switches_used']}/{res['core_switches']} core switches "
+                   f"carry UDP flows with distinct ports {res['core_packets']}")
+        if res["tcp_goodput_mbps"] is not None:
+            click.echo(f"TCP goodput: {res['tcp_goodput_mbps']} Mbit/s per flow over {flows} flow(s) "
+                       f"at {bw} Mbit/s shaping ({100 * res['tcp_goodput_mbps'] / bw:.0f} %)")
+    sys.exit(0 if res["ok"] else 1)
+
+
+@net.command("cli")
+@topo_option
+@k_option
+@bw_option
+@queue_option
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+def net_cli(topo, k, bw, queue, out):
+    """Open Mininet's CLI on the routed fabric (exit it to tear down)."""
+    from mininet.cli import CLI
+    from testbed.fabric import Fabric
+    _sigterm_as_interrupt()
+    with Fabric(_topology(topo, k), run_dir=_run_dir(out, "netcli"), bw_mbps=bw,
+                queue_pkts=queue) as fab:
+        click.echo(f"control socket: {fab.control_socket} (dblp-testbed burst --socket ...)")
+        CLI(fab.net)
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="List what would be removed.")
+@click.option("--json", "as_json", is_flag=True)
+def clean(dry_run, as_json):
+    """Remove only the project's leftovers (bridges dt*, their veths, host shells, nft tables)."""
+    from testbed import cleanup
+    rep = cleanup.leftovers() if dry_run else cleanup.clean()
+    if as_json:
+        click.echo(json.dumps(rep))
+    else:
+        for k, v in rep.items():
+            click.echo(f"{'would remove' if dry_run else 'removed'} {k}: {len(v)} {v[:10] if v else ''}")
+
+
+@click.command()
+@click.option("--socket", "sock", default=None, metavar="PATH",
+              help="Control socket (default: $DBLP_CONTROL_SOCKET, or RUN/control.sock with --run).")
+@click.option("--run", "run_dir", default=None, type=click.Path(file_okay=False),
+              help="Run directory of the running experiment.")
+@click.option("--kind", type=click.Choice(["loss", "police", "congest"]), default="loss",
+              show_default=True)
+@click.option("--target", default="server-downlink", show_default=True,
+              help="server-downlink, server-uplink, workerN-downlink, core-uplinks, SWITCH:NEIGHBOUR")
+@click.option("--duration-ms", type=float, default=500.0, show_default=True)
+@click.option("--p", type=float, default=None, help="loss: drop probability (default 0.8).")
+@click.option("--rate-mbps", type=float, default=None, help="police: meter rate; congest: cross rate.")
+@click.option("--status", is_flag=True, help="Only print the controller's status.")
+def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
+    """Trigger a burst by hand on a running experiment's controller."""
+    from testbed.fabric import control_request
+    path = sock or (os.path.join(run_dir, "control.sock") if run_dir else None) or \
+        os.environ.get("DBLP_CONTROL_SOCKET")
+    if not path:
+        raise click.UsageError("no control socket: give --socket, --run or set DBLP_CONTROL_SOCKET")
+    if status:
+        req = {"op": "status"}
+    else:
+        params = {}
+        if kind == "loss":
+            params["p"] = 0.8 if p is None else p
+        if rate_mbps is not None:
+            params["rate_mbps"] = rate_mbps
+        req = {"op": "burst", "kind": kind, "target": target, "duration_ms": duration_ms,
+               "params": params}
+    try:
+        reply = control_request(path, req)
+    except OSError as e:
+        click.echo(f"dblp-testbed: error: cannot reach the controller at {path}: {e}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(reply))
+    sys.exit(0 if reply.get("ok") else 1)
+
+
+@click.command("bursts")
+@k_option
+@bw_option
+@queue_option
+@click.option("--tries", type=int, default=20, show_default=True, help="Round-trigger tries.")
+@click.option("--json", "json_file", default=None, type=click.Path(dir_okay=False),
+              help="Also write the rows to this file.")
+@click.option("--out", type=click.Path(file_okay=False), default=None)
+def bench_bursts(k, bw, queue, tries, json_file, out):
+    """Requested vs measured burst loss and timing on the fat-tree (paced UDP through the target)."""
+    from testbed.burstbench import run_bench
+    from testbed.fabric import Fabric
+    _sigterm_as_interrupt()
+    with Fabric(_topology("fattree", k), run_dir=_run_dir(out, "benchbursts"), bw_mbps=bw,
+                queue_pkts=queue) as fab:
+        res = run_bench(fab, tries=tries)
+    click.echo(f"{'kind':<20}{'requested':>10}{'in window':>11}{'outside':>9}{'start lag ms':>14}")
+    for r in res["rows"]:
+        label = r["kind"] + (f" p={r['params']['p']}" if r.get("params", {}).get("p") else "")
+        out_s = "-" if r["measured_outside"] is None else f"{r['measured_outside']:.4f}"
+        click.echo(f"{label:<20}{r['requested']:>10.3f}{r['measured_in_window']:>11.4f}{out_s:>9}"
+                   f"{r['start_lag_ms']:>14.2f}")
+    if json_file:
+        with open(json_file, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def register(main):
+    """Add the fabric commands to the top-level group (and to `bench` if it exists)."""
+    for cmd in (doctor, net, clean, burst):
+        main.add_command(cmd)
+    bench = main.commands.get("bench")
+    if bench is None:
+        @click.group()
+        def bench():
+            """Benchmarks."""
+        main.add_command(bench)
+    bench.add_command(bench_bursts)
