@@ -11,8 +11,10 @@ Definitions (also written into summary.json under "definitions"):
   moment the last worker started communicating (t_end_ns - comm_s, or
   t_comm_start_ns when logged) until the last worker finished. The wait of
   an early worker for a slow worker's compute is not communication.
-- A round is a burst round when its window overlaps a burst's actual window
-  of the same arm by more than zero nanoseconds.
+- A round is a burst round when its window and a burst's actual window (same
+  arm) overlap by at least half of the shorter of the two: exact, by
+  timestamps, and blind to the millisecond by which a round-triggered burst
+  touches the end of the previous round (burst_touch records any overlap).
 - Speedup of arm A against baseline B = B's figure / A's figure (> 1: A is
   faster). Baselines are every arm whose transport is not dblp.
 """
@@ -44,7 +46,7 @@ SKIP_STATS = {"rank", "round"}
 DEFINITIONS = {
     "round_window": "[min worker t_start_ns, max worker t_end_ns]",
     "latency": "critical-path communication time: max worker comm end - max worker comm start",
-    "burst_round": "round window overlaps the arm's burst actual window by > 0 ns",
+    "burst_round": "overlap of round window and burst actual window >= half the shorter window",
     "speedup": "baseline figure / arm figure (> 1: the arm is faster)",
     "baselines": "every arm whose transport is not dblp",
     "train_time_reduction_pct": "100 * (1 - arm train time / baseline train time)",
@@ -263,24 +265,35 @@ def rounds_table(raw: RawRun, bursts: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["arm", "round", "t_start_ns", "t_end_ns", "latency_ms",
                                      "in_burst", "burst_id", "burst_overlap_ms", "burst_loss"])
     df["bound"] = pd.to_numeric(df["bound"], errors="coerce")
-    # Exact join: a round overlaps a burst when start < burst end and end > burst start.
-    in_burst, ids, overlap, bloss = [], [], [], []
+    # Exact join by timestamps. A burst "hits" a round when their overlap is at
+    # least half of the shorter of the two windows; any overlap at all is kept
+    # as burst_touch. Why not any overlap: consecutive rounds' windows overlap
+    # by the optimizer step (a worker logs t_end after the next round's
+    # announcement), so a round-triggered burst touches the previous round by
+    # a millisecond without hitting it.
+    in_burst, touch, ids, overlap, bloss = [], [], [], [], []
     for r in df.itertuples(index=False):
-        hits = []
+        hits, touched = [], False
         if len(bursts):
             b = bursts[(bursts["arm"] == r.arm) & bursts["actual_start_ns"].notna()
                        & bursts["actual_end_ns"].notna()]
             for bb in b.itertuples(index=False):
-                ov = min(r.t_end_ns, int(bb.actual_end_ns)) - max(r.t_start_ns, int(bb.actual_start_ns))
-                if ov > 0:
+                bs, be = int(bb.actual_start_ns), int(bb.actual_end_ns)
+                ov = min(r.t_end_ns, be) - max(r.t_start_ns, bs)
+                if ov <= 0:
+                    continue
+                touched = True
+                if 2 * ov >= min(r.t_end_ns - r.t_start_ns, be - bs):
                     hits.append((bb.id, ov, bb.measured_loss, bb.requested_loss))
         in_burst.append(bool(hits))
+        touch.append(touched)
         ids.append(";".join(h[0] for h in hits))
         overlap.append(sum(h[1] for h in hits) / 1e6)
         losses = [h[2] if math.isfinite(h[2]) else h[3] for h in hits]
         losses = [x for x in losses if math.isfinite(x)]
         bloss.append(max(losses) if losses else math.nan)
     df["in_burst"] = in_burst
+    df["burst_touch"] = touch
     df["burst_id"] = ids
     df["burst_overlap_ms"] = overlap
     df["burst_loss"] = bloss

@@ -84,11 +84,11 @@ def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, spec=Tr
              "target": "server-downlink", "params": {"p": 0.8}, "trigger": "round", "round": 3,
              "requested_start_ns": b1s - MS, "requested_end_ns": b1s + 50 * MS,
              "actual_start_ns": b1s, "actual_end_ns": b1s + 50 * MS, "dropped_packets": 12},
-            # Starts exactly where round 6 ends: overlaps round 7 only.
+            # Starts 1 ms before round 6 ends: touches round 6, hits round 7 only.
             {"event": "burst", "arm": arm, "id": f"{arm}-b2", "kind": "loss",
              "target": "server-downlink", "params": {"p": 0.8}, "trigger": "round", "round": 7,
-             "requested_start_ns": r6_end, "requested_end_ns": round_start(arm, 7) + 30 * MS,
-             "actual_start_ns": r6_end, "actual_end_ns": round_start(arm, 7) + 30 * MS,
+             "requested_start_ns": r6_end - MS, "requested_end_ns": round_start(arm, 7) + 500 * MS,
+             "actual_start_ns": r6_end - MS, "actual_end_ns": round_start(arm, 7) + 500 * MS,
              "dropped_packets": 8},
         ]
         (d / "bursts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in bursts))
@@ -122,11 +122,17 @@ def test_rounds_latency_is_the_critical_path_and_join_is_exact(run_dir):
         assert r.workers == WORKERS
     hit = rounds[rounds["in_burst"]]
     assert sorted(hit[hit["arm"] == "dblp"]["burst_id"]) == ["dblp-b1", "dblp-b2"]
-    # Burst 2 touches round 6's end exactly: zero overlap, not a burst round.
+    # Burst 2 overlaps round 6's last millisecond: touched, not hit (1 ms < half of 42 ms).
     r6 = rounds[(rounds["arm"] == "static") & (rounds["round"] == 6)].iloc[0]
-    assert not r6.in_burst and r6.burst_overlap_ms == 0
+    assert r6.burst_touch and not r6.in_burst and r6.burst_overlap_ms == 0
     r7 = rounds[(rounds["arm"] == "static") & (rounds["round"] == 7)].iloc[0]
-    assert r7.burst_overlap_ms == pytest.approx(30.0)
+    # The whole 412 ms round is covered.
+    assert r7.burst_overlap_ms == pytest.approx(412.0) and r7.burst_touch
+    # gloo's round 7 lasts 812 ms: 500 ms covered, more than half of it.
+    g7 = rounds[(rounds["arm"] == "gloo") & (rounds["round"] == 7)].iloc[0]
+    assert g7.in_burst and g7.burst_overlap_ms == pytest.approx(500.0)
+    r5 = rounds[(rounds["arm"] == "static") & (rounds["round"] == 5)].iloc[0]
+    assert not r5.burst_touch
     # Stats are summed over workers, probe rounds are a maximum.
     assert r7.stats_bytes_sent == 3 * 4000 and r7.stats_retransmitted == 3
     assert r7.stats_probe_rounds == 2
