@@ -89,6 +89,10 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     summary["packets"] = _packet_summary(packet_table, raw.arms)
     summary["fidelity"] = {a: {k: v for k, v in (raw.manifest.get("arms", {}).get(a) or {}).items()
                                if k != "status"} for a in raw.arms}
+    summary["fidelity_flags"] = {a: fidelity_flags(summary["fidelity"][a].get("fidelity") or {})
+                                 for a in raw.arms}
+    for a, flags in summary["fidelity_flags"].items():
+        summary["warnings"] += [f"arm {a}: {f}" for f in flags]
     evals = _evals(raw, rounds)
 
     rounds.to_csv(run_dir / "rounds.csv", index=False)
@@ -101,6 +105,34 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))
     return summary
+
+
+# An arm whose numbers the emulator rather than the network decided (Mininet-HiFi's
+# invariants): the host CPU was saturated, the bottleneck never reached its
+# shaped rate, or OVS itself dropped packets.
+CPU_BUSY_FLAG = 0.90
+RATE_SHORTFALL_FLAG = 0.80
+
+
+def fidelity_flags(f: dict) -> list[str]:
+    """Human-readable flags from an arm's fidelity record (manifest arms.<arm>.fidelity).
+
+    Understood keys: cpu_busy_frac, achieved_mbps with shaped_mbps, ovs_drops,
+    and flags (strings the orchestrator already decided on).
+    """
+    out = [str(x) for x in f.get("flags") or []]
+    cpu = f.get("cpu_busy_frac")
+    if isinstance(cpu, (int, float)) and cpu >= CPU_BUSY_FLAG:
+        out.append(f"CPU {100 * cpu:.0f} % busy: the emulator, not the network, may have set "
+                   "the latencies")
+    ach, shp = f.get("achieved_mbps"), f.get("shaped_mbps")
+    if isinstance(ach, (int, float)) and isinstance(shp, (int, float)) and shp > 0 \
+            and ach < RATE_SHORTFALL_FLAG * shp:
+        out.append(f"bottleneck reached {ach:.3g} of {shp:.3g} Mbit/s shaped: emulator-bound")
+    drops = f.get("ovs_drops")
+    if isinstance(drops, (int, float)) and drops > 0:
+        out.append(f"Open vSwitch dropped {drops:.0f} packets itself")
+    return out
 
 
 def _packet_summary(table, arms) -> dict:

@@ -55,3 +55,17 @@ def test_report_on_a_non_run_dir_is_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0
     assert "no raw/ directory" in res.stderr
+
+
+def test_fidelity_flags_reach_the_report(tmp_path):
+    run = make_run(tmp_path / "run")
+    man = json.loads((run / "manifest.json").read_text())
+    man["arms"]["static"]["fidelity"] = {"cpu_busy_frac": 0.97, "achieved_mbps": 9.0,
+                                         "shaped_mbps": 20.0}
+    man["arms"]["dblp"]["fidelity"] = {"cpu_busy_frac": 0.5, "ovs_drops": 0}
+    (run / "manifest.json").write_text(json.dumps(man))
+    s = build_outputs(run)
+    assert s["fidelity_flags"]["dblp"] == []
+    flags = s["fidelity_flags"]["static"]
+    assert len(flags) == 2 and "CPU 97 % busy" in flags[0] and "9 of 20 Mbit/s" in flags[1]
+    assert "arm static: CPU 97 % busy" in (run / "report.md").read_text()
