@@ -20,6 +20,18 @@ def _sigterm_as_interrupt():
     signal.signal(signal.SIGTERM, handler)
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (so startup includes interpreter and imports)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _topology(topo, k):
     from topologies import make_topology
     return make_topology("fattree", k=k) if topo == "fattree" else make_topology(topo)
@@ -85,7 +97,7 @@ def net():
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
     """Build the fabric; all-pairs reachability, core spread, TCP goodput, startup time."""
-    t_process = time.monotonic()
+    t_process = time.monotonic() - process_age_s()
     _sigterm_as_interrupt()
     from testbed import netcheck
     from testbed.fabric import Fabric

@@ -1,0 +1,67 @@
+"""Tear-down removes exactly what the project created, also after SIGINT mid-start-up."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import cleanup
+
+pytestmark = pytest.mark.emu
+FOREIGN = "foreignbr0"
+CLI = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
+
+
+def _project_leftovers():
+    lo = cleanup.leftovers()
+    nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    ctl = [p for p in os.listdir("/proc") if p.isdigit()
+           and "controllers.run" in cleanup.cmdline(int(p))]
+    return {"bridges": lo["bridges"], "links": lo["links"], "host_shells": lo["host_shells"],
+            "nft": [line for line in nft.splitlines() if "dtburst_" in line], "controllers": ctl}
+
+
+@pytest.fixture
+def foreign_bridge(emulator):
+    subprocess.run(["ovs-vsctl", "--may-exist", "add-br", FOREIGN, "--", "set", "bridge", FOREIGN,
+                    "datapath_type=netdev"], check=True)
+    yield FOREIGN
+    subprocess.run(["ovs-vsctl", "--if-exists", "del-br", FOREIGN], check=True)
+
+
+def test_net_check_json_and_nothing_left(foreign_bridge, tmp_path):
+    assert not any(_project_leftovers().values()), _project_leftovers()
+    p = subprocess.run([CLI, "net", "check", "--json",
+                        "--goodput-s", "2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    for key in ("hosts", "switches", "pairs", "pairs_ok", "startup_s", "core_switches_used",
+                "tcp_goodput_mbps", "shaped_mbps"):
+        assert key in res
+    assert res["pairs_ok"] == res["pairs"] == 240
+    assert res["core_switches_used"] == 4
+    assert res["startup_s"] <= 15
+    assert not any(_project_leftovers().values()), _project_leftovers()
+    assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
+                                     text=True).stdout.split()
+
+
+def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path):
+    p = subprocess.Popen([CLI, "net", "check", "--json",
+                          "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    # wait until the fabric is half built: some bridges exist, routing not finished
+    deadline = time.time() + 60
+    while time.time() < deadline and not cleanup.project_bridges():
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert not any(_project_leftovers().values()), _project_leftovers()
+    assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
+                                     text=True).stdout.split()
