@@ -181,3 +181,12 @@ def test_truncated_capture_keeps_header_and_length(tmp_path):
     row = df.iloc[0]
     assert row.ip_bytes == 20 + 8 + 40 + 1000
     assert (row.kind, row.hdr_round, row.seq, row.is_data) == ("data", 3, 3, True)
+
+
+def test_fast_reader_equals_scapy_dissection(captured_run):
+    for arm, role in (("dblp", "server"), ("dblp", "worker0"), ("gloo", "worker0")):
+        path = captured_run / "raw" / arm / f"{role}.pcap"
+        fast = packets.read_pcap(path, arm, role, PORT)
+        slow = packets._read_pcap_scapy(path, arm, role, PORT)
+        assert len(fast) > 0
+        pd.testing.assert_frame_equal(fast.astype(str), slow.astype(str))
