@@ -384,9 +384,15 @@ class Engine:
     def __init__(self, rank: int, *, bind: tuple[str, int] = ("0.0.0.0", 0), session: int = 0,
                  control: str = "udp", rate_bps: float | None = None, sock_buf: int = 8 << 20,
                  max_copies: int = 16, initial_rto: float = 0.05, min_rto: float = 0.002,
-                 max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536):
+                 max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
+                 fault_rx_drop: float = 0.0, fault_seed: int | None = None):
         if control not in ("udp", "tcp"):
             raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
+        if not 0.0 <= fault_rx_drop < 1.0:
+            raise ValueError(f"fault_rx_drop must be in [0, 1), got {fault_rx_drop!r}")
+        # Fault injection for tests without root: drop this fraction of received datagrams.
+        self.fault_rx_drop = fault_rx_drop
+        self._fault_rng = np.random.default_rng(fault_seed)
         self.rank = rank
         self.session = session
         self.control = control
@@ -627,12 +633,15 @@ class Engine:
                 return
             except OSError:
                 continue  # ICMP errors surface here on Linux; ignore
+            if self.fault_rx_drop and self._fault_rng.random() < self.fault_rx_drop:
+                continue
             self.handle(mv, n, addr, None, now)
 
     def _read_tcp(self, conn: TcpControl, now: float) -> None:
-        self.current_conn = conn if conn.peer is None else None
         try:
             for frame in conn.read_frames():
+                # an unbound connection may only say HELLO (which binds it to a rank)
+                self.current_conn = conn if conn.peer is None else None
                 self.handle(memoryview(frame), len(frame), None, conn.peer, now)
         finally:
             self.current_conn = None

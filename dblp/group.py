@@ -46,7 +46,8 @@ class TransportGroup:
                  master_port: int = DEFAULT_PORT, *, mode: str = "ps", policy="dblp",
                  session_id: int | None = None, control: str = "udp", missing: str = "zero",
                  rate_bps: float | None = None, round_timeout: float = 30.0,
-                 join_timeout: float = 120.0, bind_host: str = "0.0.0.0", **policy_knobs):
+                 join_timeout: float = 120.0, bind_host: str = "0.0.0.0",
+                 fault_rx_drop: float = 0.0, **policy_knobs):
         self.world_size = _int_knob("world_size", world_size, 1, 65534)
         self.rank = _int_knob("rank", rank, 0, self.world_size - 1)
         self.master_port = _int_knob("master_port", master_port, 1, 65535)
@@ -72,7 +73,8 @@ class TransportGroup:
         self.server_rank = self.world_size if mode == "ps" else 0
         bind_port = self.master_port if (mode == "sharded" and self.rank == 0) else 0
         self.engine = Engine(self.rank, bind=(bind_host, bind_port), control=control,
-                             rate_bps=rate_bps, session=session_id or 0)
+                             rate_bps=rate_bps, session=session_id or 0,
+                             fault_rx_drop=fault_rx_drop)
         self.round = -1
         self.numel: int | None = None
         self.residual: np.ndarray | None = None
@@ -172,6 +174,7 @@ class TransportGroup:
                         owner_residual=self.owner_residual)
         t1 = time.monotonic()
         self.round = r
+        self.last_result = res
         # Error feedback: what the aggregator did not take is carried to the next round.
         if self.residual is not None:
             self.residual[:] = 0

@@ -74,7 +74,8 @@ class PhaseAwareBound:
     def __init__(self, p_low: float = 0.008, p_high: float | None = None, threshold: float = 0.5,
                  check_every: int | str = 10, rounds_per_epoch: int | None = None):
         self.p_low = _check_fraction("p_low", p_low)
-        self.p_high = _check_fraction("p_high", self.p_low + 0.40 if p_high is None else p_high)
+        self.p_high = _check_fraction("p_high", round(self.p_low + 0.40, 12) if p_high is None
+                                     else p_high)
         if self.p_high < self.p_low:
             raise ValueError(f"p_high ({self.p_high}) must be >= p_low ({self.p_low})")
         try:

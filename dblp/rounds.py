@@ -30,6 +30,7 @@ from .engine import DONE, PULL, PUSH, Engine, InTransfer, OutTransfer, pack_bitm
 from .wire import CHUNK_ELEMS, Flag, MsgType
 
 MISSING_MODES = ("zero", "mean", "error_feedback")
+PART_CHUNKS = wire.MAX_PART_CHUNKS  # chunks per part (a bitmap fits one datagram)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +45,12 @@ class Part:
         return max(1, -(-(self.stop - self.start) // CHUNK_ELEMS))
 
 
-def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int = wire.MAX_PART_CHUNKS
+def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | None = None
                 ) -> list[Part]:
     """Cut ``numel`` floats into parts; PS parts belong to rank ``world_size`` (the server)."""
+    max_part_chunks = max_part_chunks or PART_CHUNKS
+    if not 1 <= max_part_chunks <= wire.MAX_PART_CHUNKS:
+        raise ValueError(f"max_part_chunks must be in [1, {wire.MAX_PART_CHUNKS}]")
     if numel < 1:
         raise ValueError(f"numel must be >= 1, got {numel}")
     total_chunks = -(-numel // CHUNK_ELEMS)

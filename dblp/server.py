@@ -46,7 +46,8 @@ class ParameterServer:
     def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_PORT, world_size: int = 1,
                  policy="dblp", session_id: int | None = None, control: str = "udp",
                  missing: str = "zero", rate_bps: float | None = None, round_timeout: float = 30.0,
-                 join_timeout: float = 120.0, idle_timeout: float = 600.0, **policy_knobs):
+                 join_timeout: float = 120.0, idle_timeout: float = 600.0,
+                 fault_rx_drop: float = 0.0, **policy_knobs):
         if not isinstance(world_size, int) or world_size < 1 or world_size > 65534:
             raise ValueError(f"world_size must be an int in [1, 65534], got {world_size!r}")
         if not isinstance(port, int) or not 0 <= port < 65536:
@@ -65,7 +66,7 @@ class ParameterServer:
         self.session_id = session_id or new_session_id()
         self.rank = world_size
         self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
-                             control=control, rate_bps=rate_bps)
+                             control=control, rate_bps=rate_bps, fault_rx_drop=fault_rx_drop)
         self.port = self.engine.address[1]
         self.listen = None
         if control == "tcp":
@@ -119,7 +120,7 @@ class ParameterServer:
             if on_round_start is not None:
                 on_round_start(r)
             eng.begin_round(r)
-            bound = self.policy.bound(r)
+            bound = wire.bound_to_ppm(self.policy.bound(r)) / wire.PPM  # what goes on the wire
             phase = policy_phase(self.policy)
             b0, c0 = eng.bytes_sent, eng.counters.snapshot()
             self._norm = None
@@ -130,6 +131,7 @@ class ParameterServer:
                             decide=self._decide)
             t1 = time.monotonic()
             self.round = r
+            self.last_result = res
             senders = [s for g in res.pull_groups for s in g.senders.values()]
             pushed = sum(x.count for x in res.push_receivers)
             st = RoundStats(

@@ -1,0 +1,111 @@
+"""Run a whole DBLP job (server + members) on loopback in threads: for tests and demos."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+
+import dblp
+
+
+def free_port() -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def gradients(n_workers: int, rounds: int, numel: int, seed: int = 0) -> list[list[np.ndarray]]:
+    return [[np.random.default_rng([seed, w, r]).standard_normal(numel).astype(np.float32)
+             for r in range(rounds)] for w in range(n_workers)]
+
+
+def run_job(n_workers=3, mode="ps", policy="reliable", rounds=2, numel=20_000, control="udp",
+            missing="zero", fault=0.0, round_timeout=20.0, knobs=None, grads=None):
+    """Returns (results[w][r] = (tensor, stats, last_result), server_stats or None)."""
+    knobs = knobs or {}
+    grads = grads or gradients(n_workers, rounds, numel)
+    results: dict = {}
+    errors: list = []
+    server_stats: list = []
+    srv = None
+    if mode == "ps":
+        srv = dblp.ParameterServer("127.0.0.1", 0, n_workers, policy, control=control,
+                                   missing=missing, round_timeout=round_timeout,
+                                   fault_rx_drop=fault, **knobs)
+        port = srv.port
+
+        def serve():
+            try:
+                server_stats.extend(srv.serve(rounds))
+            except Exception as exc:  # surfaced by the test
+                errors.append(exc)
+        threads = [threading.Thread(target=serve)]
+    else:
+        port = free_port()
+        threads = []
+
+    def work(w):
+        try:
+            with dblp.TransportGroup(w, n_workers, "127.0.0.1", port, mode=mode, policy=policy,
+                                     control=control, missing=missing, round_timeout=round_timeout,
+                                     fault_rx_drop=fault, **knobs) as g:
+                out = []
+                for r in range(rounds):
+                    t = grads[w][r].copy()
+                    st = g.allreduce_(t)
+                    out.append((t, st, g.last_result))
+                results[w] = out
+        except Exception as exc:
+            errors.append(exc)
+    threads += [threading.Thread(target=work, args=(w,)) for w in range(n_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if srv is not None:
+        srv.close()
+    if errors:
+        raise errors[0]
+    return results, server_stats, grads
+
+
+def dropped_mask(last_result, parts) -> np.ndarray:
+    """Elements every replica zero-filled in the pull (the FINAL set U)."""
+    from dblp.wire import CHUNK_ELEMS
+    numel = parts[-1].stop
+    mask = np.zeros(numel, bool)
+    sets = [(r.part, r.final) for r in last_result.pull_receivers]
+    sets += [(g.part.index, g.dropped) for g in last_result.pull_groups]
+    for idx, dropped in sets:
+        p = parts[idx]
+        mask[p.start:p.stop] = np.repeat(dropped, CHUNK_ELEMS)[:p.stop - p.start]
+    return mask
+
+
+def expected_aggregate(grads, results, r, n_workers, mode="ps", missing="zero"):
+    """The aggregate the protocol promises, rebuilt from the STOP bitmaps.
+
+    Every chunk the aggregator held from a member counts; missing chunks are
+    zero (divide by N) or skipped (divide by deliverers, ``missing="mean"``);
+    chunks in the pull's dropped set U are zero on every replica.
+    """
+    from dblp.rounds import make_layout
+    from dblp.wire import CHUNK_ELEMS
+    numel = grads[0][r].size
+    parts = make_layout(numel, mode, n_workers)
+    total = np.zeros(numel, np.float64)
+    count = np.zeros(numel, np.float64)
+    for w in range(n_workers):
+        held = np.ones(numel, bool)
+        for s in results[w][r][2].push_senders:
+            p = parts[s.part]
+            held[p.start:p.stop] = np.repeat(s.held, CHUNK_ELEMS)[:p.stop - p.start]
+        total += np.where(held, grads[w][r], 0)
+        count += held
+    agg = total / (np.maximum(count, 1) if missing == "mean" else n_workers)
+    agg[count == 0] = 0
+    agg[dropped_mask(results[0][r][2], parts)] = 0
+    return agg.astype(np.float32)
