@@ -97,34 +97,31 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
     manifest.update(placement={"server": server, "workers": list(workers)})
     t0 = time.monotonic()
     with Fabric(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
-                queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule) as fab:
+                queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
+                roles={"server": server, "workers": list(workers)}) as fab:
         manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DATA_PORT,
                         rtt_ms=measure_rtt_ms(fab, workers[0], server))
         click.echo(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
                    f"server {server}, workers {', '.join(workers)}", err=True)
-        failed = []
-        for arm in spec.arms:
+        for i, arm in enumerate(spec.arms):
             manifest.arm(arm, status="running", started_ns=time.time_ns())
             try:
-                arm_run = ArmRun(spec, arm, fab, run_dir, server, list(workers))
-                fidelity = arm_run.run()
+                fidelity = ArmRun(spec, arm, fab, run_dir, server, list(workers)).run()
                 manifest.arm(arm, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
             except ArmFailed as exc:
+                # Fail fast: a broken arm usually means a broken fabric or
+                # code, and every later arm would be compared against it.
                 manifest.arm(arm, status="failed", ended_ns=time.time_ns(), error=str(exc))
+                for later in spec.arms[i + 1:]:
+                    manifest.arm(later, status="skipped")
                 click.echo(f"[{arm}] failed:\n{exc}", err=True)
-                failed.append(arm)
+                return "failed"
             except Interrupted:
                 manifest.arm(arm, status="interrupted", ended_ns=time.time_ns())
+                for later in spec.arms[i + 1:]:
+                    manifest.arm(later, status="skipped")
                 raise
-        return "ok" if not failed else "failed"
-
-
-def measure_rtt_ms(fab, src: str, dst: str) -> float | None:
-    """Median idle RTT worker->server: the per-pass cost in the round bound."""
-    import re
-    res = fab.run(src, ["ping", "-c", "7", "-i", "0.2", "-W", "2", fab.ip(dst)], timeout=20)
-    rtts = sorted(float(x) for x in re.findall(r"time=([0-9.]+) ms", res.stdout))[1:]
-    return rtts[len(rtts) // 2] if rtts else None
+        return "ok"
 
 
 class ArmRun:
@@ -233,6 +230,9 @@ class ArmRun:
         while True:
             cpu.sample()
             progress.show()
+            if self.fab.controller is not None and self.fab.controller.poll() is not None:
+                raise ArmFailed(f"  the controller (pid {self.fab.controller.pid}) exited with "
+                                f"{self.fab.controller.returncode}; see raw/controller.stderr")
             bad = self.procs.failed()
             if bad:
                 lines = "\n".join(f"  {m.name} (pid {m.pid}, exit {m.poll()}):\n"
