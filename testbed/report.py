@@ -59,12 +59,14 @@ def _port(raw, port: int | None) -> int:
 
 
 def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
-                  port: int | None = None) -> dict:
+                  port: int | None = None, figures: bool = True) -> dict:
     """Rebuild rounds/bursts/packets CSVs, summary.json, plots/ and report.md/html.
 
     physics: optional PhysicsInputs (or a dict of its fields) overriding what
     the spec and manifest say (see physics.inputs_for_run). port: the DBLP UDP
     port in the pcaps (default: manifest `dblp_port`, else 47474).
+    figures=False skips plots/ and report.md/html (a second per call saved for
+    callers that only need the numbers, e.g. tests).
     Returns the summary dict that was written to summary.json.
     """
     from testbed import analysis, packets as pkts, plots  # pandas/matplotlib: only when building
@@ -100,6 +102,8 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     packet_table.to_csv(run_dir / "packets.csv", index=False)
     (run_dir / "summary.json").write_text(json.dumps(analysis._finite(summary), indent=2,
                                                      sort_keys=True) + "\n")
+    if not figures:
+        return summary
     pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms)
     sections = _sections(summary, rounds, bursts, packet_table, raw)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))

@@ -172,7 +172,7 @@ def test_summary_speedups_are_exact(run_dir):
 
 
 def test_physics_bound_per_burst_round(run_dir):
-    s = build_outputs(run_dir)
+    s = build_outputs(run_dir, figures=False)
     inp = s["physics"]["inputs"]
     assert inp["rate_bps"] == 20e6 and inp["rtt_s"] == pytest.approx(0.005)
     assert inp["grad_bytes"] == GRAD and inp["flows"] == WORKERS
@@ -212,7 +212,7 @@ def test_physics_formulas():
 
 def test_missing_rtt_gives_no_bound_and_says_why(tmp_path):
     run = make_run(tmp_path / "run", manifest=False)
-    s = build_outputs(run)
+    s = build_outputs(run, figures=False)
     assert s["physics"]["missing_inputs"] == ["rtt_s"]
     assert s["arms"]["dblp"]["burst_round_phys_bound_ms_p50"] is None
     assert any("rtt_s" in w for w in s["warnings"])
@@ -225,7 +225,7 @@ def test_incomplete_arm_and_truncated_line(tmp_path):
     lines = w.read_text().splitlines()
     # A crashed worker: no end line, a half-written last line.
     w.write_text("\n".join(lines[:-1]) + '\n{"event": "round", "arm"')
-    s = build_outputs(run)
+    s = build_outputs(run, figures=False)
     assert s["arms"]["dblp"]["status"] == "incomplete"
     assert s["status"] == "partial"
     assert any("worker1.jsonl" in x and "not a JSON line" in x for x in s["warnings"])

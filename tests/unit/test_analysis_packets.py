@@ -103,7 +103,7 @@ def _row(t, arm, rnd, src, dst):
 
 
 def test_packet_table_counts(captured_run):
-    build_outputs(captured_run)
+    build_outputs(captured_run, figures=False)
     t = pd.read_csv(captured_run / "packets.csv")
     push = _row(t, "dblp", 3, W0, SERVER)
     assert push.direction == "push"
@@ -129,7 +129,7 @@ def test_packet_table_counts(captured_run):
 
 
 def test_burst_loss_from_capture_and_from_counters(captured_run):
-    build_outputs(captured_run)
+    build_outputs(captured_run, figures=False)
     b = pd.read_csv(captured_run / "bursts.csv").set_index("id")
     # Burst 1 window holds the server's receptions of round 3: 2 + 1 + 1 from worker0, 4 from worker1.
     assert b.loc["dblp-b1", "received_packets"] == 8
@@ -143,7 +143,7 @@ def test_burst_loss_from_capture_and_from_counters(captured_run):
     lines = [json.loads(x) for x in f.read_text().splitlines()]
     lines[0]["seen_packets"] = 16
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    build_outputs(captured_run)
+    build_outputs(captured_run, figures=False)
     b = pd.read_csv(captured_run / "bursts.csv").set_index("id")
     assert b.loc["dblp-b1", "measured_loss"] == pytest.approx(12 / 16)
     assert b.loc["dblp-b1", "measured_loss_source"] == "controller counters"

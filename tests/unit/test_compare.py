@@ -27,12 +27,12 @@ def runs(tmp_path_factory):
     out = {}
     for name, dblp_ms in (("r1", 100.0), ("r2", 110.0), ("r3", 90.0)):
         out[name] = make_run(base / name, burst=dict(BURST, dblp=dblp_ms))
-        build_outputs(out[name])
+        build_outputs(out[name], figures=False)
     # P_high = P_low: DBLP's burst rounds cost what static's do.
     out["weak"] = make_run(base / "weak", burst=dict(BURST, dblp=BURST["static"]))
-    build_outputs(out["weak"])
+    build_outputs(out["weak"], figures=False)
     out["dumb"] = make_run(base / "dumb", acc=dict(ACC, dblp=0.80))
-    build_outputs(out["dumb"])
+    build_outputs(out["dumb"], figures=False)
     return out
 
 
@@ -87,7 +87,7 @@ def test_accuracy_drop_fails(runs, reference):
 
 def test_faster_is_not_a_regression(runs, reference, tmp_path):
     fast = make_run(tmp_path / "fast", burst=dict(BURST, dblp=50.0))
-    build_outputs(fast)
+    build_outputs(fast, figures=False)
     assert compare.compare(fast, reference)[0]
 
 
