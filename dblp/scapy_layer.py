@@ -50,13 +50,7 @@ class DBLP(Packet):
 
 
 def _offset_of(field: str) -> int:
-    import struct
-    off = 0
-    for name, code, _ in wire.HEADER_FIELDS:
-        if name == field:
-            return off
-        off += struct.calcsize("!" + code)
-    raise KeyError(field)
+    return wire.FIELD_OFFSETS[field][0]
 
 
 assert len(DBLP.fields_desc) == len(wire.HEADER_FIELDS)

@@ -84,6 +84,11 @@ CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
 CHUNK_BYTES = CHUNK_ELEMS * 4
 MAX_PART_CHUNKS = MAX_PAYLOAD * 8  # a bitmap must fit one datagram
 FIELD_NAMES = tuple(name for name, _, _ in HEADER_FIELDS)
+FIELD_OFFSETS = {}
+_off = 0
+for _name, _code, _ in HEADER_FIELDS:
+    FIELD_OFFSETS[_name] = (_off, struct.calcsize("!" + _code))
+    _off += struct.calcsize("!" + _code)
 
 assert HEADER_SIZE == 40, HEADER_SIZE
 
