@@ -195,9 +195,10 @@ def clean(only_state: dict | None = None) -> dict:
             if r is not None and r.returncode == 0:
                 report["nft_tables"].append(f"{fam} {name}")
     for s in states:
-        if s.get("_path"):
+        path = s.get("_path") or (os.path.join(STATE_DIR, f"{s['id']}.json") if s.get("id") else None)
+        if path:
             try:
-                os.unlink(s["_path"])
+                os.unlink(path)
             except OSError:
                 pass
     report.pop("_live_bridges")
