@@ -503,6 +503,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             physics["pairs"][f"{arm}_vs_{static}"] = phys.place_speedup(s, p_low, p_high)
     ok = [a for a in raw.arms if arms[a]["status"] == "ok"]
     status = "ok" if raw.arms and len(ok) == len(raw.arms) else ("partial" if ok else "failed")
+    targets = _targets(arms, speedups, physics)
     return _finite({
         "status": status,
         "name": raw.spec.get("name") or raw.manifest.get("name"),
@@ -515,6 +516,52 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "paper": {"burst_round_speedup_max": 5.88, "burst_round_speedup_range": [4.0, 5.9],
                   "train_time_reduction_pct_mean": 24.4, "train_time_reduction_pct_max": 33.9,
                   "accuracy_delta_points": 0.5},
+        "targets": targets,
         "warnings": warnings,
         "definitions": DEFINITIONS,
     })
+
+
+# Issue 6's acceptance figures for the default run.
+BOUND_FACTOR_TARGET = 1.5
+ACCURACY_POINTS_TARGET = 1.0
+
+
+def _met(value, ok):
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else bool(ok)
+
+
+def _targets(arms: dict, speedups: dict, physics: dict) -> list[dict]:
+    """The run's figures against issue 6's targets: met True/False, None when not measurable."""
+    out = []
+    for arm, a in arms.items():
+        if a["transport"] in ("static", "dblp"):
+            v = a["burst_round_over_phys_bound"]
+            out.append({"target": f"{arm}: burst-round p50 within {BOUND_FACTOR_TARGET}x of its bound",
+                        "value": v, "met": _met(v, v <= BOUND_FACTOR_TARGET)})
+    for arm in arms:
+        if not is_dblp_arm(arm):
+            continue
+        static = arm.replace("dblp", "static", 1)
+        if static in arms:
+            pair = physics["pairs"].get(f"{arm}_vs_{static}") or {}
+            need = pair.get("bandwidth_ratio", math.nan)
+            v = speedups[f"{arm}_vs_{static}"]["burst_round"]
+            out.append({"target": f"{arm} vs {static}: burst-round speedup >= bandwidth-bound "
+                                  f"ratio {need:.2f}x", "value": v,
+                        "met": _met(v * need, math.isfinite(need) and v >= need)})
+            v = speedups[f"{arm}_vs_{static}"]["train_time"]
+            out.append({"target": f"{arm} vs {static}: shorter end-to-end training", "value": v,
+                        "met": _met(v, v > 1)})
+            da, sa = arms[arm]["final_accuracy"], arms[static]["final_accuracy"]
+            scale = 100.0 if max(abs(da), abs(sa)) > 1.5 else 1.0   # percent or fraction
+            v = (da - sa) * 100.0 / scale
+            out.append({"target": f"{arm} vs {static}: final accuracy within "
+                                  f"{ACCURACY_POINTS_TARGET:g} point", "value": v,
+                        "met": _met(v, abs(v) <= ACCURACY_POINTS_TARGET + 1e-9)})
+        for base in arms:
+            if arms[base]["transport"] == "gloo":
+                v = speedups[f"{arm}_vs_{base}"]["burst_round"]
+                out.append({"target": f"{arm} vs {base}: lower burst-round p50", "value": v,
+                            "met": _met(v, v > 1)})
+    return out

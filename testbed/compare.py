@@ -142,7 +142,8 @@ def make_reference(runs: list, out, guarded: dict | None = None) -> dict:
         med = statistics.median(vals)
         figures[key] = med
         rng = (max(vals) - min(vals))
-        spread[key] = {"values": vals, "range": rng}
+        spread[key] = {"values": vals, "range": rng,
+                       "max_over_min": max(vals) / min(vals) if min(vals) > 0 else None}
         t = {"direction": g["direction"]}
         if "floor_rel" in g:
             t["rel"] = max(g["floor_rel"], SPREAD_FACTOR * rng / abs(med) if med else 0.0)
@@ -180,7 +181,10 @@ def compare_cmd(runs, reference, update):
             for k in sorted(ref["figures"]):
                 t = ref["tolerances"][k]
                 tol = ", ".join(f"{n} {t[n]:.3g}" for n in ("rel", "abs") if n in t)
-                click.echo(f"  {k} = {ref['figures'][k]:.4g} ({tol})")
+                sp = ref["spread"][k]
+                mm = f", max/min {sp['max_over_min']:.3g}" if sp["max_over_min"] else ""
+                click.echo(f"  {k} = {ref['figures'][k]:.4g} ({tol}; "
+                           f"{len(sp['values'])} run(s){mm})")
             return
         if len(runs) != 1:
             raise CompareError("compare: give exactly one RUN (several only with --update)")

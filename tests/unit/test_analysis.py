@@ -265,3 +265,17 @@ def test_spread_warning_on_wide_burst_rounds(tmp_path):
     assert sp["burst_round_spread"] == pytest.approx((550 / 250))
     assert sp["burst_round_low"] == pytest.approx(250 / 100)
     assert sp["burst_round_high"] == pytest.approx(550 / 100)
+
+
+def test_issue_targets(run_dir):
+    s = build_outputs(run_dir, figures=False)
+    t = {x["target"]: x for x in s["targets"]}
+    b = t["static: burst-round p50 within 1.5x of its bound"]
+    assert b["value"] == pytest.approx(400 / 181.424) and b["met"] is False
+    assert t["dblp: burst-round p50 within 1.5x of its bound"]["met"] is True   # 100 / 67.624
+    sp = t["dblp vs static: burst-round speedup >= bandwidth-bound ratio 1.68x"]
+    assert sp["value"] == pytest.approx(4.0) and sp["met"] is True
+    assert t["dblp vs static: shorter end-to-end training"]["met"] is True
+    acc = t["dblp vs static: final accuracy within 1 point"]
+    assert acc["value"] == pytest.approx(-1.0) and acc["met"] is True
+    assert t["dblp vs gloo: lower burst-round p50"]["value"] == pytest.approx(8.0)

@@ -52,6 +52,7 @@ def test_reference_tolerances_come_from_the_spread(reference):
     rng = 400 / 90 - 400 / 110
     assert ref["tolerances"][key] == {"direction": "higher",
                                       "rel": pytest.approx(1.5 * rng / 4.0)}
+    assert ref["spread"][key]["max_over_min"] == pytest.approx(110 / 90)   # issue 6: <= 1.3
     acc = ref["tolerances"]["arms.dblp.final_accuracy"]
     assert acc["abs"] == pytest.approx(0.02)  # no spread: the floor
     assert ref["figures"]["speedups.dblp_vs_gloo.burst_round"] == pytest.approx(8.0)
