@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
                    help="transport policy knob for the dblp arms (repeatable), e.g. p=0.008")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (hosts share cores)")
+    g = p.add_argument_group("dblp transport (arms reliable, static, dblp)")
+    g.add_argument("--mode", choices=("ps", "sharded"), default="ps",
+                   help="ps: a server at MASTER_ADDR:MASTER_PORT aggregates; sharded: no server")
+    g.add_argument("--control", default="udp", help="control path: udp | tcp (the paper's)")
+    g.add_argument("--missing", default="zero", help="missing chunks: zero | mean | error_feedback")
+    g.add_argument("--rate-bps", type=float, default=None, help="pacing rate on the wire, bits/s")
+    g.add_argument("--join-timeout-s", type=float, default=120.0,
+                   help="how long to wait for the server/peers to come up")
     return p
 
 
@@ -99,9 +107,10 @@ def make_exchange(args):
     if args.arm == "gloo":
         return ex.GlooExchange(args.rank, args.world_size, args.master_addr, args.master_port,
                                args.timeout_s)
-    from .dblp_exchange import DblpExchange
+    from .dblp_exchange import DblpExchange, transport_options
     return DblpExchange(args.arm, args.rank, args.world_size, args.master_addr, args.master_port,
-                        args.knobs, args.timeout_s)
+                        args.knobs, args.timeout_s, mode=args.mode,
+                        join_timeout_s=args.join_timeout_s, **transport_options(args))
 
 
 class _Flat:
@@ -148,7 +157,8 @@ def train(args, log: RunLog) -> dict:
               world_size=args.world_size, seed=args.seed, t_ns=time.time_ns(),
               rounds=args.rounds, lr=opt.param_groups[0]["lr"], batch_size=args.batch_size)
     # Arms without a server announce rounds from worker rank 0.
-    announcer = RoundAnnouncer(args.arm) if (args.rank == 0 and args.arm in ("gloo", "local")) else None
+    serverless = args.arm in ("gloo", "local") or args.mode == "sharded"
+    announcer = RoundAnnouncer(args.arm) if (args.rank == 0 and serverless) else None
     evaluates = args.eval_ranks == "all" or args.rank == 0
     xch = make_exchange(args)
     model.train()

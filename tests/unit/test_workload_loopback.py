@@ -108,3 +108,85 @@ def test_gloo_worker_reports_a_dead_peer_and_exits_with_error(tmp_path):
         end = read_jsonl(tmp_path / f"w{rank}.jsonl")[-1]
         assert end["event"] == "end" and end["status"] == "error" and end["error"]
         assert "training failed" in procs[rank].stderr.read()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("arm", ["reliable", "dblp"])
+def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, monkeypatch, arm):
+    """Server + 3 workers over dblp on loopback; the server announces every round on a real socket."""
+    from test_workload_control import _Listener
+
+    sock = str(tmp_path / "ctl.sock")
+    lis = _Listener(sock)
+    monkeypatch.setenv("DBLP_CONTROL_SOCKET", sock)
+    rounds = 50
+    try:
+        res = run_arm(arm, str(tmp_path), workers=3, rounds=rounds, timeout_s=180,
+                      worker_args=["--eval-every", "25", "--eval-ranks", "all", "--timeout-s", "20"],
+                      server_args=["--timeout-s", "20"])
+    finally:
+        lis.close()
+    raw = tmp_path / "raw" / arm
+    assert res["status"] == "ok", (res, (raw / "server.err").read_text(), (raw / "worker0.err").read_text())
+    finals = []
+    for rank in range(3):
+        recs = check_worker_log(raw / f"worker{rank}.jsonl", arm, rank, rounds)
+        rr = [r for r in recs if r["event"] == "round"]
+        assert all(r["stats"]["chunks"] > 0 and r["stats"]["latency_s"] > 0 for r in rr)
+        finals.append([r["test_accuracy"] for r in recs if r["event"] == "eval"])
+        losses = [r["loss"] for r in rr]
+        assert sum(losses[-10:]) < 0.95 * sum(losses[:10])
+    assert finals[0] == finals[1] == finals[2]          # bit-identical replicas
+    assert finals[0][-1] > 0.3                          # 3x chance after 50 rounds
+    srv = read_jsonl(raw / "server.jsonl")
+    assert srv[0]["event"] == "start" and srv[0]["role"] == "server" and srv[-1]["status"] == "ok"
+    srounds = [r for r in srv if r["event"] == "round"]
+    assert [r["round"] for r in srounds] == list(range(rounds))
+    if arm == "reliable":
+        assert all(r["bound"] == 0 and r["stats"]["missing_at_stop"] == 0 for r in srounds)
+    else:   # dblp starts critical at P_low and the phase detector runs every 10 rounds
+        assert srounds[0]["phase"] == "critical" and srounds[0]["bound"] == pytest.approx(0.008)
+        assert {r["phase"] for r in srounds} <= {"critical", "relaxed"}
+    events = [(g["event"], g["round"]) for g in lis.got]
+    assert events == [(e, r) for r in range(rounds) for e in ("start", "end")]
+    assert all(g["arm"] == arm for g in lis.got)
+
+
+@pytest.mark.unit
+def test_dblp_worker_and_server_report_a_dead_worker(tmp_path):
+    port = free_port()
+    env0 = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    srv = subprocess.Popen([sys.executable, "-m", "workloads.server", "--arm", "static",
+                            "--rounds", "100000", "--timeout-s", "4", "--host", "127.0.0.1",
+                            "--log", str(tmp_path / "server.jsonl")], env=env0,
+                           stderr=subprocess.PIPE, text=True)
+    procs = [srv]
+    for rank in range(3):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "workloads.worker", "--arm", "static", "--rounds", "100000",
+             "--timeout-s", "4", "--log", str(tmp_path / f"w{rank}.jsonl")],
+            env=dict(env0, RANK=str(rank)), stderr=subprocess.PIPE, text=True))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if len([r for r in read_jsonl(tmp_path / "w0.jsonl") if r["event"] == "round"]) > 5:
+                break
+            time.sleep(0.2)
+        procs[3].send_signal(signal.SIGKILL)            # worker 2 dies
+        codes = [p.wait(60) for p in procs[:3]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [1, 1, 1]
+    for name in ("server.jsonl", "w0.jsonl", "w1.jsonl"):
+        end = read_jsonl(tmp_path / name)[-1]
+        assert end["event"] == "end" and end["status"] == "error" and end["error"], (name, end)
+
+
+@pytest.mark.unit
+def test_server_refuses_arms_without_a_server():
+    r = subprocess.run([sys.executable, "-m", "workloads.server", "--arm", "gloo", "--world-size", "3"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no aggregation server" in r.stderr

@@ -1,0 +1,149 @@
+"""Aggregation-server entry point: ``python -m workloads.server --arm {reliable,static,dblp} [...]``.
+
+Runs ``dblp.ParameterServer`` for the arms the dblp transport carries and
+announces every round's start and end on the controller's control socket
+(``$DBLP_CONTROL_SOCKET``; a no-op when unset), so bursts can be triggered by
+round number. The gloo and local arms have no server: their workers
+all-reduce among themselves (gloo rank 0 announces rounds) and launching a
+server for them is an error.
+
+Configured by arguments and the torchrun-style environment: WORLD_SIZE is the
+number of workers, MASTER_PORT the port to listen on (UDP data, and TCP when
+``--control tcp``). Writes the run-log JSON lines of COMMON.md to ``--log``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from . import exchange as ex
+from .control import RoundAnnouncer
+from .dblp_exchange import transport_options
+from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, num_params
+from .runlog import RunLog
+from .worker import DEFAULT_ROUNDS, DEFAULT_TIMEOUT_S, _env_int
+
+DEFAULT_PORT = 47474
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workloads.server", description=__doc__.split("\n")[0])
+    p.add_argument("--arm", required=True, choices=ex.ARMS)
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds to serve (= worker --rounds)")
+    p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
+    p.add_argument("--host", default="0.0.0.0", help="address to bind")
+    p.add_argument("--port", type=int, default=None, help=f"default: $MASTER_PORT, else {DEFAULT_PORT}")
+    p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/server.jsonl)")
+    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy knob (repeatable): static p=0.008; dblp p_low=, p_high=, threshold=, "
+                        "check_every=10|epoch")
+    p.add_argument("--control", default="udp", help="control path: udp | tcp (the paper's)")
+    p.add_argument("--missing", default="zero", help="missing chunks: zero | mean | error_feedback")
+    p.add_argument("--rate-bps", type=float, default=None, help="pacing rate on the wire, bits/s")
+    p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="a round with no progress for this long fails (dead worker)")
+    p.add_argument("--join-timeout-s", type=float, default=120.0, help="wait this long for workers to join")
+    p.add_argument("--idle-timeout-s", type=float, default=600.0,
+                   help="max wait for a round's first push (workers compute or evaluate in between)")
+    # Only for the start line and check_every=epoch: the server never builds batches.
+    p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None)
+    return p
+
+
+def rounds_per_epoch(model: str, world_size: int, batch_size: int | None) -> int:
+    """Steps per epoch of the workers' shards (what check_every=epoch means)."""
+    from .tasks import make_task
+    spec = get_spec(model)
+    return make_task(spec, 0, world_size, batch_size or spec.batch_size, 0).batches.per_epoch
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("terminated by SIGTERM")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.arm not in ex.DBLP_ARMS:
+        print(f"workloads.server: arm {args.arm!r} has no aggregation server (its workers "
+              f"exchange directly); launch only workers. Server arms: {', '.join(ex.DBLP_ARMS)}",
+              file=sys.stderr)
+        return 2
+    world = args.world_size if args.world_size is not None else _env_int("WORLD_SIZE", None)
+    if world is None or world < 1:
+        raise SystemExit(f"--world-size/WORLD_SIZE must be a number of workers >= 1, got {world}")
+    port = args.port if args.port is not None else _env_int("MASTER_PORT", DEFAULT_PORT)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    try:
+        knobs = ex.parse_knobs(args.knob)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    topts = transport_options(args)
+    if knobs.get("check_every") == "epoch" and "rounds_per_epoch" not in knobs:
+        knobs["rounds_per_epoch"] = rounds_per_epoch(args.model, world, args.batch_size)
+    rpe = rounds_per_epoch(args.model, world, args.batch_size)
+
+    import dblp
+
+    log = RunLog(args.log, args.arm, "server", world)   # the server is rank N in dblp's numbering
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    model = build_model(args.model, args.seed)
+    t0 = time.perf_counter()
+    try:
+        srv = dblp.ParameterServer(args.host, port, world, policy=args.arm,
+                                   round_timeout=args.timeout_s, join_timeout=args.join_timeout_s,
+                                   idle_timeout=args.idle_timeout_s, **topts, **knobs)
+    except (ValueError, OSError) as exc:
+        log.write("end", status="error", train_time_s=0.0, error=f"{type(exc).__name__}: {exc}")
+        print(f"workloads.server: cannot start: {exc}", file=sys.stderr)
+        return 2
+    print(f"server arm={args.arm} listening on {args.host}:{srv.port} for {world} workers, "
+          f"{args.rounds} rounds, policy {srv.policy.name} {srv.policy.knobs()}, model {args.model} "
+          f"(gradient {grad_bytes(model)} bytes)", file=sys.stderr, flush=True)
+    log.write("start", model=args.model, params=num_params(model), grad_bytes=grad_bytes(model),
+              world_size=world, seed=args.seed, t_ns=time.time_ns(), rounds=args.rounds,
+              port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), **topts)
+    announcer = RoundAnnouncer(args.arm)
+    starts: dict[int, int] = {}
+
+    def on_start(r: int) -> None:
+        starts[r] = time.time_ns()
+        announcer.round("start", r)
+
+    def on_end(r: int, st) -> None:
+        t_end = time.time_ns()
+        announcer.round("end", r)
+        d = st.as_dict()
+        log.write("round", round=r, epoch=r // rpe, t_start_ns=starts.pop(r, t_end), t_end_ns=t_end,
+                  compute_s=0.0, comm_s=d["latency_s"], bound=d["bound"], phase=d["phase"] or None,
+                  loss=None, stats=d)
+
+    t_serve = time.perf_counter()
+    try:
+        srv.serve(args.rounds, on_round_start=on_start, on_round_end=on_end)
+    except KeyboardInterrupt as exc:
+        log.write("end", status="error", train_time_s=time.perf_counter() - t_serve,
+                  error=str(exc) or "interrupted")
+        return 130
+    except Exception as exc:  # dead worker (PeerTimeout/PeerClosed), socket errors
+        msg = f"{type(exc).__name__}: {exc}"
+        log.write("end", status="error", train_time_s=time.perf_counter() - t_serve, error=msg)
+        print(f"server arm={args.arm}: failed (a worker died or is unreachable?): {msg}", file=sys.stderr)
+        return 1
+    finally:
+        announcer.close()
+        srv.close()
+    log.write("end", status="ok", train_time_s=time.perf_counter() - t_serve,
+              wall_s=time.perf_counter() - t0)
+    log.close()
+    print(f"server arm={args.arm}: served {args.rounds} rounds", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
