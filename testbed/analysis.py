@@ -126,12 +126,16 @@ def load_raw(run_dir) -> RawRun:
             manifest = json.loads((run_dir / "manifest.json").read_text())
         except json.JSONDecodeError as exc:
             raise RawError(f"{run_dir / 'manifest.json'}: not valid JSON ({exc})")
-    found = sorted(p.name for p in raw.iterdir() if p.is_dir())
-    order = [a for a in spec.get("arms", []) if a in found]
+    # The spec's arms, in its order (an arm that never started is reported as
+    # such), then any other raw/ directory that holds JSON-line logs.
+    found = sorted(p.name for p in raw.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
+    order = [a for a in spec.get("arms", []) if isinstance(a, str)]
     arms = order + [a for a in found if a not in order]
     events, bursts = {}, {}
     for arm in arms:
         evs, bs = [], []
+        if not (raw / arm).is_dir():
+            problems.append(f"arm {arm}: no raw/{arm}/ directory (the arm never started)")
         for path in sorted((raw / arm).glob("*.jsonl")):
             for obj in _read_jsonl(path, problems):
                 obj.setdefault("arm", arm)

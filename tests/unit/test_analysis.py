@@ -279,3 +279,17 @@ def test_issue_targets(run_dir):
     acc = t["dblp vs static: final accuracy within 1 point"]
     assert acc["value"] == pytest.approx(-1.0) and acc["met"] is True
     assert t["dblp vs gloo: lower burst-round p50"]["value"] == pytest.approx(8.0)
+
+
+def test_arm_that_never_started_and_foreign_dirs(tmp_path):
+    run = make_run(tmp_path / "run", arms=("static", "dblp"))
+    spec = (run / "spec.toml").read_text().replace('arms = ["static", "dblp"]',
+                                                   'arms = ["static", "dblp", "gloo"]')
+    (run / "spec.toml").write_text(spec)
+    (run / "raw" / "fabric").mkdir()              # not an arm: no JSON lines
+    (run / "raw" / "fabric" / "ovs.log").write_text("x")
+    s = build_outputs(run, figures=False)
+    assert s["arms_order"] == ["static", "dblp", "gloo"]
+    assert s["arms"]["gloo"]["status"] == "no data" and s["status"] == "partial"
+    assert any("raw/gloo/" in w for w in s["warnings"])
+    assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
