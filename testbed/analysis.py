@@ -387,6 +387,12 @@ def _final_accuracy(evs: list[dict]) -> float:
     return float(np.mean([e["test_accuracy"] for e in ev if int(e.get("round", 0)) == last]))
 
 
+def _latencies(rounds: pd.DataFrame, burst: bool) -> np.ndarray:
+    if not len(rounds):
+        return np.array([])
+    return rounds[rounds["in_burst"] == burst]["latency_ms"].to_numpy(dtype=float)
+
+
 def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
     """Median ratio base/arm with a quartile-based spread and its warning."""
     out = {"ratio": math.nan, "low": math.nan, "high": math.nan, "spread": math.nan,
@@ -450,10 +456,8 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
                 continue
             pair = f"{arm}_vs_{base}"
             rb = rounds[rounds["arm"] == base] if len(rounds) else rounds
-            sel = (lambda df, b: df[df["in_burst"] == b]["latency_ms"].to_numpy(dtype=float)) \
-                if len(rounds) else (lambda df, b: np.array([]))
-            br = _ratio(sel(rb, True), sel(ra, True), "burst-round", pair)
-            nr = _ratio(sel(rb, False), sel(ra, False), "normal-round", pair)
+            br = _ratio(_latencies(rb, True), _latencies(ra, True), "burst-round", pair)
+            nr = _ratio(_latencies(rb, False), _latencies(ra, False), "normal-round", pair)
             ta, tb = arms[arm]["train_time_s"], arms[base]["train_time_s"]
             entry = {
                 "arm": arm, "baseline": base,
