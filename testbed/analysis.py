@@ -436,6 +436,8 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             "round_ms_p50": _q(lat, 50), "round_ms_p99": _q(lat, 99),
             "burst_round_ms_p50": burst_p50, "burst_round_ms_max": _q(burst, 100),
             "normal_round_ms_p50": _q(normal, 50),
+            "round_duration_ms_p50": _q(r["duration_ms"].to_numpy(dtype=float), 50)
+            if len(r) else math.nan,
             "train_time_s": train, "final_accuracy": _final_accuracy(raw.events[arm]),
             "bound_p50": _q(r["bound"].to_numpy(dtype=float), 50) if len(r) else math.nan,
             "burst_round_bound_p50": _q(r[r["in_burst"]]["bound"].to_numpy(dtype=float), 50)
