@@ -232,7 +232,13 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
                     f"bandwidth-bound ratio {_f(pl['bandwidth_ratio'])}x, pass-bound ratio "
                     f"{_f(pl['pass_ratio'])}x: {pl['position'] or 'not placeable'}"
                     + (f" (fraction {_f(pl['fraction'])} of the way)" if pl["fraction"] is not None else "")
-                    + ".")
+                    + (f"; the paper reports up to 5.88x, this is {pl['speedup'] / 5.88:.0%} of it"
+                       if pl["speedup"] else "") + ".")
+    if len(ph["pairs"]) > 1:
+        text.append("Several control paths ran (the paper used TCP control): compare their "
+                    "positions above. Expensive passes (a lost TCP control segment costs a "
+                    "retransmission timeout) push the speedup towards the pass-bound ratio, "
+                    "cheap passes towards the bandwidth-bound ratio.")
     br = rounds[rounds["in_burst"]] if len(rounds) else rounds
     rows = [[r.arm, r.round, r.burst_id, _f(r.phys_loss, "{:.3f}"), _f(r.bound, "{:.3f}"),
              r.phase if isinstance(r.phase, str) else "–", _f(r.latency_ms), _f(r.phys_bound_ms), _f(r.latency_over_bound, "{:.2f}x")]
