@@ -134,6 +134,7 @@ class OutTransfer:
         self.probes = 0
         self.held: np.ndarray | None = None  # receiver's bitmap at STOP (or last BITMAP)
         self.required: np.ndarray | None = None  # repair mode: chunks that must arrive
+        self.t_done = None
         self.probe_id = 0
         self.probe_first = 1
         self.probe_times: dict[int, float] = {}
@@ -231,6 +232,7 @@ class OutTransfer:
         self.state = SENDING
 
     def _finish(self) -> None:
+        self.t_done = time.monotonic()
         self.state = DONE
         self.next_probe_t = math.inf
         self.eng.sender_done(self)
@@ -281,6 +283,7 @@ class InTransfer:
         self.have = np.zeros(self.count, bool)
         self.n_have = 0
         self.max_pass = 0
+        self.t_first = self.t_stop = None  # monotonic times, for latency breakdowns
         self.stopped = False
         self.final: np.ndarray | None = None
         self.last_stop_t = -math.inf
@@ -322,6 +325,8 @@ class InTransfer:
             self.out[e0:e0 + h.length // 4] += np.frombuffer(buf, "<f4", h.length // 4, HEADER_SIZE)
         else:
             self.out_u8[start:start + h.length] = buf[HEADER_SIZE:HEADER_SIZE + h.length]
+        if not self.n_have:
+            self.t_first = now
         self.have[c] = True
         self.n_have += 1
         if h.aux > self.max_pass:
@@ -331,7 +336,7 @@ class InTransfer:
             self.allowed = wire.allowed_missing(self.count, h.bound)
         if not self.stopped and self.count - self.n_have <= self.allowed:
             self.stopped = True
-            self.last_stop_t = now
+            self.last_stop_t = self.t_stop = now
             self._reply(MsgType.STOP, h.copies)
             self.eng.progress = True
 
@@ -455,7 +460,8 @@ class Engine:
 
     def loss_sample(self, peer: int, frac: float) -> None:
         old = self.loss.get(peer)
-        self.loss[peer] = frac if old is None else 0.5 * old + 0.5 * frac
+        # fast up (a burst must not cost probe timeouts), slow down
+        self.loss[peer] = frac if old is None or frac > old else 0.5 * old + 0.5 * frac
 
     def copies(self, peer: int) -> int:
         if self.control == "tcp" and peer in self.tcp:

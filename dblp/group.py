@@ -211,6 +211,9 @@ class TransportGroup:
             probe_rounds=sum(s.probes for s in senders),
             passes_push=max_passes(res.push_senders),
             passes_pull=max([x.max_pass for x in res.pull_receivers] + [max_passes(pulls)]),
+            push_s=_since(t0, [s.t_done for s in res.push_senders], max),
+            pull_first_s=_since(t0, [x.t_first for x in res.pull_receivers], min),
+            pull_stop_s=_since(t0, [x.t_stop for x in res.pull_receivers], max),
             rtt_s=_mean_srtt(eng), grad_norm=norm, counters=eng.counters.diff(c0))
         self.history.append(st)
         return st
@@ -227,6 +230,11 @@ class TransportGroup:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _since(t0, times, pick):
+    times = [t for t in times if t is not None]
+    return pick(times) - t0 if times else None
 
 
 def _as_flat_float32(tensor):

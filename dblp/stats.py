@@ -45,6 +45,9 @@ class RoundStats:
     probe_rounds: int = 0  # PROBE transmissions (copies count once)
     passes_push: int = 0  # data passes of the push (max over streams)
     passes_pull: int = 0  # data passes of the pull (max over streams)
+    push_s: float | None = None  # worker: start -> last push STOP received
+    pull_first_s: float | None = None  # worker: start -> first chunk of the pull
+    pull_stop_s: float | None = None  # worker: start -> pull satisfied (STOP sent)
     rtt_s: float | None = None  # smoothed probe RTT
     grad_norm: float | None = None  # norm of the applied aggregate
     counters: dict = dataclasses.field(default_factory=dict)

@@ -310,23 +310,41 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
     floor_s = nbytes * 8 / rate_bps
     chunks = -(-numel // CHUNK_ELEMS)
     rows = []
+    port = [47000]
+
+    def start(cfg):
+        port[0] += 1
+        return _start(pair, cfg, numel, rate_bps, round_timeout, port[0])
+
     with NetnsPair(rate_bps) as pair:
-        for ci, cfg in enumerate(configs):
+        for cfg in configs:
             agents: list[Agent] = []
             try:
                 for loss in losses:
-                    if not agents:
-                        agents = _start(pair, cfg, numel, rate_bps, round_timeout, 47000 + ci)
-                    pair.set_loss(loss)
-                    stats, err = _rounds(agents, reps, round_timeout, cfg)
-                    pair.set_loss(0.0)
-                    row = _row(cfg, loss, stats, err, floor_s, chunks, reps)
+                    stats, errors, timeouts = [], [], 0
+                    for _ in range(reps):
+                        if not agents:
+                            pair.set_loss(0.0)  # join and warm up on a clean link
+                            agents = start(cfg)
+                        pair.set_loss(loss)
+                        got, err = _rounds(agents, 1, round_timeout, cfg)
+                        pair.set_loss(0.0)
+                        if err or not got:
+                            # A round that misses its deadline counts as +inf in the median;
+                            # the agents are restarted for the next repetition.
+                            errors.append(err or "no stats")
+                            timeouts += 1
+                            for a in agents:
+                                a.stop()
+                            agents = []
+                            if timeouts >= 2 and timeouts > len(stats):
+                                break  # the row's median is a timeout anyway
+                        else:
+                            stats += got
+                    row = _row(cfg, loss, stats, errors, timeouts, floor_s, chunks, reps,
+                               round_timeout)
                     rows.append(row)
                     log(_format_row(row))
-                    if err:
-                        for a in agents:
-                            a.stop()
-                        agents = []
             finally:
                 for a in agents:
                     a.stop()
@@ -366,12 +384,12 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config):
         a.send({"cmd": "rounds", "rounds": n})
     replies = [a.read(n * round_timeout + 30) for a in agents]
     worker = replies[0] if cfg.impl == "gloo" else replies[1]
-    err = next((r["error"] for r in replies if not r.get("ok")), None)
+    err = "; ".join(r["error"] for r in replies if not r.get("ok")) or None
     return worker.get("stats", []), err
 
 
-def _row(cfg: Config, loss: float, stats: list[dict], err, floor_s: float, chunks: int,
-         reps: int) -> dict:
+def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeouts: int,
+         floor_s: float, chunks: int, reps: int, round_timeout: float) -> dict:
     p = loss
     if cfg.impl == "gloo":
         need = 1.0 / (1 - p)  # 2-rank ring: each rank sends the tensor once, both ways at once
@@ -381,13 +399,17 @@ def _row(cfg: Config, loss: float, stats: list[dict], err, floor_s: float, chunk
         need = 2 * (1 - cfg.bound) / (1 - p)  # push + pull, same bound on both
         passes = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
         ideal = ideal_passes(cfg.bound, p, chunks)
-    rt = _median([s["latency_s"] for s in stats]) if len(stats) == reps and not err else None
+    lat = sorted([s["latency_s"] for s in stats] + [math.inf] * timeouts)
+    rt = statistics.median(lat) if lat else math.inf
+    rt = None if math.isinf(rt) else rt
     bound_s = floor_s * need
     row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
            "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
            "ratio": (rt / bound_s) if rt else None, "passes": passes, "ideal_passes": ideal,
-           "reps": len(stats), "spread_s": ([min(s["latency_s"] for s in stats),
-                                             max(s["latency_s"] for s in stats)] if stats else None)}
+           "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
+           "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None}
+    if row["spread_s"] and math.isinf(row["spread_s"][1]):
+        row["spread_s"][1] = None
     if cfg.impl == "dblp" and stats:
         row["passes_push"] = _median([s["passes_push"] for s in stats])
         row["passes_pull"] = _median([s["passes_pull"] for s in stats])
@@ -395,8 +417,8 @@ def _row(cfg: Config, loss: float, stats: list[dict], err, floor_s: float, chunk
         row["missing_at_stop"] = _median([s["missing_at_stop"] for s in stats])
         row["pull_missing"] = _median([s["pull_missing"] for s in stats])
         row["rtt_ms"] = _median([(s["rtt_s"] or 0) * 1e3 for s in stats])
-    if err:
-        row["error"] = err
+    if errors:
+        row["errors"] = sorted(set(e[:300] for e in errors))
     return row
 
 
@@ -412,8 +434,8 @@ def _format_row(r: dict) -> str:
     s = (f"{r['impl']:5} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {r['loss']:5.0%} "
          f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
          f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')}")
-    if r.get("error"):
-        s += f"  ({r['error'][:70]})"
+    if r.get("timeouts"):
+        s += f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the {r['round_timeout_s']:g} s deadline)"
     return s
 
 

@@ -1,0 +1,38 @@
+"""`dblp-testbed bench transport --quick`: the bench runs end to end and its numbers are sane."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.emu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_bench_transport_quick(tmp_path):
+    out = tmp_path / "bench.json"
+    cli = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
+    p = subprocess.run([cli, "bench", "transport", "--quick",
+                        "--json", str(out)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=170)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["floor_s"] == pytest.approx((1 << 20) * 8 / 100e6)
+    rows = {(r["policy"], r["bound"], r["loss"]): r for r in doc["rows"]}
+    assert set(rows) == {(pol, b, l) for pol, b in (("reliable", 0.0), ("static", 0.408))
+                         for l in (0.0, 0.5)}
+    for r in doc["rows"]:
+        assert r["impl"] == "dblp" and r["control"] == "udp"
+        assert r["round_trip_s"] is not None, r
+        # physics: never faster than the data the bound requires at line rate
+        assert r["round_trip_s"] >= 0.95 * r["bound_s"]
+        assert r["bound_s"] == pytest.approx(
+            doc["floor_s"] * 2 * (1 - r["bound"]) / (1 - r["loss"]))
+        assert r["passes"] >= 1 and r["ideal_passes"] >= 1
+    # loss costs passes; a loose bound costs fewer
+    assert rows[("reliable", 0.0, 0.5)]["passes"] > rows[("reliable", 0.0, 0.0)]["passes"]
+    assert rows[("static", 0.408, 0.5)]["passes"] < rows[("reliable", 0.0, 0.5)]["passes"]
+    assert rows[("static", 0.408, 0.5)]["round_trip_s"] < rows[("reliable", 0.0, 0.5)]["round_trip_s"]
+    assert "round_trip_s" in p.stdout and "floor_s" in p.stdout
