@@ -18,12 +18,14 @@ pytestmark = pytest.mark.unit
 
 MS = 1_000_000
 PERIOD = 1000 * MS               # one round per second
-T0 = {"gloo": 10**18, "static": 10**18 + 100 * 10**9, "dblp": 10**18 + 200 * 10**9}
-NORMAL = {"gloo": 40.0, "static": 30.0, "dblp": 24.0}      # ms
-BURST = {"gloo": 800.0, "static": 400.0, "dblp": 100.0}    # ms
+# Arms run one after another, 100 s apart; the -tcp arms are the paper preset's.
+T0 = {a: 10**18 + i * 100 * 10**9 for i, a in enumerate(
+    ("gloo", "static", "dblp", "static-tcp", "dblp-tcp"))}
+NORMAL = {"gloo": 40.0, "static": 30.0, "dblp": 24.0, "static-tcp": 30.0, "dblp-tcp": 24.0}  # ms
+BURST = {"gloo": 800.0, "static": 400.0, "dblp": 100.0, "static-tcp": 900.0, "dblp-tcp": 150.0}
 BURST_ROUNDS = (3, 7)
-TRAIN = {"gloo": 3.0, "static": 2.0, "dblp": 1.5}
-ACC = {"gloo": 0.97, "static": 0.96, "dblp": 0.95}
+TRAIN = {"gloo": 3.0, "static": 2.0, "dblp": 1.5, "static-tcp": 2.5, "dblp-tcp": 1.6}
+ACC = {"gloo": 0.97, "static": 0.96, "dblp": 0.95, "static-tcp": 0.96, "dblp-tcp": 0.955}
 ROUNDS = 10
 WORKERS = 3
 GRAD = 10_000
@@ -36,7 +38,7 @@ def latency(arm, r, burst=BURST):
 def bound_of(arm, r):
     if arm == "gloo":
         return None
-    if arm == "static":
+    if arm.startswith("static"):
         return 0.008
     return 0.008 if r < 2 else 0.408
 
@@ -293,3 +295,21 @@ def test_arm_that_never_started_and_foreign_dirs(tmp_path):
     assert s["arms"]["gloo"]["status"] == "no data" and s["status"] == "partial"
     assert any("raw/gloo/" in w for w in s["warnings"])
     assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
+
+
+def test_paper_arms_pair_each_dblp_with_its_control_path(tmp_path):
+    arms = ("static", "dblp", "static-tcp", "dblp-tcp", "gloo")
+    run = make_run(tmp_path / "run", arms=arms)
+    s = build_outputs(run)
+    assert s["baselines"] == ["static", "static-tcp", "gloo"]
+    sp = s["speedups"]
+    assert sp["dblp-tcp_vs_static-tcp"]["burst_round"] == pytest.approx(6.0)
+    assert sp["dblp_vs_static-tcp"]["burst_round"] == pytest.approx(9.0)
+    assert sp["dblp-tcp_vs_static"]["train_time"] == pytest.approx(2.0 / 1.6)
+    assert "dblp_vs_dblp-tcp" not in sp and "static_vs_static-tcp" in sp
+    pairs = s["physics"]["pairs"]
+    assert sorted(pairs) == ["dblp-tcp_vs_static-tcp", "dblp_vs_static"]
+    # 6x is above ln(0.008)/ln(0.408) = 5.39x: the pass-bound end, where the paper's 5.88x sits.
+    assert pairs["dblp-tcp_vs_static-tcp"]["position"] == "above the pass-bound ratio"
+    md = (run / "report.md").read_text()
+    assert "dblp-tcp burst speedup" in md and "Several control paths ran" in md
