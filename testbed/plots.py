@@ -122,21 +122,23 @@ def bytes_per_round(rounds: pd.DataFrame, packets: pd.DataFrame, arms, path):
     """Wire bytes per round from the captures when present, else the transport's counters."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     col = _colors(arms)
-    source = "transport counters (stats.bytes_sent, all workers)"
-    if len(packets):
-        source = "captures (bytes sent by captured hosts)"
+    sources = set()
     for arm in arms:
-        if len(packets):
-            p = packets[packets["arm"] == arm]
+        p = packets[packets["arm"] == arm] if len(packets) else packets
+        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
+        if len(p):
             s = p.groupby("round")["sent_bytes"].sum(min_count=1)
             x, y = s.index.to_numpy(dtype=float), s.to_numpy(dtype=float)
-        else:
-            r = rounds[rounds["arm"] == arm]
-            if "stats_bytes_sent" not in r:
-                continue
+            label = f"{arm} (capture)"
+            sources.add("captures: bytes the captured hosts sent")
+        elif "stats_bytes_sent" in r and r["stats_bytes_sent"].notna().any():
             x, y = r["round"].to_numpy(dtype=float), r["stats_bytes_sent"].to_numpy(dtype=float)
-        if len(x):
-            ax.plot(x, y / 1e3, ".-", ms=2, lw=0.8, label=arm, color=col[arm])
+            label = f"{arm} (transport)"
+            sources.add("transport: stats.bytes_sent summed over workers")
+        else:
+            continue
+        ax.plot(x, y / 1e3, ".-", ms=2, lw=0.8, label=label, color=col[arm])
+    source = "; ".join(sorted(sources)) or "no byte counts in this run"
     ax.set_xlabel("round")
     ax.set_ylabel("kB per round")
     ax.set_title(source, fontsize=8)
