@@ -24,7 +24,7 @@ import time
 from controllers.compat import (BaseApp, CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER,
                                 hub, ofp_event, ofproto_v1_3, set_ev_cls)
 from controllers.bursts import BurstError, BurstRecord, BurstSchedule, BurstSpec
-from controllers.mechanisms import LossBurst, Nft, pfifo_drops
+from controllers.mechanisms import CrossAgent, LossBurst, Nft, pfifo_drops
 from controllers.targets import TargetError, resolve_target
 from topologies import TopoGraph, compute_rules, trace_path
 from topologies.routing import multipath_bits
@@ -62,7 +62,10 @@ class FabricController(BaseApp):
                          len(self.topo.hosts()), len(self.schedule),
                          "in-process" if self.nft.in_process else "via nft(8)")
         self.sock_path = self.cfg["control_socket"]
+        self.agents = {}         # host -> CrossAgent (congest sources)
+        self.agents_lock = threading.Lock()
         hub.spawn(self._serve_control)
+        hub.spawn(self._prestart_agents)
 
     # ------------------------------------------------------------------ OpenFlow
     def add_flow(self, datapath, priority, match, actions, meter_id=None, cookie=COOKIE_ROUTE,
@@ -476,23 +479,37 @@ class FabricController(BaseApp):
                 used.add(flows[-1][0])
         rate = rate / n_src
         before = {tp.intf: pfifo_drops(tp.intf) for tp in ports}
-        procs = []
-        py = self.cfg.get("python", "python3")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for src, dst, sport in flows:
-            pid = self.cfg["host_pids"][src]
-            argv = ["mnexec", "-a", str(pid), py, "-m", "controllers.crosstraffic",
-                    "--dst", self.topo.host_info[dst].ip, "--sport", str(sport),
-                    "--rate-mbps", str(rate), "--pkt-bytes", str(size)]
-            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, cwd=root,
-                                          start_new_session=True, text=True))
-        t_go = []
-        for p in procs:
-            line = p.stdout.readline().split()
-            if len(line) == 2 and line[0] == "go":
-                t_go.append(int(line[1]))
-        return {"procs": procs, "before": before, "ports": ports, "flows": flows,
-                "rate_mbps": rate, "t_go": max(t_go) if t_go else None}
+        started = []
+        for i, (src, dst, sport) in enumerate(flows):
+            agent = self._agent(src)
+            fid = f"{rec.arm}.{rec.spec.id}.{i}"
+            agent.start(fid, self.topo.host_info[dst].ip, sport, rate, size)
+            started.append((agent, fid))
+        t_go = [agent.wait_for("go", fid) for agent, fid in started]
+        if any(t is None for t in t_go):
+            for agent, fid in started:
+                agent.stop(fid)
+            raise RuntimeError("a cross-traffic agent did not start its flow")
+        return {"started": started, "before": before, "ports": ports, "flows": flows,
+                "rate_mbps": rate, "t_go": max(t_go)}
+
+    def _agent(self, host):
+        with self.agents_lock:
+            a = self.agents.get(host)
+            if a is None or not a.alive():
+                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                a = CrossAgent(host, self.cfg["host_pids"][host], self.cfg.get("python", "python3"),
+                               root)
+                self.agents[host] = a
+            return a
+
+    def _prestart_agents(self):
+        """Agents on the cross-traffic hosts, ready before the first `congest` burst."""
+        for h in self.roles.get("cross", [])[:4]:
+            try:
+                self._agent(h)
+            except Exception:
+                self.logger.exception("cross-traffic agent on %s failed to start", h)
 
     def _cross_flow(self, tp, busy, used=()):
         """(src, dst, sport) whose path leaves ``tp.switch`` by ``tp.port``; a fresh src if any."""
@@ -516,21 +533,15 @@ class FabricController(BaseApp):
         raise ValueError(f"no host pair sends through {tp.intf}")
 
     def _congest_end(self, rec, mech):
-        for p in mech["procs"]:
-            if p.poll() is None:
-                p.terminate()
-        for p in mech["procs"]:
-            try:
-                p.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        for agent, fid in mech["started"]:
+            agent.stop(fid)
+        sent = [agent.wait_for("sent", fid) for agent, fid in mech["started"]]
         rec.actual_end_ns = time.time_ns()
-        hub.sleep(0.05)  # let the queue drain before reading its counters
+        time.sleep(0.05)  # let the queue drain before reading its counters
         rec.dropped_packets = sum(pfifo_drops(tp.intf) - mech["before"][tp.intf]
                                   for tp in mech["ports"])
         rec.detail = {"cross_flows": [list(f) for f in mech["flows"]],
-                      "rate_mbps_per_flow": mech["rate_mbps"]}
+                      "rate_mbps_per_flow": mech["rate_mbps"], "cross_packets_sent": sent}
 
     def close(self):
         for key in list(self.active):
@@ -538,6 +549,8 @@ class FabricController(BaseApp):
                 self._end(key, time.time_ns())
             except Exception:
                 pass
+        for a in list(self.agents.values()):
+            a.close()
         try:
             os.unlink(self.sock_path)
         except OSError:

@@ -168,3 +168,59 @@ def pfifo_drops(intf: str) -> int:
         if q.get("kind") in ("pfifo", "bfifo"):
             total += int(q.get("drops", 0))
     return total
+
+
+class CrossAgent:
+    """A long-lived ``controllers.crosstraffic --agent`` in one host's namespaces.
+
+    It stays in the controller's process group, so stopping the controller's
+    group (the fabric's tear-down) stops the agents too.
+    """
+
+    def __init__(self, host: str, host_pid: int, python: str, cwd: str):
+        self.host = host
+        self.proc = subprocess.Popen(
+            ["mnexec", "-a", str(host_pid), python, "-m", "controllers.crosstraffic", "--agent"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=cwd)
+        self.cond = threading.Condition()
+        self.go, self.sent, self.errors = {}, {}, []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = line.split()
+            with self.cond:
+                if len(parts) == 3 and parts[0] == "go":
+                    self.go[parts[1]] = int(parts[2])
+                elif len(parts) == 3 and parts[0] == "sent":
+                    self.sent[parts[1]] = int(parts[2])
+                else:
+                    self.errors.append(line.strip())
+                self.cond.notify_all()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def start(self, fid, dst, sport, rate_mbps, pkt_bytes):
+        self.proc.stdin.write(f"start {fid} {dst} {sport} {rate_mbps} {pkt_bytes}\n")
+        self.proc.stdin.flush()
+
+    def stop(self, fid):
+        self.proc.stdin.write(f"stop {fid}\n")
+        self.proc.stdin.flush()
+
+    def wait_for(self, table: str, fid, timeout=3.0):
+        with self.cond:
+            self.cond.wait_for(lambda: fid in getattr(self, table) or not self.alive(), timeout)
+            return getattr(self, table).pop(fid, None)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -84,10 +84,13 @@ def measure_window(fab, kind, params, target="server-downlink", duration_ms=500.
     tag = tag or f"{kind}-{params}".replace(" ", "").replace("'", "").replace(":", "")
     flow = FlowRun(fab, src, dst, tmp, tag, rate_pps=rate_pps, pkt_bytes=pkt_bytes,
                    duration_s=1.0 + duration_ms / 1000 + 0.5)
-    time.sleep(0.5)
-    trigger = time.time_ns()
-    reply = fab.control({"op": "burst", "kind": kind, "target": target, "duration_ms": duration_ms,
-                         "params": params, "arm": arm, "id": tag})
+    from testbed.fabric import ControlConnection
+    with ControlConnection(fab.control_socket) as conn:
+        conn.request({"op": "status"})  # warm: the controller's thread for us exists
+        time.sleep(0.5)
+        trigger = time.time_ns()
+        reply = conn.request({"op": "burst", "kind": kind, "target": target,
+                              "duration_ms": duration_ms, "params": params, "arm": arm, "id": tag})
     if not reply.get("ok"):
         raise RuntimeError(f"burst refused: {reply}")
     sent, received = flow.wait()
@@ -115,17 +118,19 @@ def round_trigger_tries(fab, tries=20, round_ms=100.0, at_round=3, rounds=6, p=0
     hits, lags, covers, ends = 0, [], [], []
     sched = [{"id": "rt", "kind": "loss", "target": target, "params": {"p": p},
               "trigger": "round", "at_round": at_round, "rounds": 1}]
+    from testbed.fabric import ControlConnection
     fab.control({"op": "schedule", "bursts": sched})
+    conn = ControlConnection(fab.control_socket)
     try:
         for i in range(tries):
             arm = f"roundtry{i:02d}"
             spans = {}
             for r in range(rounds):
                 t_s = time.time_ns()
-                fab.control({"op": "round", "event": "start", "arm": arm, "round": r, "t_ns": t_s})
+                conn.request({"op": "round", "event": "start", "arm": arm, "round": r, "t_ns": t_s})
                 time.sleep(round_ms / 1000)
                 t_e = time.time_ns()
-                fab.control({"op": "round", "event": "end", "arm": arm, "round": r, "t_ns": t_e})
+                conn.request({"op": "round", "event": "end", "arm": arm, "round": r, "t_ns": t_e})
                 spans[r] = (t_s, t_e)
             rec = _burst_log(fab.run_dir, arm)[-1]
             s, e = spans[at_round]
@@ -138,6 +143,7 @@ def round_trigger_tries(fab, tries=20, round_ms=100.0, at_round=3, rounds=6, p=0
             if cover >= 0.9 and rec["actual_start_ns"] >= s:
                 hits += 1
     finally:
+        conn.close()
         fab.control({"op": "schedule", "bursts": []})
     lags.sort()
     return {"kind": "loss-round-trigger", "requested": 1.0, "tries": tries, "hits": hits,
