@@ -189,6 +189,9 @@ class OutTransfer:
         if self.state != PROBING:
             return math.inf
         if now >= self.next_probe_t:
+            # No reply: the probe or its answer was lost. Treat it as evidence of loss so
+            # the next probe (and the peer's reply) go out with more copies.
+            self.eng.loss_timeout(self.peer)
             self.backoff = min(4.0, self.backoff * 1.5)
             self._send_probe(now)
         return self.next_probe_t
@@ -388,7 +391,7 @@ class Engine:
 
     def __init__(self, rank: int, *, bind: tuple[str, int] = ("0.0.0.0", 0), session: int = 0,
                  control: str = "udp", rate_bps: float | None = None, sock_buf: int = 8 << 20,
-                 max_copies: int = 16, initial_rto: float = 0.05, min_rto: float = 0.002,
+                 max_copies: int = 16, initial_rto: float = 0.02, min_rto: float = 0.002,
                  max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
         if control not in ("udp", "tcp"):
@@ -462,6 +465,9 @@ class Engine:
         old = self.loss.get(peer)
         # fast up (a burst must not cost probe timeouts), slow down
         self.loss[peer] = frac if old is None or frac > old else 0.5 * old + 0.5 * frac
+
+    def loss_timeout(self, peer: int) -> None:
+        self.loss[peer] = min(0.95, self.loss.get(peer, 0.0) + 0.25)
 
     def copies(self, peer: int) -> int:
         if self.control == "tcp" and peer in self.tcp:
@@ -538,7 +544,7 @@ class Engine:
     def add_final(self, peer: int, part: int, msg: bytes, copies: int) -> None:
         now = time.monotonic()
         self.send_ctrl(peer, msg, copies)
-        self.pending_finals[(peer, part, self.round)] = [msg, now + self.rto(peer), 1.0]
+        self.pending_finals[(peer, part, self.round)] = [msg, now + self.rto(peer), 1.0, now]
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:
@@ -602,8 +608,11 @@ class Engine:
             else:
                 r.on_final(h, buf[HEADER_SIZE:n])
         elif t == MsgType.DONE:
-            if self.pending_finals.pop((h.src, h.part, h.round), None) is None:
+            entry = self.pending_finals.pop((h.src, h.part, h.round), None)
+            if entry is None:
                 self.counters.duplicates += 1
+            elif entry[2] == 1.0:  # FINAL sent once: an unambiguous RTT sample
+                self.rtt_sample(h.src, now - entry[3])
 
     def _implicit_ack(self, h: wire.Header) -> None:
         """Any message of a later round from a peer proves it got our FINALs."""

@@ -134,11 +134,16 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
     eng.join_handler = on_join
     msg = _msg(MsgType.HELLO, hello, src=eng.rank, session=session or 0)
     deadline = time.monotonic() + timeout
+    sent = 0
     while not got:
         if time.monotonic() >= deadline:
             raise TransportError(f"rank {eng.rank}: no WELCOME from the aggregator at "
                                  f"{server_addr[0]}:{server_addr[1]} within {timeout} s "
                                  "(is the server running? same session id?)")
+        t_sent = time.monotonic()
         eng.send_raw(msg, server_addr)
+        sent += 1
         eng.poll(0.02)
+        if got and sent == 1:  # first HELLO answered: seed the RTT estimate
+            eng.rtt_sample(server_rank, time.monotonic() - t_sent)
     return got

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -500,6 +501,8 @@ def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, 
         bound_list = (0.0, 0.408)
     numel = int(mbytes * (1 << 20)) // 4
     cfgs = default_configs(bound_list, ctl, gloo=not no_gloo)
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     click.echo(HEADER)
     doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
                     log=lambda s: click.echo(s))
