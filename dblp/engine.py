@@ -366,10 +366,8 @@ class InTransfer:
             zero = dropped | ~self.have
             if (~self.have & ~dropped).any():
                 self.eng.counters.malformed += 1
-            for c in np.flatnonzero(zero):
-                s = int(c) * CHUNK_BYTES
-                self.out_u8[s:min(s + CHUNK_BYTES, self.nbytes)] = bytes(
-                    min(CHUNK_BYTES, self.nbytes - s))
+            if zero.any():
+                self.out[np.repeat(zero, CHUNK_BYTES // 4)[:self.out.size]] = 0
             self.final = dropped
             self.final_next_bound = h.aux
             self.final_flags = h.flags

@@ -150,7 +150,6 @@ def test_fuzz_100k_inputs_never_raise_and_stay_bounded(sink):
 def test_foreign_sessions_never_enter_the_aggregate(sink):
     eng = _engine(sink)
     acc, recvs, _, _ = _setup_round(eng, bound_ppm=0)
-    rng = random.Random(7)
     # a whole other job's streams, plus mutated copies, before and between real chunks
     other = _chunks(0, session=SESSION ^ 1) + _chunks(1, session=0)
     for raw in other:
