@@ -66,6 +66,10 @@ class FabricController(BaseApp):
         self.agents_lock = threading.Lock()
         hub.spawn(self._serve_control)
         hub.spawn(self._prestart_agents)
+        self.monitor_s = float(self.cfg.get("monitor_s") or 0)
+        self.port_stats = {}     # dpid -> {port: counters} (latest reply)
+        if self.monitor_s > 0:
+            hub.spawn(self._monitor)
 
     # ------------------------------------------------------------------ OpenFlow
     def add_flow(self, datapath, priority, match, actions, meter_id=None, cookie=COOKIE_ROUTE,
@@ -144,6 +148,36 @@ class FabricController(BaseApp):
 
     @set_ev_cls(ofp_event.EventOFPMeterStatsReply, MAIN_DISPATCHER)
     def meter_stats_reply_handler(self, ev):
+        self._wake(ev.msg)
+
+    def _monitor(self):
+        """Periodic port statistics (simple_monitor_13 style) into raw/port_stats.jsonl.
+
+        Why: the analysis checks every run for drops inside the emulator
+        (OVS tx_dropped, errors) next to the achieved vs shaped rate.
+        """
+        while True:
+            hub.sleep(self.monitor_s)
+            for dp in list(self.datapaths.values()):
+                parser = dp.ofproto_parser
+                dp.send_msg(parser.OFPPortStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def port_stats_reply_handler(self, ev):
+        dp, t = ev.msg.datapath, time.time_ns()
+        name = self.sw_state.get(dp.id, {}).get("name", str(dp.id))
+        rows = {}
+        for st in ev.msg.body:
+            if st.port_no > 0xffffff00:
+                continue
+            rows[st.port_no] = {"rx_packets": st.rx_packets, "tx_packets": st.tx_packets,
+                                "rx_bytes": st.rx_bytes, "tx_bytes": st.tx_bytes,
+                                "rx_dropped": st.rx_dropped, "tx_dropped": st.tx_dropped,
+                                "tx_errors": st.tx_errors}
+        self.port_stats[dp.id] = rows
+        with open(os.path.join(self.raw, "port_stats.jsonl"), "a") as f:
+            f.write(json.dumps({"event": "port_stats", "t_ns": t, "switch": name, "dpid": dp.id,
+                                "ports": rows}) + "\n")
         self._wake(ev.msg)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -236,7 +270,8 @@ class FabricController(BaseApp):
                 "ready": n_routed == len(self.topo.switches()),
                 "active_bursts": [r.spec.id for r, _ in self.active.values()],
                 "bursts_done": len(self.done), "scheduled": len(self.schedule),
-                "multipath_bits": multipath_bits(self.topo), "pid": os.getpid()}
+                "multipath_bits": multipath_bits(self.topo), "pid": os.getpid(),
+                "monitor_s": self.monitor_s}
 
     def op_schedule(self, req):
         self.schedule = BurstSchedule(req.get("bursts") or [])

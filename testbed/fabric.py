@@ -9,7 +9,8 @@ Use (the orchestrator's API)::
     with Fabric(topo, run_dir=RUN, bw_mbps=20, queue_pkts=100,
                 controller_socket=None,            # default RUN/control.sock
                 bursts=None,                       # burst schedule (list of dicts, issue 5)
-                roles=None) as fab:                # {"server": h, "workers": [...]} override
+                roles=None,                        # {"server": h, "workers": [...]} override
+                monitor_s=5.0) as fab:             # port stats into RUN/raw/port_stats.jsonl
         fab.startup_s                    # seconds from __enter__ to routed
         fab.server, fab.workers          # role placement: fab.place(n) for n workers
         fab.role("cross")                # cross-traffic hosts
@@ -157,7 +158,8 @@ class Fabric:
     def __init__(self, topo: TopoGraph, run_dir: str, bw_mbps: float | None = 20.0,
                  queue_pkts: int = 100, controller_socket: str | None = None,
                  bursts=None, roles: dict | None = None, datapath: str = "auto",
-                 ready_timeout_s: float = 90.0, tx_offload_off: bool = True, log=None):
+                 ready_timeout_s: float = 90.0, tx_offload_off: bool = True,
+                 monitor_s: float = 5.0, log=None):
         if not isinstance(topo, TopoGraph):
             raise TypeError(f"topo must be a topologies.TopoGraph, got {type(topo).__name__}")
         if bw_mbps is not None and not (isinstance(bw_mbps, (int, float)) and 0.1 <= bw_mbps <= 10000):
@@ -178,6 +180,9 @@ class Fabric:
         self.datapath_req = datapath
         self.ready_timeout_s = ready_timeout_s
         self.tx_offload_off = tx_offload_off
+        if not isinstance(monitor_s, (int, float)) or monitor_s < 0:
+            raise ValueError(f"monitor_s must be >= 0 (0: no port statistics), got {monitor_s!r}")
+        self.monitor_s = monitor_s
         self.log = log or (lambda msg: print(f"fabric: {msg}", file=sys.stderr))
         self.control_socket = controller_socket or os.path.join(self.run_dir, "control.sock")
         if len(self.control_socket.encode()) > 100:
@@ -317,7 +322,8 @@ class Fabric:
                "control_socket": self.control_socket, "of_port": self.of_port,
                "bw_mbps": self.bw_mbps, "queue_pkts": self.queue_pkts,
                "host_pids": {n: h.pid for n, h in self._hosts.items()},
-               "bursts": self.bursts, "roles": self.roles, "loss_sink": self.loss_sink, "python": sys.executable}
+               "bursts": self.bursts, "roles": self.roles, "loss_sink": self.loss_sink,
+               "monitor_s": self.monitor_s, "python": sys.executable}
         cfg_path = os.path.join(self.raw_dir, "fabric.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)

@@ -89,6 +89,17 @@ def test_switch_reconnect_restores_routes(fab):
     assert r["pairs_ok"] == 240
 
 
+def test_no_flooding_or_controller_actions(fab):
+    for sw in ("dte00", "dta10", "dtc03"):
+        flows = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw],
+                               capture_output=True, text=True).stdout
+        assert "actions=output:" in flows
+        assert "FLOOD" not in flows and "ALL" not in flows and "CONTROLLER" not in flows
+        fail_mode = subprocess.run(["ovs-vsctl", "get-fail-mode", sw], capture_output=True,
+                                   text=True).stdout.strip()
+        assert fail_mode == "secure"
+
+
 def test_host_api(fab):
     h = fab.host("h000")
     assert h.ip == "10.0.0.2" and h.intf == "h000-eth0" and h.pid > 0
