@@ -24,9 +24,8 @@ from .control import RoundAnnouncer
 from .dblp_exchange import transport_options
 from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, num_params
 from .runlog import RunLog
-from .worker import DEFAULT_ROUNDS, DEFAULT_TIMEOUT_S, _env_int
+from .worker import DBLP_DEFAULT_PORT as DEFAULT_PORT, DEFAULT_ROUNDS, DEFAULT_TIMEOUT_S, _env_int
 
-DEFAULT_PORT = 47474
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from .tasks import make_task
 DEFAULT_ROUNDS = 300
 DEFAULT_EVAL_EVERY = 25
 DEFAULT_TIMEOUT_S = 60.0
+DBLP_DEFAULT_PORT = 47474  # = dblp.DEFAULT_PORT, without importing the transport for other arms
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--master-addr", default=None,
                    help="gloo: rank 0's address; dblp arms: the server's. Default: $MASTER_ADDR")
-    p.add_argument("--master-port", type=int, default=None, help="default: $MASTER_PORT")
+    p.add_argument("--master-port", type=int, default=None,
+                   help=f"default: $MASTER_PORT; dblp arms fall back to {DBLP_DEFAULT_PORT}")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
                    help="give up (status error) when peers are silent this long")
     p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
@@ -88,8 +90,10 @@ def resolve(args) -> argparse.Namespace:
         raise SystemExit(f"--eval-every must be >= 0, got {args.eval_every}")
     if args.timeout_s <= 0:
         raise SystemExit(f"--timeout-s must be > 0, got {args.timeout_s}")
-    if args.arm != "local" and args.master_port is None:
-        raise SystemExit(f"arm {args.arm} needs --master-port or MASTER_PORT")
+    if args.master_port is None and args.arm in ex.DBLP_ARMS:
+        args.master_port = DBLP_DEFAULT_PORT          # the transport's well-known port
+    if args.arm == "gloo" and args.master_port is None:
+        raise SystemExit("arm gloo needs --master-port or MASTER_PORT (rank 0's rendezvous port)")
     spec = get_spec(args.model)
     args.batch_size = args.batch_size or spec.batch_size
     if args.batch_size < 1:

@@ -75,6 +75,9 @@ def test_bad_knobs_are_named():
     with pytest.raises(SystemExit, match="MASTER_PORT"):
         os.environ.pop("MASTER_PORT", None)
         worker.resolve(worker.build_parser().parse_args(["--arm", "gloo", "--world-size", "2"]))
+    import dblp
+    a = worker.resolve(worker.build_parser().parse_args(["--arm", "static", "--world-size", "3"]))
+    assert a.master_port == dblp.DEFAULT_PORT           # the transport's well-known port
     with pytest.raises(SystemExit, match="--knob"):
         worker.resolve(worker.build_parser().parse_args(["--arm", "local", "--knob", "p"]))
 

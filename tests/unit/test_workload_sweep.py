@@ -53,7 +53,7 @@ def test_sweep_command_writes_csv_json_and_report(tmp_path):
     out = tmp_path / "sw"
     cli = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")   # the installed console script
     r = subprocess.run([cli, "sweep", "--out", str(out),
-                        "--rounds", "30", "--fractions", "0,0.6", "--seeds", "0",
+                        "--rounds", "20", "--fractions", "0,0.6", "--seeds", "0",
                         "--phases", "early,late", "--workers", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
