@@ -439,8 +439,11 @@ class Fabric:
 
     def popen(self, host, argv, **kw) -> subprocess.Popen:
         """Start ``argv`` (a list) inside a host's namespaces; tracked for teardown."""
-        if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
+        if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of str (no shell strings)")
+        argv = [os.fspath(a) if isinstance(a, os.PathLike) else a for a in argv]
+        if not all(isinstance(a, str) for a in argv):
+            raise TypeError("argv must be a list of str or paths (no shell strings)")
         kw.setdefault("start_new_session", True)
         p = subprocess.Popen(["mnexec", "-a", str(self.host(host).pid)] + list(argv), **kw)
         self._popens.append(p)

@@ -59,3 +59,29 @@ def test_core_uplinks_loss_hits_cross_pod_traffic(fab):
     row = burstbench.measure_window(fab, "loss", {"p": 0.8}, target="core-uplinks",
                                     duration_ms=300, tag="t-core")
     assert abs(row["measured_in_window"] - 0.8) <= 0.06, row
+
+
+def test_manual_burst_command_and_status(fab):
+    import os
+    import subprocess
+    import sys
+    import time
+    cli = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
+    p = subprocess.run([cli, "burst", "--socket", fab.control_socket, "--kind", "loss", "--p", "0.5",
+                        "--duration-ms", "100", "--target", "core-uplinks"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    reply = json.loads(p.stdout)
+    assert reply["ok"] and reply["id"]
+    time.sleep(0.4)
+    lines = [json.loads(l) for l in open(f"{fab.run_dir}/raw/manual/bursts.jsonl")]
+    rec = [l for l in lines if l["id"] == reply["id"]][-1]
+    assert rec["trigger"] == "manual" and rec["target"] == "core-uplinks"
+    assert 80e6 <= rec["actual_end_ns"] - rec["actual_start_ns"] <= 300e6
+    p = subprocess.run([cli, "burst", "--socket", fab.control_socket, "--status"],
+                       capture_output=True, text=True, timeout=30)
+    assert json.loads(p.stdout)["ready"] is True
+    p = subprocess.run([cli, "burst", "--socket", fab.control_socket, "--target", "mars"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "mars" in p.stdout
+    assert fab.control({"op": "status"})["ok"]
