@@ -221,6 +221,12 @@ class Fabric:
         self.datapath = ("kernel" if rep["kernel_datapath"] else "user") \
             if self.datapath_req == "auto" else self.datapath_req
         os.makedirs(self.raw_dir, exist_ok=True)
+        # Leftovers of a fabric whose process died (SIGKILL, power loss): its
+        # state file names them exactly, so they can go without asking.
+        for old in cleanup.read_states():
+            if old.get("pid") and not os.path.exists(f"/proc/{old['pid']}"):
+                self.log(f"removing leftovers of dead fabric {old.get('id')}")
+                cleanup.clean(only_state=old)
         # A stale bridge of ours from a crashed run would make add-br fail.
         stale = [b for b in cleanup.project_bridges() if b in self.topo.switch_info]
         if stale:

@@ -58,10 +58,32 @@ def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and not cleanup.project_bridges():
         time.sleep(0.05)
-    time.sleep(0.5)
+    time.sleep(0.1)
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=120)
     assert p.returncode != 0
     assert not any(_project_leftovers().values()), _project_leftovers()
     assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
                                      text=True).stdout.split()
+
+
+def test_clean_removes_only_project_leftovers(foreign_bridge):
+    """Simulated leftovers of a crashed run go; the foreign bridge and veth stay."""
+    subprocess.run(["ovs-vsctl", "add-br", "dtc99", "--", "set", "bridge", "dtc99",
+                    "datapath_type=netdev"], check=True)
+    subprocess.run(["ip", "link", "add", "dtc99-eth1", "type", "veth", "peer", "name", "dte99-eth1"],
+                   check=True)
+    subprocess.run(["ip", "link", "add", "fgn0", "type", "veth", "peer", "name", "fgn1"], check=True)
+    subprocess.run(["nft", "-f", "-"], input="table netdev dtburst_left {\n}\n", text=True, check=True)
+    try:
+        cli = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
+        p = subprocess.run([cli, "clean", "--json"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        rep = json.loads(p.stdout)
+        assert "dtc99" in rep["bridges"]
+        assert not any(_project_leftovers().values()), _project_leftovers()
+        assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
+                                         text=True).stdout.split()
+        assert subprocess.run(["ip", "link", "show", "fgn0"], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "link", "del", "fgn0"], capture_output=True)
