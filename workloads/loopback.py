@@ -68,20 +68,21 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     base_env = dict(os.environ, WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
     common = ["--arm", arm, "--rounds", str(rounds), "--model", model, "--seed", str(seed)]
-    procs, names = [], []
+    procs, names, errs = [], [], []
     t0 = time.perf_counter()
     try:
         if arm in DBLP_ARMS:
             cmd = [python, "-m", "workloads.server", *common, "--host", "127.0.0.1",
                    "--log", os.path.join(raw, "server.jsonl"), *(server_args or [])]
-            procs.append(subprocess.Popen(cmd, env=base_env, stderr=open(os.path.join(raw, "server.err"), "w")))
+            errs.append(open(os.path.join(raw, "server.err"), "w"))
+            procs.append(subprocess.Popen(cmd, env=base_env, stderr=errs[-1]))
             names.append("server")
         for rank in range(workers):
             env = dict(base_env, RANK=str(rank))
             cmd = [python, "-m", "workloads.worker", *common,
                    "--log", os.path.join(raw, f"worker{rank}.jsonl"), *(worker_args or [])]
-            procs.append(subprocess.Popen(cmd, env=env,
-                                          stderr=open(os.path.join(raw, f"worker{rank}.err"), "w")))
+            errs.append(open(os.path.join(raw, f"worker{rank}.err"), "w"))
+            procs.append(subprocess.Popen(cmd, env=env, stderr=errs[-1]))
             names.append(f"worker{rank}")
         deadline = time.monotonic() + timeout_s
         for p in procs:
@@ -90,6 +91,8 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
         pass
     finally:
         _stop(procs)
+        for fh in errs:
+            fh.close()
     wall = time.perf_counter() - t0
     codes = {n: p.returncode for n, p in zip(names, procs)}
     return summarize_arm(arm, raw, codes, wall)
