@@ -113,8 +113,13 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
         res["startup_s"] = round(time.monotonic() - t_process, 2)
         res["fabric_startup_s"] = round(fab.startup_s, 2)
         res["datapath"] = fab.datapath
+        # The first packet of every pair costs an ARP and an OVS upcall in the
+        # one forwarding thread; at k=8 that storm drops ~2 % of cold probes.
+        # Report the cold pass, then judge reachability on a second pass.
+        cold = netcheck.all_pairs(fab, count=1)
         reach = netcheck.all_pairs(fab)
-        res.update(pairs=reach["pairs"], pairs_ok=reach["pairs_ok"], unreachable=reach["failed"])
+        res.update(pairs=reach["pairs"], pairs_ok=reach["pairs_ok"], unreachable=reach["failed"],
+                   pairs_ok_cold=cold["pairs_ok"])
         spread = netcheck.core_spread(fab)
         res.update(core_switches=spread["core_switches"], core_switches_used=spread["core_switches_used"],
                    core_packets=spread["per_core"])
@@ -130,7 +135,8 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
     else:
         click.echo(f"{res['topology']}: {res['switches']} switches, {res['hosts']} hosts, "
                    f"{res['datapath']} datapath; routed {res['startup_s']} s after process start")
-        click.echo(f"reachability: {res['pairs_ok']}/{res['pairs']} pairs")
+        click.echo(f"reachability: {res['pairs_ok']}/{res['pairs']} pairs "
+                   f"({res['pairs_ok_cold']} on the first, cold probe)")
         click.echo(f"core spread: {res['core_switches_used']}/{res['core_switches']} core switches "
                    f"carry UDP flows with distinct ports {res['core_packets']}")
         if res["tcp_goodput_mbps"] is not None:

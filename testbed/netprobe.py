@@ -24,18 +24,27 @@ def _checksum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def probe(targets, count=3, timeout=3.0, interval=0.01):
+def probe(targets, count=3, timeout=3.0, pps=1000.0):
     ident = os.getpid() & 0xFFFF
     sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
     got = {t: set() for t in targets}
+    gap = 1.0 / pps
+    t0 = time.monotonic()
+    n = 0
     for seq in range(count):
         for t in targets:
+            # paced, so that many probers together do not overflow the
+            # fabric's bounded queues (which would read as unreachability)
+            delay = t0 + n * gap - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            n += 1
             hdr = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
             payload = struct.pack("!d", time.time()) + b"dblp" * 8
             pkt = struct.pack("!BBHHH", 8, 0, _checksum(hdr + payload), ident, seq) + payload
             sock.sendto(pkt, (t, 0))
-        time.sleep(interval)
+    # drain replies that arrived while sending, then wait up to timeout
     deadline = time.time() + timeout
     want = count * len(targets)
     while time.time() < deadline and sum(len(v) for v in got.values()) < want:
@@ -54,9 +63,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--count", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=3.0)
+    ap.add_argument("--pps", type=float, default=1000.0, help="probe rate of this prober")
     ap.add_argument("targets", nargs="+")
     a = ap.parse_args(argv)
-    print(json.dumps(probe(a.targets, a.count, a.timeout)))
+    print(json.dumps(probe(a.targets, a.count, a.timeout, a.pps)))
 
 
 if __name__ == "__main__":
