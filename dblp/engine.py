@@ -345,6 +345,8 @@ class InTransfer:
 
     def _repeat_stop(self, h: wire.Header, now: float) -> None:
         """The sender keeps sending: our STOP was lost; repeat it (rate-limited)."""
+        if self.eng.control == "tcp" and self.peer in self.eng.tcp:
+            return  # TCP delivers the first STOP; repeats would only queue behind it
         if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_s:
             self.last_stop_t = now
             self._reply(MsgType.STOP, h.copies)
