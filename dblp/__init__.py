@@ -25,6 +25,7 @@ Parameter-server mode (N workers + 1 server; the paper's setup)::
                                 control="udp" | "tcp", missing="zero", rate_bps=None,
                                 round_timeout=30.0, join_timeout=120.0)
     group = dblp.TransportGroup.from_env(**overrides)   # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    #   (+ optional DBLP_MODE, DBLP_POLICY, DBLP_CONTROL, DBLP_MISSING, DBLP_RATE_BPS, DBLP_SESSION_ID)
     stats = group.allreduce_(flat_tensor)   # torch or numpy, in place -> mean; returns RoundStats
     stats.as_dict()  # round, rank, role, mode, control, latency_s, bound, phase, next_bound,
                      # chunks, bytes_sent, chunks_sent, retransmitted, missing_at_stop,
@@ -35,9 +36,14 @@ Parameter-server mode (N workers + 1 server; the paper's setup)::
 
     model.register_comm_hook(group, dblp.ddp_comm_hook)   # DDP, single bucket
 
+Pacing: set ``rate_bps`` (server and workers) to the bottleneck link rate; unpaced
+senders overflow shallow switch queues and turn that into loss.
+
 Sharded mode: no server; every rank aggregates 1/N of the gradient, rank 0 also
 runs the rendezvous on MASTER_PORT. In PS mode ``world_size`` counts workers
 (ranks 0..N-1); the server is rank N. The tensor size is fixed per group.
+
+Loopback helper for tests and demos: ``dblp.testing.run_job(...)``.
 
 Wire format: ``dblp.wire`` (one declaration, ``HEADER_FIELDS``); scapy layer:
 ``dblp.scapy_layer.DBLP`` and ``dblp.scapy_layer.bind(port)``.

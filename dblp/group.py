@@ -87,7 +87,11 @@ class TransportGroup:
 
     @classmethod
     def from_env(cls, env=None, **kwargs) -> "TransportGroup":
-        """Build from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables)."""
+        """Build from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables).
+
+        Optional: DBLP_MODE, DBLP_POLICY, DBLP_CONTROL, DBLP_MISSING, DBLP_RATE_BPS,
+        DBLP_SESSION_ID (keyword arguments win over the environment).
+        """
         env = os.environ if env is None else env
         args = {}
         for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"),
@@ -102,6 +106,17 @@ class TransportGroup:
         for key in ("rank", "world_size", "master_port"):
             if key in args:
                 args[key] = _int_knob(key, args[key], 0, 65535)
+        # Optional transport knobs, so a launcher can configure without code changes.
+        for var, key, conv in (("DBLP_MODE", "mode", str), ("DBLP_POLICY", "policy", str),
+                               ("DBLP_CONTROL", "control", str), ("DBLP_MISSING", "missing", str),
+                               ("DBLP_RATE_BPS", "rate_bps", float),
+                               ("DBLP_SESSION_ID", "session_id", lambda v: int(v, 0))):
+            if var in env and key not in kwargs:
+                try:
+                    args[key] = conv(env[var])
+                except ValueError:
+                    raise ValueError(f"environment variable {var}={env[var]!r} is invalid "
+                                     f"for {key}") from None
         args.update(kwargs)
         return cls(**args)
 

@@ -162,3 +162,18 @@ def test_server_knobs_are_validated():
         dblp.ParameterServer("127.0.0.1", 0, 0)
     with pytest.raises(ValueError, match="missing"):
         dblp.ParameterServer("127.0.0.1", 0, 1, missing="nope")
+
+
+def test_from_env_reads_optional_transport_knobs():
+    env = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "47999",
+           "DBLP_MODE": "sharded", "DBLP_CONTROL": "udp", "DBLP_RATE_BPS": "1e8",
+           "DBLP_SESSION_ID": "0x2a", "DBLP_POLICY": "static"}
+    g = dblp.TransportGroup.from_env(env, missing="mean")
+    try:
+        assert (g.rank, g.world_size, g.master_port, g.mode) == (1, 3, 47999, "sharded")
+        assert g.session_id == 42 and g.engine.bucket.rate == 1e8 / 8
+        assert g.policy.name == "static" and g.missing == "mean"
+    finally:
+        g.close()
+    with pytest.raises(ValueError, match="DBLP_RATE_BPS"):
+        dblp.TransportGroup.from_env(dict(env, DBLP_RATE_BPS="fast"))
