@@ -147,17 +147,31 @@ class ArmRun:
             args += ["--batch-size", str(t["batch_size"])]
         return args
 
-    def _knobs(self) -> list[str]:
+    def _rate_bps(self, role: str) -> float:
+        """Pacing rate on the wire. The transport has no congestion control
+        (neither has the paper's), so each sender is paced at its fair share
+        of the bottleneck: N workers share the server's downlink for the
+        push; the server alone fills its uplink for the pull. 5 % headroom
+        keeps HTB's queue from building at line rate."""
         tr = self.spec["transport"]
-        rate = tr["rate_mbps"] or self.spec["topology"]["bw_mbps"]
-        knobs = {"missing": tr["missing"], "rate_mbps": rate,
-                 "round_deadline_s": tr["round_deadline_s"], "control": self.control}
+        if tr["rate_mbps"]:
+            return tr["rate_mbps"] * 1e6
+        bw = self.spec["topology"]["bw_mbps"] * 1e6 * 0.95
+        return bw if role == "server" else bw / len(self.workers)
+
+    def _transport_args(self, role: str) -> list[str]:
+        if self.transport not in ("reliable", "static", "dblp"):
+            return []
+        tr = self.spec["transport"]
+        knobs = {}
         if self.transport == "static":
             knobs["p"] = tr["p_static"]
         elif self.transport == "dblp":
             knobs.update(p_low=tr["p_low"], p_high=tr["p_high"], threshold=tr["threshold"],
                          check_every=tr["check_every"])
-        out = []
+        out = ["--control", self.control, "--missing", tr["missing"],
+               "--rate-bps", f"{self._rate_bps(role):.0f}",
+               "--timeout-s", str(tr["round_deadline_s"])]
         for k, v in knobs.items():
             out += ["--knob", f"{k}={v}"]
         return out
@@ -166,7 +180,6 @@ class ArmRun:
         env = dict(os.environ)
         env.update({
             "DBLP_CONTROL_SOCKET": str(self.fab.control_socket),
-            "DBLP_SESSION": self.session,
             "WORLD_SIZE": str(len(self.workers)),
             "MASTER_ADDR": self.fab.ip(self.server if self.transport != "gloo" else self.workers[0]),
             "MASTER_PORT": str(self.port),
@@ -189,15 +202,18 @@ class ArmRun:
             if self.transport in ("reliable", "static", "dblp"):
                 self.procs.start(
                     "server", [py, "-m", "workloads.server", "--arm", self.arm,
-                               "--log", str(self.raw / "server.jsonl"), "--port", str(self.port)]
-                    + self._common_args() + self._knobs(),
+                               "--log", str(self.raw / "server.jsonl"), "--port", str(self.port),
+                               "--rounds", str(self.spec["training"]["rounds"]),
+                               "--model", self.spec["training"]["model"],
+                               "--seed", str(self.spec.seed)]
+                    + self._transport_args("server"),
                     self.raw / "server.out", popen=functools.partial(self.fab.popen, self.server),
                     env=self._env())
             for rank, host in enumerate(self.workers):
                 self.procs.start(
                     f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.arm,
                                       "--log", str(self.raw / f"worker{rank}.jsonl")]
-                    + self._common_args() + self._knobs()
+                    + self._common_args() + self._transport_args("worker")
                     + ["--eval-every", str(self.spec["training"]["eval_every"])],
                     self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
                     env=self._env(rank))
