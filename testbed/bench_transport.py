@@ -124,6 +124,19 @@ class NetnsPair:
             out.append(n)
         return out
 
+    TCP_COUNTERS = ("TcpExtTCPTimeouts", "TcpRetransSegs", "TcpExtTCPLossProbes")
+
+    def tcp_counters(self) -> dict:
+        """Kernel TCP counters summed over both namespaces (why TCP rows are slow)."""
+        out = dict.fromkeys(self.TCP_COUNTERS, 0)
+        for side in (0, 1):
+            p = self.exec(side, "nstat", "-asz", *self.TCP_COUNTERS, check=False)
+            for line in p.stdout.splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] in out:
+                    out[parts[0]] += int(parts[1])
+        return out
+
     def destroy(self) -> None:
         if not self._created:
             return
@@ -323,6 +336,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
             try:
                 for loss in losses:
                     stats, errors, timeouts = [], [], 0
+                    tcp0 = pair.tcp_counters() if cfg.control == "tcp" else None
                     for _ in range(reps):
                         if not agents:
                             pair.set_loss(0.0)  # join and warm up on a clean link
@@ -344,6 +358,9 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                             stats += got
                     row = _row(cfg, loss, stats, errors, timeouts, floor_s, chunks, reps,
                                round_timeout)
+                    if tcp0 is not None:  # includes agent start-up/warm-up on a clean link
+                        tcp1 = pair.tcp_counters()
+                        row["tcp"] = {k: tcp1[k] - tcp0[k] for k in tcp1}
                     rows.append(row)
                     log(_format_row(row))
             finally:
@@ -435,6 +452,8 @@ def _format_row(r: dict) -> str:
     s = (f"{r['impl']:5} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {r['loss']:5.0%} "
          f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
          f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')}")
+    if r.get("tcp"):
+        s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
     if r.get("timeouts"):
         s += f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the {r['round_timeout_s']:g} s deadline)"
     return s

@@ -1,0 +1,42 @@
+"""The transport bench's physics: ideal passes, bound_s, medians with timeouts, the table."""
+import math
+
+import pytest
+
+from testbed.bench_transport import Config, _row, format_table, ideal_passes
+
+pytestmark = pytest.mark.unit
+
+
+def test_ideal_passes_is_ceil_ln_p_over_ln_loss():
+    assert ideal_passes(0.008, 0.0, 2929) == 1
+    assert ideal_passes(0.008, 0.5, 2929) == math.ceil(math.log(0.008) / math.log(0.5)) == 7
+    assert ideal_passes(0.008, 0.8, 2929) == 22
+    assert ideal_passes(0.408, 0.1, 2929) == 1  # one pass already loses less than P
+    assert ideal_passes(0.0, 0.5, 2929) == math.ceil(math.log(0.5 / 2929) / math.log(0.5))
+
+
+def _stats(lat, passes=3):
+    return {"latency_s": lat, "passes_push": passes, "passes_pull": passes - 1,
+            "probe_rounds": 2, "missing_at_stop": 0.0, "pull_missing": 0.0, "rtt_s": 0.001}
+
+
+def test_row_bound_and_median_with_timeouts():
+    cfg = Config("dblp", "static", 0.408, "udp")
+    row = _row(cfg, 0.5, [_stats(1.0), _stats(3.0)], ["PeerTimeout"], 1, 0.3, 2929, 3, 30)
+    assert row["bound_s"] == pytest.approx(0.3 * 2 * 0.592 / 0.5)
+    assert row["round_trip_s"] == 3.0  # median of [1, 3, inf]
+    assert row["passes"] == 3 and row["timeouts"] == 1
+    row = _row(cfg, 0.5, [_stats(1.0)], ["x", "y"], 2, 0.3, 2929, 3, 30)
+    assert row["round_trip_s"] is None and row["ratio"] is None
+    gloo = _row(Config("gloo", "reliable", 0.0, "tcp"), 0.1, [{"latency_s": 0.5}], [], 0,
+                0.3, 2929, 1, 30)
+    assert gloo["bound_s"] == pytest.approx(0.3 / 0.9) and gloo["passes"] is None
+
+
+def test_table_reports_speedups():
+    a = _row(Config("dblp", "static", 0.008, "udp"), 0.8, [_stats(3.4)], [], 0, 0.3, 2929, 1, 30)
+    b = _row(Config("dblp", "static", 0.408, "udp"), 0.8, [_stats(2.0)], [], 0, 0.3, 2929, 1, 30)
+    doc = {"floor_s": 0.3, "bytes": 1, "rate_bps": 1e8, "reps": 1, "losses": [0.8], "rows": [a, b]}
+    text = format_table(doc)
+    assert "udp loss  80%: 1.70x" in text and "round_trip_s" in text
