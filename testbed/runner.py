@@ -133,7 +133,13 @@ class ArmRun:
         self.transport, self.control = ARMS[arm]
         self.raw = run_dir / "raw" / arm
         self.raw.mkdir(parents=True, exist_ok=True)
-        self.server, self.workers = server, workers
+        self.server = server
+        # gloo has no aggregation server; its rank 0 (the rendezvous master
+        # and the ring's first hop) takes the server's host instead of
+        # worker 0's, so a burst aimed at the server's links hits gloo's
+        # traffic exactly as it hits the parameter server's. Every host sits
+        # in another pod, so no rank gains a shorter path by the move.
+        self.workers = [server] + workers[1:] if self.transport == "gloo" else list(workers)
         self.procs = ProcessGroup()
         self.captures = ProcessGroup()
 
@@ -181,7 +187,7 @@ class ArmRun:
         env.update({
             "DBLP_CONTROL_SOCKET": str(self.fab.control_socket),
             "WORLD_SIZE": str(len(self.workers)),
-            "MASTER_ADDR": self.fab.ip(self.server if self.transport != "gloo" else self.workers[0]),
+            "MASTER_ADDR": self.fab.ip(self.workers[0] if self.transport == "gloo" else self.server),
             "MASTER_PORT": str(self.port),
             "OMP_NUM_THREADS": "1",
             "GLOO_SOCKET_IFNAME": "",
@@ -228,8 +234,12 @@ class ArmRun:
         if not self.spec["capture"]["enabled"]:
             return
         roles = {"server": self.server, **{f"worker{i}": h for i, h in enumerate(self.workers)}}
+        seen = set()
         for role in self.spec["capture"]["hosts"]:
             host = roles[role]
+            if host in seen:  # gloo: rank 0 sits on the server's host
+                continue
+            seen.add(host)
             self.captures.start(
                 f"tcpdump-{role}",
                 ["tcpdump", "-i", self.fab.intf(host), "-s", str(self.spec["capture"]["snaplen"]),
