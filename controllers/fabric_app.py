@@ -14,10 +14,8 @@ JSON file named by env ``DBLP_FABRIC_CONFIG``; ``controllers.run`` sets it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
-import subprocess
 import threading
 import time
 

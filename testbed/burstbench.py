@@ -136,7 +136,6 @@ def round_trigger_tries(fab, tries=20, round_ms=100.0, at_round=3, rounds=6, p=0
             s, e = spans[at_round]
             overlap = max(0, min(e, rec["actual_end_ns"]) - max(s, rec["actual_start_ns"]))
             cover = overlap / (e - s)
-            spill = max(0, rec["actual_end_ns"] - e) + max(0, s - rec["actual_start_ns"])
             covers.append(cover)
             lags.append((rec["actual_start_ns"] - s) / 1e6)
             ends.append((rec["actual_end_ns"] - e) / 1e6)

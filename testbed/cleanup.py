@@ -88,6 +88,40 @@ def kill_pid(pid: int, expect: str | None = None, group: bool = False, grace: fl
     return True
 
 
+def kill_many(records, grace: float = 2.0) -> list:
+    """Signal every matching PID at once, wait up to ``grace`` in total, then SIGKILL.
+
+    Records: dicts with pid, expect (cmdline substring), group (signal the
+    process group), sig (first signal; host shells get SIGKILL because an
+    interactive bash ignores SIGTERM, which made a 16-host tear-down take 32 s).
+    """
+    live = []
+    for r in records:
+        cl = cmdline(r["pid"])
+        if not cl or (r.get("expect") and r["expect"] not in cl):
+            continue
+        try:
+            (os.killpg if r.get("group") else os.kill)(r["pid"], r.get("sig", signal.SIGTERM))
+            live.append(r)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.time() + grace
+    while time.time() < deadline and any(cmdline(r["pid"]) for r in live):
+        for r in live:
+            try:
+                os.waitpid(r["pid"], os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.05)
+    for r in live:
+        if cmdline(r["pid"]):
+            try:
+                (os.killpg if r.get("group") else os.kill)(r["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return [r["pid"] for r in live]
+
+
 def project_bridges() -> list:
     r = _run(["ovs-vsctl", "--timeout=10", "list-br"])
     if r is None or r.returncode:
@@ -143,9 +177,9 @@ def leftovers() -> dict:
 
 def clean_state(state: dict, report: dict):
     """Kill the PIDs one fabric recorded (controller, helpers, host shells)."""
-    for rec in state.get("processes", []):
-        if kill_pid(rec["pid"], rec.get("expect"), group=rec.get("group", False)):
-            report["processes"].append(rec["pid"])
+    recs = [dict(r, sig=signal.SIGKILL) if str(r.get("expect", "")).startswith("mininet:") else r
+            for r in state.get("processes", [])]
+    report["processes"] += kill_many(recs)
     for b in state.get("bridges", []):
         if SWITCH_NAME_RE.match(b):
             r = _run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", b])
@@ -173,9 +207,8 @@ def clean(only_state: dict | None = None) -> dict:
     hosts = None
     if only_state is not None:
         hosts = set(only_state.get("hosts", []))
-    for pid in project_host_shells(hosts):
-        if kill_pid(pid, "mininet:", grace=1.0):
-            report["host_shells"].append(pid)
+    report["host_shells"] += kill_many([{"pid": pid, "expect": "mininet:", "sig": signal.SIGKILL}
+                                        for pid in project_host_shells(hosts)], grace=1.0)
     own_bridges = set(only_state.get("bridges", [])) if only_state is not None else None
     for b in project_bridges():
         if own_bridges is None or b in own_bridges:

@@ -402,7 +402,7 @@ class Fabric:
                 try:
                     self.net.stop()
                 except Exception as e:  # fall through to the name-based clean-up
-                    self.log(f"mininet stop failed ({e}); cleaning by name")
+                    self.log(f"mininet stop failed ({type(e).__name__}: {e}); cleaning by name")
             cleanup.clean(only_state=self._state)
             self._state = None
         finally:

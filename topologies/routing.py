@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ETH_IP, ETH_ARP = 0x0800, 0x0806
 PROTO = {"udp": 17, "tcp": 6}

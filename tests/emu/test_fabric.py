@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from testbed import netcheck
-from testbed.fabric import Fabric, control_request
+from testbed.fabric import Fabric
 from topologies import FatTreeTopo
 
 pytestmark = pytest.mark.emu
