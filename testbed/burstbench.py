@@ -159,7 +159,7 @@ def run_bench(fab, loss_ps=(0.6, 0.8, 0.9), duration_ms=500.0, tries=20) -> dict
         row["requested"] = p
         rows.append(row)
     # police: a 1000 B x 1000 pps = 8 Mbit/s flow through a 2 Mbit/s meter
-    offered = 1000 * 8 * 1000 / 1e6
+    offered = 1042 * 8 * 1000 / 1e6  # frame bits: the meter counts L2 bytes
     rate = 2.0
     row = measure_window(fab, "police", {"rate_mbps": rate}, duration_ms=duration_ms,
                          rate_pps=1000, pkt_bytes=1000, tag="police2m")

@@ -50,7 +50,8 @@ def test_net_check_json_and_nothing_left(foreign_bridge, tmp_path):
                                      text=True).stdout.split()
 
 
-def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path):
+@pytest.mark.parametrize("after_s", [0.1, 1.2])
+def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path, after_s):
     p = subprocess.Popen([CLI, "net", "check", "--json",
                           "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -58,7 +59,7 @@ def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and not cleanup.project_bridges():
         time.sleep(0.05)
-    time.sleep(0.1)
+    time.sleep(after_s)
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=120)
     assert p.returncode != 0
