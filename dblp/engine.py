@@ -408,7 +408,6 @@ class Engine:
         self.stop_repeat_s = stop_repeat_s
         self._rtt_args = (initial_rto, min_rto, max_rto)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):
             try:
                 self.sock.setsockopt(socket.SOL_SOCKET, force, sock_buf)  # *BUFFORCE (root)
@@ -435,6 +434,7 @@ class Engine:
         self.early_cap = early_cap
         self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
         self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
+        self.closed_peers: set[int] = set()  # peers whose TCP control connection closed
         self.tcp_accept_handler = None
         self.bytes_sent = 0
         self.progress = False
@@ -667,7 +667,11 @@ class Engine:
                 pass
             if conn.peer is None or self.tcp.get(conn.peer) is not conn:
                 return
-            raise PeerClosed(f"rank {conn.peer} closed its TCP control connection")
+            # Normal after a peer's last round; an error only if this round still needs
+            # the peer (``run_until``'s ``check`` raises PeerClosed then).
+            self.closed_peers.add(conn.peer)
+            for key in [k for k in self.pending_finals if k[0] == conn.peer]:
+                del self.pending_finals[key]
 
     def register_tcp(self, conn: TcpControl) -> None:
         self.sel.register(conn.sock, selectors.EVENT_READ, conn)
@@ -719,12 +723,21 @@ class Engine:
             sent += 1
         return now if active else math.inf
 
-    def run_until(self, done, deadline: float, describe) -> None:
-        """Drive I/O until ``done()`` or raise PeerTimeout at ``deadline``."""
+    def run_until(self, done, deadline: float, describe, needs=None) -> None:
+        """Drive I/O until ``done()`` or raise PeerTimeout at ``deadline``.
+
+        ``needs()`` returns the peers the caller still waits for; one of them with a
+        closed TCP control connection raises PeerClosed at once.
+        """
         while True:
             now = time.monotonic()
             if done():
                 return
+            if self.closed_peers and needs is not None:
+                gone = self.closed_peers & set(needs())
+                if gone:
+                    raise PeerClosed(f"rank {min(gone)} closed its TCP control connection in "
+                                     f"round {self.round}: {describe()}")
             if now >= deadline:
                 raise PeerTimeout(describe())
             t_timer = self._fire_timers(now)

@@ -254,7 +254,16 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
         return (f"rank {me}, round {eng.round}: no completion before the round deadline; "
                 f"still waiting for: " + "; ".join(waiting[:6]) + (" ..." if len(waiting) > 6 else ""))
 
-    eng.run_until(all_done, deadline, describe)
+    def needs() -> set:
+        peers = {s.peer for s in push_senders if s.state != DONE}
+        peers |= {r.peer for r in pull_receivers if r.final is None}
+        peers |= {r.peer for r in push_receivers if not r.stopped}
+        for info in owned.values():
+            if info["pull"] is not None:
+                peers |= {m for m, s in info["pull"].senders.items() if s.state != DONE}
+        return peers
+
+    eng.run_until(all_done, deadline, describe, needs)
     res = RoundResult(push_senders, pull_receivers, push_receivers,
                       [i["pull"] for i in owned.values()])
     res.total_chunks = sum(p.chunks for p in parts)

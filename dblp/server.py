@@ -65,14 +65,25 @@ class ParameterServer:
         self.idle_timeout = float(idle_timeout)
         self.session_id = session_id or new_session_id()
         self.rank = world_size
-        self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
-                             control=control, rate_bps=rate_bps, fault_rx_drop=fault_rx_drop)
-        self.port = self.engine.address[1]
         self.listen = None
-        if control == "tcp":
+        for attempt in range(20):
+            self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
+                                 control=control, rate_bps=rate_bps, fault_rx_drop=fault_rx_drop)
+            self.port = self.engine.address[1]
+            if control != "tcp":
+                break
+            # TCP control listens on the same port number as the UDP socket.
             self.listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             self.listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.listen.bind((host, self.port))
+            try:
+                self.listen.bind((host, self.port))
+                break
+            except OSError:
+                self.listen.close()
+                self.engine.close()
+                if port != 0 or attempt == 19:
+                    raise
+        if self.listen is not None:
             self.listen.listen(world_size + 8)
         self.round = -1
         self.joined = False
