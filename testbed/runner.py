@@ -124,6 +124,14 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
         return "ok"
 
 
+def measure_rtt_ms(fab, src: str, dst: str) -> float | None:
+    """Median idle RTT worker->server: the per-pass cost in the round bound."""
+    import re
+    res = fab.run(src, ["ping", "-c", "7", "-i", "0.2", "-W", "2", fab.ip(dst)], timeout=20)
+    rtts = sorted(float(x) for x in re.findall(r"time=([0-9.]+) ms", res.stdout))[1:]
+    return rtts[len(rtts) // 2] if rtts else None
+
+
 class ArmRun:
     """One arm: the server (if any), the workers and the captures, supervised."""
 
