@@ -130,6 +130,11 @@ def place_speedup(speedup: float, p_low: float, p_high: float) -> dict:
     lo, hi = bandwidth_ratio(p_low, p_high), pass_ratio(p_low, p_high)
     out = {"p_low": p_low, "p_high": p_high, "bandwidth_ratio": lo, "pass_ratio": hi,
            "speedup": speedup, "position": None, "fraction": None}
+    if p_high <= p_low:
+        # DBLP sat in its critical phase (P = P_low) in the burst rounds: the
+        # bound gives it no advantage, both ratios are 1.
+        out["position"] = "not applicable: DBLP used P_low in its burst rounds (critical phase)"
+        return out
     if any(not math.isfinite(x) for x in (speedup, lo, hi)):
         return out
     if speedup < lo:

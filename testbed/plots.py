@@ -53,6 +53,7 @@ def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
                 ax.axvspan((bb.actual_start_ns - t0) / 1e9, (bb.actual_end_ns - t0) / 1e9,
                            color="crimson", alpha=0.2, lw=0)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_ylabel("ms")

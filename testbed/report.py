@@ -268,9 +268,13 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
                                     ("sent_packets", "sent_bytes", "recv_packets",
                                      "retransmissions", "drops")])
     sec.append({"title": "Packets (from the captures)",
-                "text": [] if rows else ["No captures in raw/."],
+                "text": ["Sent: packets the captured hosts transmitted; received: packets the "
+                         "captured hosts received; drops: sent minus received on flows captured "
+                         "at both ends only (see packets.csv per round and flow)."]
+                if rows else ["No captures in raw/."],
                 "tables": [(["arm", "direction", "sent pkts", "sent bytes", "recv pkts",
-                             "retransmissions", "drops"], rows)] if rows else []})
+                             "retransmissions", "drops (both ends captured)"], rows)]
+                if rows else []})
     fid = [[arm, json.dumps(v, sort_keys=True)] for arm, v in s["fidelity"].items() if v]
     if fid:
         sec.append({"title": "Per-arm run record (manifest: fidelity checks, exit state)",

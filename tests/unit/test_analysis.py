@@ -313,3 +313,8 @@ def test_paper_arms_pair_each_dblp_with_its_control_path(tmp_path):
     assert pairs["dblp-tcp_vs_static-tcp"]["position"] == "above the pass-bound ratio"
     md = (run / "report.md").read_text()
     assert "dblp-tcp burst speedup" in md and "Several control paths ran" in md
+
+
+def test_dblp_in_critical_phase_is_not_placed():
+    pl = physics.place_speedup(1.17, 0.008, 0.008)
+    assert pl["position"].startswith("not applicable") and pl["fraction"] is None
