@@ -149,7 +149,7 @@ def _packet_summary(table, arms) -> dict:
         for d, g in t.groupby("direction"):
             out[arm][d] = {c: float(g[c].sum(min_count=1)) if g[c].notna().any() else None
                            for c in ("sent_packets", "sent_bytes", "recv_packets", "retransmissions",
-                                     "drops")}
+                                     "drops", "control_packets")}
     return out
 
 
@@ -265,15 +265,17 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
     for arm, dirs in sorted(s["packets"].items()):
         for d, v in sorted(dirs.items()):
             rows.append([arm, d] + [_f(v[c], "{:.0f}") for c in
-                                    ("sent_packets", "sent_bytes", "recv_packets",
-                                     "retransmissions", "drops")])
+                                    ("sent_packets", "control_packets", "sent_bytes",
+                                     "recv_packets", "retransmissions", "drops")])
     sec.append({"title": "Packets (from the captures)",
-                "text": ["Sent: packets the captured hosts transmitted; received: packets the "
-                         "captured hosts received; drops: sent minus received on flows captured "
-                         "at both ends only (see packets.csv per round and flow)."]
+                "text": ["Direction: push = to the aggregation server, pull = from it (its "
+                         "control replies included), peer = between workers. Sent: packets the "
+                         "captured hosts transmitted; received: packets the captured hosts "
+                         "received; drops: sent minus received on flows captured at both ends "
+                         "only (packets.csv has them per round and flow)."]
                 if rows else ["No captures in raw/."],
-                "tables": [(["arm", "direction", "sent pkts", "sent bytes", "recv pkts",
-                             "retransmissions", "drops (both ends captured)"], rows)]
+                "tables": [(["arm", "direction", "sent pkts", "of which control", "sent bytes",
+                             "recv pkts", "retransmissions", "drops (both ends captured)"], rows)]
                 if rows else []})
     fid = [[arm, json.dumps(v, sort_keys=True)] for arm, v in s["fidelity"].items() if v]
     if fid:
