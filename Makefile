@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit clean
+.PHONY: setup run test unit clean reference
 
 setup:
 	./setup.sh
@@ -23,3 +23,14 @@ unit: setup
 
 clean: setup
 	$(VENV)/bin/dblp-testbed clean
+
+# Refresh results/reference/ci.json: three runs of the `ci` preset, their
+# medians as the reference and their run-to-run spread as the tolerances.
+REF_RUNS ?= 3
+reference: setup
+	@stamp=$$(date -u +%Y%m%dT%H%M%SZ); dirs=""; \
+	for i in $$(seq 1 $(REF_RUNS)); do \
+	  d=results/reference-runs/$$stamp-$$i; \
+	  $(VENV)/bin/dblp-testbed run --preset ci --out $$d || exit 1; dirs="$$dirs $$d"; \
+	done; \
+	$(VENV)/bin/dblp-testbed compare $$dirs --reference results/reference/ci.json --update

@@ -58,6 +58,10 @@ class BurstSpec:
     at_s: float | None = None            # seconds after the arm's first round event
     rounds: int | None = None            # on until round at_round+rounds-1 ends
     duration_ms: float | None = None
+    # With `rounds`: end after this long even if the round has not ended. A
+    # transport that cannot finish a round under the burst (TCP backing off
+    # under 80 % loss) then sees a long burst instead of an endless outage.
+    max_ms: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict, default_id: str = "b", where: str = "burst") -> "BurstSpec":
@@ -76,6 +80,9 @@ class BurstSpec:
         at_s = _num(d, "at_s", 0, 86400, where, required=trigger == "time")
         rounds = _num(d, "rounds", 1, 100000, where, integer=True, required=False)
         duration = _num(d, "duration_ms", 0.001, 3.6e6, where, required=False)
+        max_ms = _num(d, "max_ms", 0.001, 3.6e6, where, required=False)
+        if max_ms is not None and rounds is None:
+            raise BurstError(f"{where}.max_ms only goes with rounds; give duration_ms instead")
         if (rounds is None) == (duration is None):
             raise BurstError(f"{where} needs exactly one of duration_ms and rounds")
         if rounds is not None and trigger != "round":
@@ -83,7 +90,7 @@ class BurstSpec:
         return cls(id=str(d.get("id", default_id)), kind=kind, target=target,
                    params=validate_params(kind, d.get("params", {}) or {}, f"{where}.params"),
                    trigger=trigger, at_round=at_round, at_s=at_s, rounds=rounds,
-                   duration_ms=duration)
+                   duration_ms=duration, max_ms=max_ms)
 
     @property
     def last_round(self):

@@ -301,8 +301,11 @@ class FabricController(BaseApp):
                 if key not in self.active and not any(
                         r.arm == arm and r.spec.id == spec.id for r in self.done):
                     rec = BurstRecord(spec, arm, requested_start_ns=t_ns, round=rnd)
-                    self._start(key, rec, end_at_ns=None if spec.rounds else
-                                t_ns + int(spec.duration_ms * 1e6))
+                    if spec.rounds:
+                        end = t_ns + int(spec.max_ms * 1e6) if spec.max_ms else None
+                    else:
+                        end = t_ns + int(spec.duration_ms * 1e6)
+                    self._start(key, rec, end_at_ns=end)
         else:
             for spec in self.schedule.ending_after_round(rnd):
                 key = (arm, spec.id)

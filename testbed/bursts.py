@@ -22,6 +22,8 @@ def resolve_bursts(spec: Spec) -> list[dict]:
             req.update(trigger="time", at_s=b["at_s"])
         if "rounds" in b:
             req["rounds"] = b["rounds"]
+            if "max_ms" in b:
+                req["max_ms"] = b["max_ms"]
         else:
             req["duration_ms"] = b["duration_ms"]
         out.append(req)
@@ -42,7 +44,8 @@ def resolve_bursts(spec: Spec) -> list[dict]:
                 continue
             taken.update(range(r, r + gen["rounds"]))
             out.append({"kind": gen["kind"], "target": gen["target"], "params": {"p": gen["p"]},
-                        "trigger": "round", "at_round": r, "rounds": gen["rounds"]})
+                        "trigger": "round", "at_round": r, "rounds": gen["rounds"],
+                        "max_ms": gen["max_ms"]})
     out.sort(key=lambda b: (b.get("at_round", -1), b.get("at_s", -1)))
     for i, b in enumerate(out):
         b["id"] = f"b{i:03d}"

@@ -30,13 +30,13 @@ PRESETS = {
         "burst_every": {"enabled": False},
         "bursts": [
             {"at_round": 40, "rounds": 1, "kind": "loss", "target": "server-downlink",
-             "params": {"p": 0.6}},
+             "max_ms": 3000.0, "params": {"p": 0.6}},
             {"at_round": 80, "rounds": 1, "kind": "loss", "target": "server-downlink",
-             "params": {"p": 0.7}},
+             "max_ms": 3000.0, "params": {"p": 0.7}},
             {"at_round": 120, "rounds": 1, "kind": "loss", "target": "server-downlink",
-             "params": {"p": 0.8}},
+             "max_ms": 3000.0, "params": {"p": 0.8}},
             {"at_round": 160, "rounds": 1, "kind": "loss", "target": "server-downlink",
-             "params": {"p": 0.9}},
+             "max_ms": 3000.0, "params": {"p": 0.9}},
         ],
     },
     "ci": {
@@ -59,6 +59,6 @@ PRESETS = {
         "capture": {"enabled": True},
         "burst_every": {"enabled": False},
         "bursts": [{"at_round": 6, "rounds": 1, "kind": "loss", "target": "server-downlink",
-                    "params": {"p": 0.8}}],
+                    "max_ms": 3000.0, "params": {"p": 0.8}}],
     },
 }

@@ -90,6 +90,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
         "every": (int, 0),
         "start_round": (int, 10),
         "rounds": (int, 1),
+        # A round-length burst also ends after max_ms (see controllers/bursts.py).
+        "max_ms": ((int, float), 3000.0),
         "kind": (str, "loss"),
         "target": (str, "server-downlink"),
         "p": ((int, float), 0.8),
@@ -106,7 +108,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
 }
 BURST_FIELDS = {
     "at_round": int, "at_s": (int, float), "duration_ms": (int, float),
-    "rounds": int, "target": str, "kind": str, "params": dict,
+    "rounds": int, "max_ms": (int, float), "target": str, "kind": str, "params": dict,
 }
 
 
@@ -310,6 +312,7 @@ def validate(data: dict) -> Spec:
     _in("burst_every.start_round", gen["start_round"], 0, 100_000, "use a round >= 0")
     _in("burst_every.rounds", gen["rounds"], 1, 1000, "use 1..1000 rounds per burst")
     _in("burst_every.p", gen["p"], 0, 1, "use a loss probability in [0, 1]")
+    _in("burst_every.max_ms", gen["max_ms"], 1, 600_000, "use a cap of 1..600000 ms")
     _check_target("burst_every.target", gen["target"], topo, place["workers"])
 
     for i, b in enumerate(data["bursts"]):
@@ -333,6 +336,11 @@ def validate(data: dict) -> Spec:
                 "use a positive duration in ms", lo_open=True)
         if "rounds" in b:
             _in(f"{where}.rounds", b["rounds"], 1, 1000, "use 1..1000 rounds")
+        if "max_ms" in b:
+            if "rounds" not in b:
+                raise SpecError(f"{where}.max_ms", "only goes with rounds",
+                                "use duration_ms for a fixed-length burst")
+            _in(f"{where}.max_ms", b["max_ms"], 1, 600_000, "use a cap of 1..600000 ms")
         p = b["params"].get("p")
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
                               or not 0 <= p <= 1):
