@@ -163,6 +163,10 @@ def _agent_dblp(args: dict) -> None:
     if role == "server":
         obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, policy, session_id=args["session"],
                                    idle_timeout=args["round_timeout"] + 30, **common, **knobs)
+    elif role == "peer":  # sharded mode, two ranks: each aggregates half
+        obj = dblp.TransportGroup(args["rank"], 2, args["server"], args["port"], mode="sharded",
+                                  policy=policy, session_id=args["session"], **common, **knobs)
+        grad = np.random.default_rng(args["rank"]).standard_normal(args["numel"]).astype(np.float32)
     else:
         obj = dblp.TransportGroup(0, 1, args["server"], args["port"], policy=policy,
                                   session_id=args["session"], **common, **knobs)
@@ -281,19 +285,24 @@ class Config:
     policy: str  # reliable | static
     bound: float
     control: str  # udp | tcp
+    mode: str = "ps"  # dblp: "ps" (worker + aggregator) or "sharded" (two peers)
 
     @property
     def label(self) -> str:
         if self.impl == "gloo":
             return "gloo all_reduce"
-        return f"{self.policy} P={self.bound:.1%} {self.control}"
+        return f"{self.policy} P={self.bound:.1%} {self.control} {self.mode}"
 
 
-def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True):
+def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True,
+                    sharded=True):
     cfgs = []
     for control in controls:
         for b in bounds:
             cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control))
+    if sharded:  # like gloo: both hosts send at once (UDP control; TCP is PS-only)
+        for b in bounds:
+            cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp", "sharded"))
     if gloo:
         cfgs.append(Config("gloo", "reliable", 0.0, "tcp"))
     return cfgs
@@ -383,8 +392,12 @@ def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -
         base = {"kind": "dblp", "policy": cfg.policy, "knobs": knobs, "control": cfg.control,
                 "rate_bps": rate_bps, "round_timeout": round_timeout, "port": port,
                 "numel": numel, "session": int(uuid.uuid4().int >> 65) | 1}
-        agents = [Agent(pair, 1, dict(base, role="server")),
-                  Agent(pair, 0, dict(base, role="worker", server=pair.ip[1]))]
+        if cfg.mode == "sharded":
+            agents = [Agent(pair, 0, dict(base, role="peer", rank=0, server=pair.ip[0])),
+                      Agent(pair, 1, dict(base, role="peer", rank=1, server=pair.ip[0]))]
+        else:
+            agents = [Agent(pair, 1, dict(base, role="server")),
+                      Agent(pair, 0, dict(base, role="worker", server=pair.ip[1]))]
         ready_timeout = 60
     for a in agents:
         r = a.read(ready_timeout)
@@ -401,7 +414,8 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config):
     for a in agents:
         a.send({"cmd": "rounds", "rounds": n})
     replies = [a.read(n * round_timeout + 30) for a in agents]
-    worker = replies[0] if cfg.impl == "gloo" else replies[1]
+    # whose clock: gloo rank 0, the PS worker, sharded rank 0 (all in namespace a)
+    worker = replies[1] if (cfg.impl == "dblp" and cfg.mode == "ps") else replies[0]
     err = "; ".join(r["error"] for r in replies if not r.get("ok")) or None
     return worker.get("stats", []), err
 
@@ -413,6 +427,10 @@ def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeout
         need = 1.0 / (1 - p)  # 2-rank ring: each rank sends the tensor once, both ways at once
         passes = None
         ideal = None
+    elif cfg.mode == "sharded":
+        need = (1 - cfg.bound) / (1 - p)  # each direction: half pushed + half pulled
+        passes = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
+        ideal = ideal_passes(cfg.bound, p, chunks)
     else:
         need = 2 * (1 - cfg.bound) / (1 - p)  # push + pull, same bound on both
         passes = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
@@ -422,7 +440,7 @@ def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeout
     rt = None if math.isinf(rt) else rt
     bound_s = floor_s * need
     row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
-           "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
+           "mode": cfg.mode if cfg.impl == "dblp" else "allreduce", "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
            "ratio": (rt / bound_s) if rt else None, "passes": passes, "ideal_passes": ideal,
            "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
            "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None}
@@ -444,12 +462,13 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-HEADER = (f"{'impl':5} {'policy':8} {'bound':>6} {'ctrl':4} {'loss':>5} {'round_trip_s':>12} "
+HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'loss':>5} {'round_trip_s':>12} "
           f"{'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5}")
 
 
 def _format_row(r: dict) -> str:
-    s = (f"{r['impl']:5} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {r['loss']:5.0%} "
+    impl = r["impl"] + ("/sh" if r.get("mode") == "sharded" else "")
+    s = (f"{impl:7} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {r['loss']:5.0%} "
          f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
          f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')}")
     if r.get("tcp"):
@@ -468,14 +487,22 @@ def format_table(doc: dict) -> str:
         for loss in doc["losses"]:
             a = _find(doc, "static", 0.008, control, loss)
             b = _find(doc, "static", 0.408, control, loss)
-            if a and b and a["round_trip_s"] and b["round_trip_s"]:
-                lines.append(f"  {control} loss {loss:4.0%}: {a['round_trip_s'] / b['round_trip_s']:.2f}x")
+            if not (a and b and b["round_trip_s"]):
+                continue
+            if a["round_trip_s"]:
+                lines.append(f"  {control} loss {loss:4.0%}: "
+                             f"{a['round_trip_s'] / b['round_trip_s']:.2f}x")
+            else:
+                lines.append(f"  {control} loss {loss:4.0%}: > "
+                             f"{a['round_timeout_s'] / b['round_trip_s']:.1f}x (static 0.8 % "
+                             "missed the deadline)")
     return "\n".join(lines)
 
 
 def _find(doc, policy, bound, control, loss):
     for r in doc["rows"]:
-        if r["impl"] == "dblp" and r["policy"] == policy and abs(r["bound"] - bound) < 1e-9 \
+        if r["impl"] == "dblp" and r.get("mode", "ps") == "ps" and r["policy"] == policy \
+                and abs(r["bound"] - bound) < 1e-9 \
                 and r["control"] == control and r["loss"] == loss:
             return r
     return None
@@ -492,12 +519,13 @@ def _find(doc, policy, bound, control, loss):
 @click.option("--controls", default="udp,tcp", show_default=True)
 @click.option("--bounds", default="0,0.008,0.408", show_default=True)
 @click.option("--no-gloo", is_flag=True, help="Skip the torch.distributed gloo rows.")
+@click.option("--no-sharded", is_flag=True, help="Skip the DBLP sharded-mode rows.")
 @click.option("--round-timeout", type=float, default=30.0, show_default=True,
               help="Per-round deadline; a row that misses it is reported as failed.")
 @click.option("--quick", is_flag=True,
               help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo.")
 def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
-                  round_timeout, quick):
+                  no_sharded, round_timeout, quick):
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
         raise click.UsageError("bench transport needs root (network namespaces)")
@@ -516,10 +544,11 @@ def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, 
     if reps < 1:
         raise click.BadParameter("must be >= 1", param_hint="--reps")
     if quick:
-        reps, loss_list, mbytes, ctl, no_gloo = 2, (0.0, 0.5), 1.0, ("udp",), True
+        reps, loss_list, mbytes, ctl, no_gloo, no_sharded = 2, (0.0, 0.5), 1.0, ("udp",), True, True
         bound_list = (0.0, 0.408)
     numel = int(mbytes * (1 << 20)) // 4
-    cfgs = default_configs(bound_list, ctl, gloo=not no_gloo)
+    cfgs = default_configs(bound_list, ctl, gloo=not no_gloo,
+                           sharded=not no_sharded and "udp" in ctl)
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     click.echo(HEADER)
