@@ -508,11 +508,24 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         static = arm.replace("dblp", "static", 1)
         if static not in arms:
             continue
+        # P_low: the static arm's bound; P_high: DBLP's relaxed bound, the largest
+        # it used (equal to P_low if it never left its critical phase).
         p_low = arms[static]["burst_round_bound_p50"]
-        p_high = arms[arm]["burst_round_bound_p50"]
+        db = rounds[rounds["arm"] == arm]["bound"].to_numpy(dtype=float) if len(rounds) else []
+        p_high = float(np.nanmax(db)) if np.isfinite(db).any() else math.nan
         s = speedups[f"{arm}_vs_{static}"]["burst_round"]
         if all(math.isfinite(x) for x in (p_low, p_high)):
-            physics["pairs"][f"{arm}_vs_{static}"] = phys.place_speedup(s, p_low, p_high)
+            pl = phys.place_speedup(s, p_low, p_high)
+            # The same ratio over only the burst rounds DBLP met in its relaxed
+            # phase (bound above P_low): what the phase-aware bound itself buys.
+            rd = rounds[(rounds["arm"] == arm) & rounds["in_burst"] & (rounds["bound"] > p_low)]
+            rs = rounds[(rounds["arm"] == static) & rounds["in_burst"]]
+            relaxed = _ratio(rs["latency_ms"].to_numpy(dtype=float),
+                             rd["latency_ms"].to_numpy(dtype=float), "relaxed burst-round",
+                             f"{arm}_vs_{static}")
+            pl["speedup_relaxed_rounds"] = relaxed["ratio"]
+            pl["relaxed_rounds"] = relaxed["n_arm"]
+            physics["pairs"][f"{arm}_vs_{static}"] = pl
     ok = [a for a in raw.arms if arms[a]["status"] == "ok"]
     status = "ok" if raw.arms and len(ok) == len(raw.arms) else ("partial" if ok else "failed")
     targets = _targets(arms, speedups, physics)

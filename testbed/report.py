@@ -233,7 +233,10 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
                     f"{_f(pl['pass_ratio'])}x: {pl['position'] or 'not placeable'}"
                     + (f" (fraction {_f(pl['fraction'])} of the way)" if pl["fraction"] is not None else "")
                     + (f"; the paper reports up to 5.88x, this is {pl['speedup'] / 5.88:.0%} of it"
-                       if pl["speedup"] else "") + ".")
+                       if pl["speedup"] else "")
+                    + (f". Over the {pl['relaxed_rounds']} burst round(s) DBLP met in its relaxed "
+                       f"phase only: {_f(pl.get('speedup_relaxed_rounds'))}x"
+                       if pl.get("relaxed_rounds") else "") + ".")
     if len(ph["pairs"]) > 1:
         text.append("Several control paths ran (the paper used TCP control): compare their "
                     "positions above. Expensive passes (a lost TCP control segment costs a "

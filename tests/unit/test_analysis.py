@@ -318,3 +318,19 @@ def test_paper_arms_pair_each_dblp_with_its_control_path(tmp_path):
 def test_dblp_in_critical_phase_is_not_placed():
     pl = physics.place_speedup(1.17, 0.008, 0.008)
     assert pl["position"].startswith("not applicable") and pl["fraction"] is None
+
+
+def test_relaxed_phase_speedup(tmp_path):
+    # dblp's round 3 falls in its critical phase (bound 0.008) here: only round 7 is relaxed.
+    run = make_run(tmp_path / "run")
+    for rank in range(WORKERS):
+        f = run / "raw" / "dblp" / f"worker{rank}.jsonl"
+        lines = [json.loads(x) for x in f.read_text().splitlines()]
+        for e in lines:
+            if e["event"] == "round" and e["round"] == 3:
+                e["bound"], e["phase"] = 0.008, "critical"
+        f.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    s = build_outputs(run, figures=False)
+    pl = s["physics"]["pairs"]["dblp_vs_static"]
+    assert pl["relaxed_rounds"] == 1 and pl["speedup_relaxed_rounds"] == pytest.approx(4.0)
+    assert pl["p_high"] == pytest.approx(0.408)   # DBLP's relaxed bound, not a median
