@@ -235,6 +235,10 @@ def rounds_table(raw: RawRun, bursts: pd.DataFrame) -> pd.DataFrame:
         for e in raw.events[arm]:
             if e.get("event") != "round" or "round" not in e:
                 continue
+            if not all(isinstance(e.get(k), int) for k in ("round", "t_start_ns", "t_end_ns")):
+                raw.problems.append(f"arm {arm}: round line without integer round/t_start_ns/"
+                                    f"t_end_ns skipped (rank {e.get('rank')})")
+                continue
             if e.get("role") == "server":
                 server[int(e["round"])] = e
             else:
@@ -418,7 +422,7 @@ def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
 def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
               inputs: phys.PhysicsInputs | None, physics_missing: list[str]) -> dict:
     """The summary.json contract of DESIGN.md, plus physics and warnings."""
-    arms, warnings = {}, list(raw.problems)
+    arms, warnings = {}, list(dict.fromkeys(raw.problems))  # rounds_table may run twice
     for arm in raw.arms:
         r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
         lat = r["latency_ms"].to_numpy(dtype=float) if len(r) else np.array([])

@@ -334,3 +334,12 @@ def test_relaxed_phase_speedup(tmp_path):
     pl = s["physics"]["pairs"]["dblp_vs_static"]
     assert pl["relaxed_rounds"] == 1 and pl["speedup_relaxed_rounds"] == pytest.approx(4.0)
     assert pl["p_high"] == pytest.approx(0.408)   # DBLP's relaxed bound, not a median
+
+
+def test_round_line_without_timestamps_is_skipped_and_said(tmp_path):
+    run = make_run(tmp_path / "run")
+    with open(run / "raw" / "static" / "worker2.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "round", "arm": "static", "rank": 2, "round": 99}) + "\n")
+    s = build_outputs(run, figures=False)
+    assert s["arms"]["static"]["rounds"] == ROUNDS
+    assert sum("round line without integer" in w for w in s["warnings"]) == 1
