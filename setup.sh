@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-DEB_PACKAGES=(mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps vagrant)
+DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps vagrant)
 # torch is pinned here, not in pyproject.toml: this machine ships the CPU
 # wheel of 2.13.0 on disk, any other spec would pull a multi-GB CUDA build.
 TORCH_PIN=${TORCH_PIN:-torch==2.13.0}

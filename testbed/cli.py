@@ -108,3 +108,7 @@ bench.add_command(transport_cmd)
 from testbed.net_commands import register as _register_fabric_commands  # noqa: E402
 
 _register_fabric_commands(main)
+
+
+if __name__ == "__main__":
+    main()

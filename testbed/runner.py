@@ -21,6 +21,7 @@ import time
 import click
 
 from testbed.bursts import resolve_bursts
+from testbed.fidelity import BottleneckMonitor
 from testbed.processes import ProcessGroup
 from testbed.rundir import Manifest, new_run_dir
 from testbed.spec import ARMS, Spec
@@ -232,8 +233,10 @@ class ArmRun:
                     self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
                     env=self._env(rank))
             cpu = CpuSampler()
-            self._supervise(cpu)
-            return {"cpu_busy_frac": cpu.busy_fraction()}
+            sw, port = self.fab.topo.host_switch(self.server)
+            link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"])
+            self._supervise(cpu, link)
+            return {"cpu_busy_frac": cpu.busy_fraction(), **link.summary()}
         finally:
             self.procs.stop()
             self.captures.stop(sig=signal.SIGINT)
@@ -255,7 +258,7 @@ class ArmRun:
                 self.raw / f"tcpdump-{role}.out", popen=functools.partial(self.fab.popen, host), critical=False)
         time.sleep(0.3)  # tcpdump needs a moment before it sees packets
 
-    def _supervise(self, cpu: "CpuSampler"):
+    def _supervise(self, cpu: "CpuSampler", link: BottleneckMonitor):
         rounds = self.spec["training"]["rounds"]
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()
@@ -263,6 +266,7 @@ class ArmRun:
         workers = [f"worker{i}" for i in range(len(self.workers))]
         while True:
             cpu.sample()
+            link.sample()
             progress.show()
             if self.fab.controller is not None and self.fab.controller.poll() is not None:
                 raise ArmFailed(f"  the controller (pid {self.fab.controller.pid}) exited with "

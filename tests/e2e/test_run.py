@@ -25,7 +25,7 @@ def project_leftovers() -> dict:
     bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    procs = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    procs = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return {
         "bridges": [b for b in bridges if b.startswith("dt")],
         "veths": [l.split(":")[1].strip() for l in links.splitlines()
@@ -81,7 +81,7 @@ def _wait_for_round(out: pathlib.Path, arm: str, rnd: int, timeout: float = 300)
 
 
 def _pid_of(pattern: str) -> int:
-    for line in subprocess.run(["ps", "-eo", "pid,args"], capture_output=True,
+    for line in subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True,
                                text=True).stdout.splitlines()[1:]:
         pid, args = line.strip().split(None, 1)
         if pattern in args and "pytest" not in args:
