@@ -144,6 +144,15 @@ def test_fuzz_100k_inputs_never_raise_and_stay_bounded(sink):
     assert c.malformed > 10_000 and c.foreign > 1_000 and c.stale > 100
     assert (acc.shape, recvs[0].have.shape, pull_in.have.shape) == shapes
     assert len(eng.early) <= 256 and c.early_dropped > 0
+    # memory stays bounded however long the junk goes on (the early buffer is full now)
+    import tracemalloc
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(20_000):
+        _feed(eng, _mutate(rng, rng.choice(corpus)))
+    grown = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    assert grown < 1 << 20, grown
     eng.close()
 
 
