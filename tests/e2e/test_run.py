@@ -32,8 +32,25 @@ def project_leftovers() -> dict:
                   if l.split(":")[1].strip().startswith(("dt", "srv", "w1", "w2", "w3", "x1"))],
         "nft": [t for t in nft.splitlines() if "dblp" in t],
         "procs": [p for p in procs.splitlines()
-                  if ("workloads." in p or "controllers.run" in p) and "pytest" not in p],
+                  if "-m workloads." in p or "-m controllers." in p],
     }
+
+
+def stop_harness(proc: subprocess.Popen):
+    """A test that failed half-way still lets the harness tear down."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(autouse=True)
+def _isolated():
+    """Whatever a failing test leaves behind must not fail the next one."""
+    yield
+    subprocess.run(CLI + ["clean"], cwd=ROOT, capture_output=True, timeout=120)
 
 
 def start_run(out: pathlib.Path, *extra: str) -> subprocess.Popen:
@@ -84,7 +101,7 @@ def _pid_of(pattern: str) -> int:
     for line in subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True,
                                text=True).stdout.splitlines()[1:]:
         pid, args = line.strip().split(None, 1)
-        if pattern in args and "pytest" not in args:
+        if pattern in args and int(pid) != os.getpid():
             return int(pid)
     raise AssertionError(f"no process matching {pattern}")
 
@@ -113,8 +130,7 @@ def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault):
         log, _ = proc.communicate(timeout=60)
         ended_after = time.monotonic() - t_fault
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_harness(proc)
     assert proc.returncode != 0, log
     assert ended_after < 45, (ended_after, log)
     manifest = json.loads((out / "manifest.json").read_text())
