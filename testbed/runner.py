@@ -263,11 +263,16 @@ class ArmRun:
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()
         progress = Progress(self.arm, rounds, self.raw / "worker0.jsonl")
+        ovs = OvsWatch()
         workers = [f"worker{i}" for i in range(len(self.workers))]
         while True:
             cpu.sample()
             link.sample()
             progress.show()
+            gone = ovs.dead()
+            if gone:
+                raise ArmFailed(f"  Open vSwitch stopped ({', '.join(gone)} exited): "
+                                "the fabric forwards nothing; restart it with ./setup.sh")
             if self.fab.controller is not None and self.fab.controller.poll() is not None:
                 raise ArmFailed(f"  the controller (pid {self.fab.controller.pid}) exited with "
                                 f"{self.fab.controller.returncode}; see raw/controller.stderr")
@@ -330,6 +335,32 @@ class Progress:
             click.echo("\r" + msg, nl=False, err=True)
         else:
             click.echo(("\r" if self.tty else "") + msg, err=True)
+
+
+class OvsWatch:
+    """Notices within a poll when Open vSwitch dies under a running arm.
+
+    Without OVS the fabric forwards nothing; workers would only notice at
+    their round deadline. Checking the daemons' PIDs costs no process."""
+
+    PIDFILES = ("/var/run/openvswitch/ovs-vswitchd.pid", "/var/run/openvswitch/ovsdb-server.pid")
+
+    def __init__(self):
+        self.pids = {}
+        for f in self.PIDFILES:
+            try:
+                self.pids[f] = int(pathlib.Path(f).read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+
+    def dead(self) -> list[str]:
+        out = []
+        for f, pid in self.pids.items():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                out.append(pathlib.Path(f).stem)
+        return out
 
 
 class CpuSampler:
