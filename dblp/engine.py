@@ -33,6 +33,8 @@ PUSH, PULL = 0, 1
 SENDING, PROBING, DONE = "sending", "probing", "done"
 _DATA = int(MsgType.DATA)
 _FRAME = struct.Struct("!H")
+_INDEX = struct.Struct("!I")
+_INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
 
 
 def copies_for_loss(p: float, max_copies: int) -> int:
@@ -140,6 +142,7 @@ class OutTransfer:
         self.probe_times: dict[int, float] = {}
         self.next_probe_t = math.inf
         self.backoff = 1.0
+        self.sent_at = np.full(self.count, math.inf)  # when each chunk last left (loss samples)
         if self.nbytes == 0:
             self.state = DONE
             self.held = np.ones(self.count, bool)
@@ -161,6 +164,7 @@ class OutTransfer:
         n = eng.send_data(hdr, self.raw[start:end], self.peer)
         if n == 0:
             return 0
+        self.sent_at[c] = now
         self.pos += 1
         self.chunks_sent += 1
         if self.passes > 1:
@@ -174,6 +178,7 @@ class OutTransfer:
 
     def _send_probe(self, now: float) -> None:
         eng = self.eng
+        now = time.monotonic()  # the loop's ``now`` may predate a batch of sends
         self.probe_id += 1
         self.probe_times[self.probe_id] = now
         copies = eng.copies(self.peer)
@@ -210,6 +215,7 @@ class OutTransfer:
         answers_probe = self.state == PROBING and h.index >= self.probe_first
         if h.type == MsgType.STOP and self.required is None:
             self.held = held
+            self._loss_sample_at_stop(held, now, answers_probe)
             self._finish()
             return
         if not answers_probe:
@@ -233,6 +239,23 @@ class OutTransfer:
         self.pos = 0
         self.passes += 1
         self.state = SENDING
+
+    def _loss_sample_at_stop(self, held: np.ndarray, now: float, answers_probe: bool) -> None:
+        """A STOP carries a bitmap too: sample the loss of this pass from it.
+
+        Without this, loss-free rounds (STOP, never a BITMAP) never lower the
+        estimate a burst raised, and control stays at burst redundancy for good.
+        Only chunks of the current pass that had time to arrive count: all of them
+        if the STOP answers a probe sent after the pass, else those sent at least
+        an RTO before the STOP arrived.
+        """
+        if self.passes > 1 and not answers_probe:
+            return  # early STOP during a resend pass: too few chunks to judge
+        sent = self.queue[:self.pos]
+        if not answers_probe:
+            sent = sent[self.sent_at[sent] <= now - self.eng.rto(self.peer)]
+        if len(sent) >= 8 or (answers_probe and len(sent)):
+            self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[sent])) / len(sent))
 
     def _finish(self) -> None:
         self.t_done = time.monotonic()
@@ -290,6 +313,8 @@ class InTransfer:
         self.stopped = False
         self.final: np.ndarray | None = None
         self.last_stop_t = -math.inf
+        self.last_probe = 0  # highest probe id answered: copies of one probe get one reply
+        self.last_final = 0  # highest FINAL transmission id acknowledged
         self.flags = Flag.PULL if kind == PULL else 0
         if self.nbytes == 0:
             self.have[:] = True
@@ -344,10 +369,15 @@ class InTransfer:
             self.eng.progress = True
 
     def _repeat_stop(self, h: wire.Header, now: float) -> None:
-        """The sender keeps sending: our STOP was lost; repeat it (rate-limited)."""
+        """The sender keeps sending: our STOP was lost; repeat it, once per RTT.
+
+        Chunks already in flight when the sender got the STOP arrive for up to one
+        RTT after it; repeating the STOP for each of them (times ``copies``) only
+        floods the reverse path, so repeats wait at least a smoothed RTT.
+        """
         if self.eng.control == "tcp" and self.peer in self.eng.tcp:
             return  # TCP delivers the first STOP; repeats would only queue behind it
-        if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_s:
+        if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_interval(self.peer):
             self.last_stop_t = now
             self._reply(MsgType.STOP, h.copies)
 
@@ -355,6 +385,11 @@ class InTransfer:
         if h.count != self.count:
             self.eng.counters.malformed += 1
             return
+        if h.index <= self.last_probe:
+            # Another copy (or an older probe): its probe id was answered already, with
+            # ``copies`` replies. Answering every copy again would send copies^2 replies.
+            return
+        self.last_probe = h.index
         self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
 
     def on_final(self, h: wire.Header, payload) -> None:
@@ -374,6 +409,9 @@ class InTransfer:
             self.final_next_bound = h.aux
             self.final_flags = h.flags
             self.eng.progress = True
+        if h.index and h.index <= self.last_final:
+            return  # another copy of a FINAL transmission we acknowledged already
+        self.last_final = h.index
         eng = self.eng
         done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,
                                 round=h.round, flags=self.flags, copies=h.copies)
@@ -429,7 +467,8 @@ class Engine:
         self.receivers: dict[tuple[int, int, int], InTransfer] = {}
         self.prev_receivers: dict[tuple[int, int, int], InTransfer] = {}
         self.active: list[OutTransfer] = []
-        self.pending_finals: dict[tuple[int, int, int], list] = {}  # (peer, part, round) -> [msg, t]
+        self.pending_finals: dict[tuple[int, int, int], list] = {}  # (peer, part, round) -> [msg, t, backoff, t0, id]
+        self.acked_finals: dict[tuple[int, int, int], int] = {}  # stale FINALs answered: last id
         self.early: list[tuple[bytes, int | None]] = []
         self.early_cap = early_cap
         self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
@@ -468,6 +507,11 @@ class Engine:
 
     def loss_timeout(self, peer: int) -> None:
         self.loss[peer] = min(0.95, self.loss.get(peer, 0.0) + 0.25)
+
+    def stop_repeat_interval(self, peer: int) -> float:
+        """Least time between two repeats of a STOP: one smoothed RTT (or the RTO)."""
+        est = self.rtt(peer)
+        return max(self.stop_repeat_s, est.srtt if est.srtt is not None else est.rto)
 
     def copies(self, peer: int) -> int:
         if self.control == "tcp" and peer in self.tcp:
@@ -542,9 +586,16 @@ class Engine:
         self.progress = True
 
     def add_final(self, peer: int, part: int, msg: bytes, copies: int) -> None:
+        """Send FINAL and keep retransmitting it (each time with a fresh id) until DONE.
+
+        The id travels in ``index``: the member acknowledges each transmission once,
+        not each copy of it (copies x copies DONEs otherwise).
+        """
         now = time.monotonic()
-        self.send_ctrl(peer, msg, copies)
-        self.pending_finals[(peer, part, self.round)] = [msg, now + self.rto(peer), 1.0, now]
+        msg = bytearray(msg)
+        _INDEX.pack_into(msg, _INDEX_OFF, 1)
+        self.send_ctrl(peer, bytes(msg), copies)
+        self.pending_finals[(peer, part, self.round)] = [msg, now + self.rto(peer), 1.0, now, 1]
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:
@@ -625,7 +676,15 @@ class Engine:
             self.pending_finals.pop((h.src, h.part, h.round), None)
             return
         if t == MsgType.FINAL:
-            # We already applied that round; the DONE was lost: acknowledge again.
+            # We already applied that round; the DONE was lost: acknowledge again
+            # (once per FINAL transmission id, not once per copy).
+            key = (h.src, h.part, h.round)
+            if h.index and h.index <= self.acked_finals.get(key, 0):
+                return
+            self.acked_finals[key] = h.index
+            if len(self.acked_finals) > 4096:
+                for k in [k for k in self.acked_finals if k[2] < h.round]:
+                    del self.acked_finals[k]
             done = wire.pack_header(MsgType.DONE, src=self.rank, part=h.part, session=self.session,
                                     round=h.round, flags=h.flags & Flag.PULL, copies=h.copies)
             self.send_ctrl(h.src, done, h.copies)
@@ -677,9 +736,15 @@ class Engine:
         self.sel.register(conn.sock, selectors.EVENT_READ, conn)
 
     def poll(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for input and handle everything that arrived."""
+        """Wait up to ``timeout`` for input and handle everything that arrived.
+
+        Arrivals are stamped after the wait: a stamp taken before it would make
+        every RTT sample short by the time spent waiting, hence RTOs too small
+        and probe timers firing before the reply could arrive.
+        """
+        events = self.sel.select(max(0.0, timeout))
         now = time.monotonic()
-        for key, _ in self.sel.select(max(0.0, timeout)):
+        for key, _ in events:
             if key.data is None:
                 self._read_udp(now)
             elif key.data == "listen":
@@ -698,7 +763,9 @@ class Engine:
             for key, entry in self.pending_finals.items():
                 if now >= entry[1]:
                     entry[2] = min(8.0, entry[2] * 1.5)
-                    self.send_ctrl(key[0], entry[0], self.copies(key[0]))
+                    entry[4] += 1
+                    _INDEX.pack_into(entry[0], _INDEX_OFF, entry[4])
+                    self.send_ctrl(key[0], bytes(entry[0]), self.copies(key[0]))
                     rto = self.rto(key[0])
                     entry[1] = now + (rto * entry[2] if rto < math.inf else 3600.0)
                 nxt = min(nxt, entry[1])
