@@ -331,6 +331,9 @@ class InTransfer:
                                round=self.round, index=probe_id, count=self.count,
                                length=(self.count + 7) // 8, bound=self.bound_ppm,
                                flags=self.flags, copies=copies) + pack_bitmap(self.have)
+        # The requester sized ``copies`` for its path to us; our own estimate (from our
+        # data to that peer) covers the path this reply takes: use the larger.
+        copies = max(copies, eng.copies(self.peer))
         eng.send_ctrl(self.peer, msg, min(max(1, copies), eng.max_copies))
 
     def on_data(self, h: wire.Header, buf, n: int, now: float) -> None:
@@ -415,7 +418,7 @@ class InTransfer:
         eng = self.eng
         done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,
                                 round=h.round, flags=self.flags, copies=h.copies)
-        eng.send_ctrl(self.peer, done, h.copies)
+        eng.send_ctrl(self.peer, done, min(max(h.copies, eng.copies(self.peer)), eng.max_copies))
 
     def describe(self) -> str:
         what = "pull" if self.kind == PULL else "push"
@@ -502,8 +505,9 @@ class Engine:
 
     def loss_sample(self, peer: int, frac: float) -> None:
         old = self.loss.get(peer)
-        # fast up (a burst must not cost probe timeouts), slow down
-        self.loss[peer] = frac if old is None or frac > old else 0.5 * old + 0.5 * frac
+        # Fast up (a burst must not cost probe timeouts); down within a few samples (one
+        # per stream and round), so a burst's redundancy does not outlive it for long.
+        self.loss[peer] = frac if old is None or frac > old else 0.25 * old + 0.75 * frac
 
     def loss_timeout(self, peer: int) -> None:
         self.loss[peer] = min(0.95, self.loss.get(peer, 0.0) + 0.25)
@@ -687,7 +691,7 @@ class Engine:
                     del self.acked_finals[k]
             done = wire.pack_header(MsgType.DONE, src=self.rank, part=h.part, session=self.session,
                                     round=h.round, flags=h.flags & Flag.PULL, copies=h.copies)
-            self.send_ctrl(h.src, done, h.copies)
+            self.send_ctrl(h.src, done, min(max(h.copies, self.copies(h.src)), self.max_copies))
             self.counters.stale += 1
             return
         if t == MsgType.PROBE and h.round == self.round - 1:
