@@ -1,0 +1,116 @@
+"""Keep the README true: every command it shows is run by a test.
+
+Each command line in the README's indented blocks is mapped to the test that
+runs it; a command without a test fails here, and the commands no other test
+runs are run here (cheaply, with the flags the README shows).
+"""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "testbed.cli"]
+
+# README command (first words) -> where it is run.
+COVERED = {
+    "make run": "test_make_run_is_setup_then_the_default_experiment (below); "
+                "`run` itself: tests/e2e/test_run.py, test_ci_regression.py",
+    "make test": ".ci/run (CI runs exactly this) and tests/unit/test_setup_files.py",
+    "dblp-testbed run": "tests/e2e/test_run.py, tests/e2e/test_ci_regression.py",
+    "dblp-testbed report": "tests/e2e/test_run.py",
+    "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
+    "dblp-testbed doctor": "test_doctor (below)",
+    "dblp-testbed net check": "tests/emu/test_fabric_cleanup.py",
+    "dblp-testbed net cli": "test_net_cli (below)",
+    "dblp-testbed burst": "tests/emu/test_bursts.py",
+    "dblp-testbed bench transport": "tests/emu/test_dblp_bench.py",
+    "dblp-testbed bench bursts": "test_bench_bursts (below)",
+    "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",
+    "dblp-testbed clean": "tests/emu/test_fabric_cleanup.py",
+    "python -m workloads.loopback": "test_loopback_command (below)",
+    ".venv/bin/pytest": "make test runs every file named",
+    "group = dblp.TransportGroup.from_env": "tests/unit/test_dblp_loopback.py",
+    "stats = group.allreduce_": "tests/unit/test_dblp_loopback.py",
+}
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    cmds = [l.strip() for l in text.splitlines() if l.startswith("    ") and l.strip()
+            and not l.strip().startswith(("|", "#"))
+            and not l.split()[0].endswith("/")]  # the Layout block lists folders
+    cmds += re.findall(r"`(\.venv/bin/pytest[^`]*)`", text)
+    return cmds
+
+
+@pytest.mark.unit
+def test_every_readme_command_has_a_test():
+    missing = [c for c in readme_commands()
+               if not any(c.startswith(prefix) for prefix in COVERED)]
+    assert missing == []
+
+
+@pytest.mark.unit
+def test_readme_pytest_paths_exist():
+    for cmd in readme_commands():
+        if cmd.startswith(".venv/bin/pytest"):
+            for arg in cmd.split()[1:]:
+                if arg.startswith("tests/"):
+                    assert (ROOT / arg).exists(), arg
+
+
+@pytest.mark.unit
+def test_make_run_is_setup_then_the_default_experiment():
+    out = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0
+    assert out.stdout.splitlines() == ["./setup.sh", ".venv/bin/dblp-testbed run "]
+
+
+@pytest.mark.emu
+def test_doctor():
+    out = subprocess.run(CLI + ["doctor", "--json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["ok"] and rep["root"] and rep["ovs_running"]
+    assert rep["datapath"] in ("user", "kernel")
+    human = subprocess.run(CLI + ["doctor"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert human.returncode == 0 and "datapath" in human.stdout
+
+
+@pytest.mark.emu
+def test_net_cli():
+    """Mininet's CLI on the routed fabric: a ping across pods, then exit tears down."""
+    out = subprocess.run(CLI + ["net", "cli"], cwd=ROOT, input="h000 ping -c 1 h310\nexit\n",
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 received" in out.stdout, out.stdout
+    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
+    assert not [b for b in bridges.split() if b.startswith("dt")]
+
+
+@pytest.mark.emu
+def test_bench_bursts(tmp_path):
+    out_json = tmp_path / "bursts.json"
+    out = subprocess.run(CLI + ["bench", "bursts", "--tries", "5", "--json", str(out_json)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(out_json.read_text())["rows"]
+    loss = {r["requested"]: r for r in rows if r["kind"] == "loss"}
+    for p in (0.6, 0.8, 0.9):
+        assert abs(loss[p]["measured_in_window"] - p) <= 0.05, loss[p]
+        assert loss[p]["measured_outside"] <= 0.005
+        assert loss[p]["start_lag_ms"] <= 5.0
+
+
+@pytest.mark.unit
+def test_loopback_command(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "workloads.loopback", "--arms", "local,reliable",
+                          "--rounds", "4", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "raw" / "reliable" / "server.jsonl").exists()
