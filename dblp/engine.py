@@ -479,6 +479,8 @@ class Engine:
         self.closed_peers: set[int] = set()  # peers whose TCP control connection closed
         self.tcp_accept_handler = None
         self.bytes_sent = 0
+        # Datagrams (or TCP frames) sent, by kind: control must stay a small fraction.
+        self.datagrams = {"data": 0, "control": 0}
         self.progress = False
         self._rr = 0
         self.buf = bytearray(65536)
@@ -530,6 +532,7 @@ class Engine:
             return 0
         except OSError:
             n = len(hdr) + len(payload)  # e.g. ECONNREFUSED from an earlier ICMP: count as lost
+        self.datagrams["data"] += 1
         self.bytes_sent += n
         self.bucket.consume(n)
         return n
@@ -539,6 +542,7 @@ class Engine:
         if conn is not None:
             conn.send(msg)
             self.bytes_sent += len(msg) + 2
+            self.datagrams["control"] += 1
             return
         addr = self.peers.get(peer)
         if addr is None:
@@ -549,6 +553,7 @@ class Engine:
             except OSError:
                 pass
             self.bytes_sent += len(msg)
+            self.datagrams["control"] += 1
             self.bucket.consume(len(msg))
 
     def send_raw(self, msg: bytes, addr) -> None:
