@@ -67,12 +67,19 @@ class PhaseAwareBound:
     ``|prev - cur| / prev >= threshold`` is the critical-learning signal
     (Accordion) and selects P_low until the next check, otherwise P_high.
     ``check_every="epoch"`` checks once per epoch of ``rounds_per_epoch`` rounds.
+
+    ``norm="mean"`` (default) compares the mean of the per-round norms over
+    each check interval, as Accordion accumulates over its interval: one
+    round's minibatch norm is noisy enough to flip the phase at random (seen
+    on the digits CNN: spurious critical phases mid-training). ``norm="last"``
+    compares only the check round's own norm, as the paper's prototype does.
     """
 
     name = "dblp"
 
     def __init__(self, p_low: float = 0.008, p_high: float | None = None, threshold: float = 0.5,
-                 check_every: int | str = 10, rounds_per_epoch: int | None = None):
+                 check_every: int | str = 10, rounds_per_epoch: int | None = None,
+                 norm: str = "mean"):
         self.p_low = _check_fraction("p_low", p_low)
         self.p_high = _check_fraction("p_high", round(self.p_low + 0.40, 12) if p_high is None
                                      else p_high)
@@ -94,6 +101,10 @@ class PhaseAwareBound:
             self.interval = check_every
         else:
             raise ValueError(f"check_every must be a positive int or 'epoch', got {check_every!r}")
+        if norm not in ("mean", "last"):
+            raise ValueError(f"norm must be 'mean' or 'last', got {norm!r}")
+        self.norm = norm
+        self._window: list[float] = []
         self.check_every = check_every
         self.rounds_per_epoch = rounds_per_epoch
         self.critical = True
@@ -109,9 +120,15 @@ class PhaseAwareBound:
 
     def observe(self, round: int, grad_norm: float) -> None:
         """Feed the norm of round ``round``'s aggregate; decides rounds after it."""
+        if math.isfinite(float(grad_norm)):
+            self._window.append(float(grad_norm))
         if (round + 1) % self.interval:
             return
-        cur = float(grad_norm)
+        if self.norm == "mean" and self._window:
+            cur = sum(self._window) / len(self._window)
+        else:
+            cur = float(grad_norm)
+        self._window = []
         if self.prev_norm is not None and math.isfinite(cur):
             prev = self.prev_norm
             change = abs(prev - cur) / prev if prev > 0 else (0.0 if cur == 0 else math.inf)
@@ -122,7 +139,8 @@ class PhaseAwareBound:
 
     def knobs(self) -> dict:
         return {"p_low": self.p_low, "p_high": self.p_high, "threshold": self.threshold,
-                "check_every": self.check_every, "rounds_per_epoch": self.rounds_per_epoch}
+                "check_every": self.check_every, "rounds_per_epoch": self.rounds_per_epoch,
+                "norm": self.norm}
 
 
 POLICIES = {

@@ -29,7 +29,7 @@ def test_bad_knobs_raise_naming_the_knob(name, knobs, knob):
 
 
 def test_phase_aware_checks_every_n_rounds():
-    p = dblp.make_policy("dblp", check_every=2)
+    p = dblp.make_policy("dblp", check_every=2, norm="last")
     norms = {1: 10.0, 3: 4.0, 5: 3.5, 7: 3.4}  # checks after rounds 1, 3, 5, 7
     seen = []
     for r in range(9):
@@ -40,8 +40,22 @@ def test_phase_aware_checks_every_n_rounds():
     assert seen == [0.008] * 6 + [0.408] * 3
 
 
+def test_phase_aware_window_mean_ignores_one_noisy_round():
+    """A single outlier round does not flip the phase when windows are averaged."""
+    mean = dblp.make_policy("dblp", check_every=5)
+    last = dblp.make_policy("dblp", check_every=5, norm="last")
+    norms = [1.0] * 10 + [1.0, 1.0, 1.0, 1.0, 3.0]  # round 14 (a check) is an outlier
+    for r, n in enumerate(norms):
+        mean.observe(r, n)
+        last.observe(r, n)
+    assert last.phase == "critical"   # |1 - 3| / 1 = 2 >= 0.5
+    assert mean.phase == "relaxed"    # window means 1.0 -> 1.4: change 0.4 < 0.5
+    with pytest.raises(ValueError, match="norm"):
+        dblp.make_policy("dblp", norm="median")
+
+
 def test_phase_aware_per_epoch():
-    p = dblp.make_policy("dblp", check_every="epoch", rounds_per_epoch=3, p_low=0.024)
+    p = dblp.make_policy("dblp", check_every="epoch", rounds_per_epoch=3, p_low=0.024, norm="last")
     assert p.p_high == pytest.approx(0.424)
     for r, n in enumerate([1, 1, 5.0, 1, 1, 5.0]):
         p.observe(r, n)
