@@ -25,7 +25,10 @@ def test_default_preset_hits_about_three_percent_of_rounds_reproducibly():
 @pytest.mark.unit
 def test_periodic_generator_and_explicit_bursts_merge_in_round_order():
     spec = load(None, PRESETS["ci"], ["training.rounds=40"])
-    assert [x["at_round"] for x in resolve_bursts(spec)] == [5, 15, 25, 35]
+    assert [x["at_round"] for x in resolve_bursts(spec)] == [22, 26, 30, 34, 38]
+    periodic = load(None, PRESETS["default"], ["training.rounds=40", "burst_every.every=10",
+                                               "burst_every.start_round=5"])
+    assert [x["at_round"] for x in resolve_bursts(periodic)] == [5, 15, 25, 35]
     paper = resolve_bursts(load(None, PRESETS["paper"]))
     assert [x["params"]["p"] for x in paper] == [0.6, 0.7, 0.8, 0.9]
 
