@@ -12,13 +12,15 @@ Payload per message type:
   ``count`` in stream (``flags & PULL``, ``part``, ``src``)).
 * PROBE: empty; ``index`` is a fresh probe id the reply echoes (RTT samples
   are unambiguous), ``copies`` asks the receiver to send its reply that many
-  times (control redundancy under heavy loss).
+  times (control redundancy under heavy loss). The receiver answers each probe
+  id once, however many copies of it arrive (else copies x copies replies).
 * BITMAP / STOP: the receiver's bitmap of held chunks, ``ceil(count/8)`` bytes,
   bit ``i`` = byte ``i // 8``, bit ``7 - i % 8`` (numpy ``packbits`` order).
   STOP means "the missing fraction is within the bound: stop sending".
 * FINAL: bitmap of the chunks every replica zero-fills in this round's pull;
   ``aux`` is the bound (ppm) the aggregator decided for the next round and
-  ``flags & CRITICAL`` its phase.
+  ``flags & CRITICAL`` its phase; ``index`` numbers the transmissions (1, 2,
+  ... on retransmission), and the member acknowledges each number once.
 * DONE: empty acknowledgement of FINAL.
 * HELLO / WELCOME: small JSON objects for joining (numel, address table).
 
@@ -69,7 +71,7 @@ HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("part", "H", "part (bucket/shard) index of the stream"),
     ("session", "Q", "random 64-bit job id; other sessions are ignored"),
     ("round", "I", "training round"),
-    ("index", "I", "DATA: chunk index; PROBE/BITMAP/STOP: probe id"),
+    ("index", "I", "DATA: chunk index; PROBE/BITMAP/STOP: probe id; FINAL/DONE: FINAL transmission id"),
     ("count", "I", "chunks in the stream"),
     ("length", "H", "payload bytes that follow the header"),
     ("bound", "I", "loss bound of this round, ppm"),
