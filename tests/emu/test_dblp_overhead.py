@@ -88,13 +88,16 @@ def test_control_budget_and_no_queue_overflow_after_a_burst():
         drops = [_qdisc_drops(pair, side) for side in (0, 1)]
     srv, workers = outs
     assert max(w[BURST]["passes_push"] for w in workers.values()) >= 4  # the burst was real
+    quiet = [w[r]["latency_s"] for w in workers.values() for r in range(1, BURST)]
     after = range(BURST + 3, ROUNDS)
     ctrl = sum(srv[r]["control"] + sum(w[r]["control"] for w in workers.values()) for r in after)
     data = sum(srv[r]["data"] + sum(w[r]["data"] for w in workers.values()) for r in after)
     assert ctrl <= 0.1 * data, (ctrl, data)  # before the fix: 2.8 x data
     # Paced data plus a small control budget never overflow the drop-tail queues.
     assert sum(drops) <= 10, drops  # before the fix: thousands on the server's side
-    quiet = [w[r]["latency_s"] for w in workers.values() for r in range(1, BURST)]
     later = [w[r]["latency_s"] for w in workers.values() for r in after]
+    # The burst round costs its extra data (80 % loss: ~5x the push), not control stalls.
+    burst = [w[BURST]["latency_s"] for w in workers.values()]
+    assert max(burst) < 6 * sorted(quiet)[len(quiet) // 2], (burst, quiet)
     # Rounds after the burst are as fast as before it (was +14 % on this bottleneck).
     assert sorted(later)[len(later) // 2] < 1.08 * sorted(quiet)[len(quiet) // 2] + 0.01
