@@ -3,7 +3,8 @@
 `default` is what `dblp-testbed run` does with no argument; `paper` mirrors
 the paper's set-up (3 workers + 1 server on one switch, 60-90 % bursts, both
 control paths); `ci` is the short regression run CI compares against
-`results/reference/ci.json`; `smoke` finishes in well under a minute per arm.
+`results/reference/ci.json`; `star` is the paper's star without bursts, for
+accuracy across arms; `smoke` finishes in well under a minute per arm.
 """
 
 PRESETS = {
@@ -53,6 +54,16 @@ PRESETS = {
         # plateau around round 40 (a real phase change, not noise).
         "bursts": [{"at_round": r, "rounds": 1, "kind": "loss", "target": "server-downlink",
                     "max_ms": 3000.0, "params": {"p": 0.8}} for r in (22, 26, 30, 34, 38)],
+    },
+    "star": {
+        "name": "star",
+        "description": "accuracy check: the paper's star (3 workers + 1 server, 20 Mbit/s), "
+                       "no bursts, every transport arm",
+        "arms": ["gloo", "reliable", "static", "dblp"],
+        "topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
+        "placement": {"workers": 3, "strategy": "packed"},
+        "training": {"model": "digits_cnn", "rounds": 200, "eval_every": 50},
+        "burst_every": {"enabled": False},
     },
     "smoke": {
         "name": "smoke",
