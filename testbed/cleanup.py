@@ -185,6 +185,11 @@ def clean_state(state: dict, report: dict):
             r = _run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", b])
             if r is not None and r.returncode == 0 and b in report.get("_live_bridges", []):
                 report["bridges"].append(b)
+            elif r is None or r.returncode != 0:
+                # OVS is down: its database keeps the bridge and brings it
+                # back on restart. Keep the state file so the next fabric
+                # (its owner is dead by then) or `clean` removes it.
+                state["_incomplete"] = True
     for p in state.get("files", []):
         try:
             os.unlink(p)
@@ -229,7 +234,7 @@ def clean(only_state: dict | None = None) -> dict:
                 report["nft_tables"].append(f"{fam} {name}")
     for s in states:
         path = s.get("_path") or (os.path.join(STATE_DIR, f"{s['id']}.json") if s.get("id") else None)
-        if path:
+        if path and not s.pop("_incomplete", False):
             try:
                 os.unlink(path)
             except OSError:

@@ -159,7 +159,14 @@ def net_cli(topo, k, bw, queue, out):
     with Fabric(_topology(topo, k), run_dir=_run_dir(out, "netcli"), bw_mbps=bw,
                 queue_pkts=queue) as fab:
         click.echo(f"control socket: {fab.control_socket} (dblp-testbed burst --socket ...)")
-        CLI(fab.net)
+        # The fabric keeps Mininet quiet while it builds; the CLI prints what
+        # commands run in hosts print at the "output" level, so raise it back.
+        from mininet.log import setLogLevel
+        setLogLevel("output")
+        try:
+            CLI(fab.net)
+        finally:
+            setLogLevel("error")
 
 
 @click.command()

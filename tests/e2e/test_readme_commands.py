@@ -65,9 +65,11 @@ def test_readme_pytest_paths_exist():
 
 @pytest.mark.unit
 def test_make_run_is_setup_then_the_default_experiment():
-    out = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=ROOT,
+                         capture_output=True, text=True)
     assert out.returncode == 0
-    assert out.stdout.splitlines() == ["./setup.sh", ".venv/bin/dblp-testbed run "]
+    assert [l.strip() for l in out.stdout.splitlines()] == ["./setup.sh",
+                                                             ".venv/bin/dblp-testbed run"]
 
 
 @pytest.mark.emu
@@ -88,7 +90,7 @@ def test_net_cli():
     out = subprocess.run(CLI + ["net", "cli"], cwd=ROOT, input="h000 ping -c 1 h310\nexit\n",
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 received" in out.stdout, out.stdout
+    assert "1 received" in out.stdout + out.stderr, out.stdout + out.stderr
     bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
     assert not [b for b in bridges.split() if b.startswith("dt")]
 

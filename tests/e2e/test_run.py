@@ -139,6 +139,12 @@ def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault):
         # the dead run left in OVS's database must go with the project's
         # clean-up or the next fabric (checked below and by the next test).
         subprocess.run(["bash", str(ROOT / "setup.sh")], check=True, capture_output=True)
+        # OVS's database brought the dead run's bridge back: the next run
+        # removes it (its owner is dead) and succeeds.
+        nxt = subprocess.run(CLI + ["run", "--preset", "smoke", "--rounds", "8", "--arms", "static",
+                                    "--out", str(tmp_path / "next")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert nxt.returncode == 0, nxt.stdout + nxt.stderr
     assert proc.returncode != 0, log
     assert ended_after < 45, (ended_after, log)
     manifest = json.loads((out / "manifest.json").read_text())
