@@ -67,8 +67,8 @@ PRESETS = {
     },
     "smoke": {
         "name": "smoke",
-        "description": "seconds: star topology, 12 rounds, one burst",
-        "arms": ["static", "dblp"],
+        "description": "seconds: star topology, 12 rounds, one burst; both control paths",
+        "arms": ["static", "dblp", "dblp-tcp"],
         "topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
         "placement": {"workers": 3, "strategy": "packed"},
         "training": {"model": "digits_cnn", "rounds": 12, "eval_every": 6},

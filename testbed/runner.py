@@ -216,7 +216,8 @@ class ArmRun:
             self._start_captures()
             if self.transport in ("reliable", "static", "dblp"):
                 self.procs.start(
-                    "server", [py, "-m", "workloads.server", "--arm", self.arm,
+                    "server", [py, "-m", "workloads.server", "--arm", self.transport,
+                               "--label", self.arm,
                                "--log", str(self.raw / "server.jsonl"), "--port", str(self.port),
                                "--rounds", str(self.spec["training"]["rounds"]),
                                "--model", self.spec["training"]["model"],
@@ -226,7 +227,8 @@ class ArmRun:
                     env=self._env())
             for rank, host in enumerate(self.workers):
                 self.procs.start(
-                    f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.arm,
+                    f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.transport,
+                                      "--label", self.arm,
                                       "--log", str(self.raw / f"worker{rank}.jsonl")]
                     + self._common_args() + self._transport_args("worker")
                     + ["--eval-every", str(self.spec["training"]["eval_every"])],

@@ -70,13 +70,16 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path):
         assert (out / name).exists(), name
     assert list((out / "plots").glob("*.png"))
     summary = json.loads((out / "summary.json").read_text())
-    for arm in ("static", "dblp"):
+    for arm in ("static", "dblp", "dblp-tcp"):
         a = summary["arms"][arm]
         assert a["rounds"] == 12
         for key in ("round_ms_p50", "round_ms_p99", "burst_round_ms_p50", "normal_round_ms_p50",
                     "train_time_s", "final_accuracy"):
             assert key in a, key
-    assert summary["bursts"]["count"] >= 2  # one burst per arm
+    assert summary["bursts"]["count"] >= 3  # one burst per arm
+    tcp = [json.loads(l) for l in (out / "raw" / "dblp-tcp" / "worker0.jsonl").read_text().splitlines()]
+    assert {r["arm"] for r in tcp} == {"dblp-tcp"}
+    assert {r["stats"]["control"] for r in tcp if r["event"] == "round"} == {"tcp"}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok"
     assert all(a["status"] == "ok" for a in manifest["arms"].values())
