@@ -459,14 +459,17 @@ class FabricController(BaseApp):
         for dp in {id(d): d for d in touched}.values():
             self._barrier_wait(dp)
 
-    def _police_end(self, rec, mech):
-        dps = {}
+    def _police_meters(self, mech):
+        """(target port, its connected datapath, meter id) of a police burst."""
         for tp in mech["ports"]:
             dp = self.datapaths.get(self.topo.dpid_of(tp.switch))
-            if dp is None:
-                continue
+            if dp is not None:
+                yield tp, dp, mech["meters"][(tp.switch, tp.port, tp.direction)]
+
+    def _police_end(self, rec, mech):
+        dps = {}
+        for tp, dp, mid in self._police_meters(mech):
             ofp, parser = dp.ofproto, dp.ofproto_parser
-            mid = mech["meters"][(tp.switch, tp.port, tp.direction)]
             if tp.direction == "egress":
                 for r in self.rules[tp.switch]:
                     if r.out_port == tp.port:
@@ -483,12 +486,8 @@ class FabricController(BaseApp):
             self._barrier_wait(dp)
         rec.actual_end_ns = time.time_ns()
         dropped = seen = 0
-        for tp in mech["ports"]:
-            dp = self.datapaths.get(self.topo.dpid_of(tp.switch))
-            if dp is None:
-                continue
-            ofp, parser = dp.ofproto, dp.ofproto_parser
-            mid = mech["meters"][(tp.switch, tp.port, tp.direction)]
+        for tp, dp, mid in self._police_meters(mech):
+            parser = dp.ofproto_parser
             reply = self._request(dp, parser.OFPMeterStatsRequest(dp, 0, mid))
             for st in (reply.body if reply is not None else []):
                 if st.meter_id == mid:

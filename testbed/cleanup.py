@@ -1,4 +1,4 @@
-"""Remove only what dblp-testbed created: never Mininet's global `mn -c`.
+"""Remove only what dblp-testbed created, by its own names and recorded PIDs.
 
 Recognition: every live fabric writes a state file in ``STATE_DIR`` listing
 its bridges, host shells, controller and helper PIDs (with their command
