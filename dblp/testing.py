@@ -109,3 +109,22 @@ def expected_aggregate(grads, results, r, n_workers, mode="ps", missing="zero"):
     agg[count == 0] = 0
     agg[dropped_mask(results[0][r][2], parts)] = 0
     return agg.astype(np.float32)
+
+
+def collect_agents(procs, timeout: float = 120) -> list:
+    """The last JSON line of each agent subprocess, asserting it exited cleanly.
+
+    Used by the namespace tests, which run one agent per namespace.
+    """
+    import json
+    import subprocess
+    outs = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, e = p.communicate()
+        assert p.returncode == 0, e[-2000:]
+        outs.append(json.loads(o.strip().splitlines()[-1]))
+    return outs

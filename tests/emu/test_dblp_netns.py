@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from dblp.testing import collect_agents
+
 from testbed.bench_transport import NetnsPair
 
 pytestmark = pytest.mark.emu
@@ -60,17 +62,6 @@ def _spawn(pair, side, args):
                             text=True, cwd=ROOT)
 
 
-def _collect(procs):
-    outs = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            o, e = p.communicate()
-        assert p.returncode == 0, e[-2000:]
-        outs.append(json.loads(o.strip().splitlines()[-1]))
-    return outs
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +76,7 @@ def _ps(pair, policy, knobs, n=2, rounds=2, numel=30_000):
             "knobs": knobs, "mode": "ps", "session": 99, "master": pair.ip[1]}
     srv = _spawn(pair, 1, dict(base, role="server"))
     wrk = _spawn(pair, 0, dict(base, role="workers", ranks=list(range(n))))
-    server_out, workers_out = _collect([srv, wrk])
+    server_out, workers_out = collect_agents([srv, wrk])
     return server_out["server"], workers_out
 
 
@@ -122,7 +113,7 @@ def test_sharded_across_namespaces_under_loss(pair):
             "knobs": {}, "mode": "sharded", "session": 77, "master": pair.ip[0]}
     a = _spawn(pair, 0, dict(base, role="workers", ranks=[0]))
     b = _spawn(pair, 1, dict(base, role="workers", ranks=[1]))
-    out_a, out_b = _collect([a, b])
+    out_a, out_b = collect_agents([a, b])
     for r in range(2):
         assert out_a["0"][r]["sha"] == out_b["1"][r]["sha"]
         assert out_a["0"][r]["err_vs_mean"] < 1e-5

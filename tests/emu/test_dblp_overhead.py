@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from dblp.testing import collect_agents
 from testbed.bench_transport import NetnsPair
 
 pytestmark = pytest.mark.emu
@@ -76,15 +77,7 @@ def test_control_budget_and_no_queue_overflow_after_a_burst():
                 "burst": BURST, "rate": RATE, "master": pair.ip[1]}
         procs = [_spawn(pair, 1, dict(base, role="server")),
                  _spawn(pair, 0, dict(base, role="workers"))]
-        outs = []
-        for p in procs:
-            try:
-                o, e = p.communicate(timeout=150)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                o, e = p.communicate()
-            assert p.returncode == 0, e[-2000:]
-            outs.append(json.loads(o.strip().splitlines()[-1]))
+        outs = collect_agents(procs, timeout=150)
         drops = [_qdisc_drops(pair, side) for side in (0, 1)]
     srv, workers = outs
     assert max(w[BURST]["passes_push"] for w in workers.values()) >= 4  # the burst was real
