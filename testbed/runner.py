@@ -158,6 +158,8 @@ class ArmRun:
         args = ["--model", t["model"], "--rounds", str(t["rounds"]), "--seed", str(self.spec.seed)]
         if t["lr"]:
             args += ["--lr", str(t["lr"])]
+        if t["lr_schedule"] != "constant":
+            args += ["--lr-schedule", t["lr_schedule"]]
         if t["batch_size"]:
             args += ["--batch-size", str(t["batch_size"])]
         return args

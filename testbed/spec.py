@@ -30,6 +30,7 @@ TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
 MODELS = ("digits_cnn", "digits_resnet", "transformer_lm")
 BURST_KINDS = ("loss", "police", "congest")
 MISSING_MODES = ("zero", "mean", "error_feedback")
+LR_SCHEDULES = ("constant", "cosine")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
 
@@ -71,6 +72,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
         "rounds": (int, 300),
         "batch_size": (int, 0),      # 0: the model's own default
         "lr": ((int, float), 0.0),   # 0: the model's own default
+        "lr_schedule": (str, "constant"),  # or "cosine": decay to zero over the rounds
         "eval_every": (int, 50),
     },
     "transport": {
@@ -288,6 +290,9 @@ def validate(data: dict) -> Spec:
     _in("training.batch_size", train["batch_size"], 0, 4096,
         "use 0 (the model's default) or a batch of 1..4096")
     _in("training.lr", train["lr"], 0, 10, "use 0 (the model's default) or a rate in (0, 10]")
+    if train["lr_schedule"] not in LR_SCHEDULES:
+        raise SpecError("training.lr_schedule", f"unknown schedule {train['lr_schedule']!r}",
+                        f"choose from: {', '.join(LR_SCHEDULES)}")
     _in("training.eval_every", train["eval_every"], 1, 100_000, "evaluate every 1..100000 rounds")
 
     if tr["missing"] not in MISSING_MODES:

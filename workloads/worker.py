@@ -19,7 +19,8 @@ import torch
 
 from . import exchange as ex
 from .control import RoundAnnouncer
-from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, make_optimizer, num_params
+from .models import (DEFAULT_MODEL, LR_SCHEDULES, MODELS, build_model, get_spec, grad_bytes,
+                     make_optimizer, make_scheduler, num_params)
 from .runlog import RunLog
 from .tasks import make_task
 
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="training steps (= exchanges)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
+                   help="constant, or cosine decay to zero over --rounds")
     p.add_argument("--batch-size", type=int, default=None, help="per-worker batch (default: the model's)")
     p.add_argument("--seed", type=int, default=0, help="model init, shards and batch order")
     p.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY,
@@ -153,6 +156,7 @@ def train(args, log: RunLog) -> dict:
     torch.manual_seed(args.seed + 1000 * args.rank)  # dropout etc.; init uses build_model's seed
     model = build_model(args.model, args.seed)
     opt = make_optimizer(spec, model.parameters(), args.lr)
+    sched = make_scheduler(opt, args.lr_schedule, args.rounds)
     task = make_task(spec, args.rank, args.world_size, args.batch_size, args.seed)
     flat = _Flat(model.parameters())
     gbytes = grad_bytes(model)
@@ -161,7 +165,8 @@ def train(args, log: RunLog) -> dict:
           file=sys.stderr, flush=True)
     log.write("start", model=args.model, params=num_params(model), grad_bytes=gbytes,
               world_size=args.world_size, seed=args.seed, t_ns=time.time_ns(),
-              rounds=args.rounds, lr=opt.param_groups[0]["lr"], batch_size=args.batch_size)
+              rounds=args.rounds, lr=opt.param_groups[0]["lr"], lr_schedule=args.lr_schedule,
+              batch_size=args.batch_size)
     # Arms without a server announce rounds from worker rank 0.
     serverless = args.arm in ("gloo", "local") or args.mode == "sharded"
     announcer = RoundAnnouncer(args.label or args.arm) if (args.rank == 0 and serverless) else None
@@ -187,6 +192,8 @@ def train(args, log: RunLog) -> dict:
             c2 = time.perf_counter()
             flat.scatter()
             opt.step()
+            if sched is not None:
+                sched.step()
             c3 = time.perf_counter()
             t_end = time.time_ns()
             if announcer:

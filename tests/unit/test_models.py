@@ -40,3 +40,24 @@ def test_unknown_model_and_bad_lr_name_the_knob():
         get_spec("vgg")
     with pytest.raises(ValueError, match="--lr"):
         make_optimizer(get_spec("digits_cnn"), build_model("digits_cnn", 0).parameters(), lr=-1)
+
+
+@pytest.mark.unit
+def test_cosine_schedule_anneals_to_zero_and_constant_keeps_the_rate():
+    from testbed import spec as spec_mod
+    from workloads.models import LR_SCHEDULES, make_scheduler
+
+    assert spec_mod.LR_SCHEDULES == LR_SCHEDULES   # the spec validates without importing torch
+    params = build_model("digits_cnn", 0).parameters()
+    opt = make_optimizer(get_spec("digits_cnn"), params, lr=0.05)
+    assert make_scheduler(opt, "constant", 10) is None
+    sched = make_scheduler(opt, "cosine", 10)
+    rates = []
+    for _ in range(10):
+        opt.step()
+        sched.step()
+        rates.append(opt.param_groups[0]["lr"])
+    assert rates == sorted(rates, reverse=True) and rates[4] == pytest.approx(0.025)
+    assert rates[-1] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="--lr-schedule"):
+        make_scheduler(opt, "step", 10)

@@ -37,6 +37,7 @@ BAD_SPECS = [
     ("threshold-zero", '[transport]\nthreshold = 0', "transport.threshold"),
     ("missing-mode", '[transport]\nmissing = "guess"', "transport.missing"),
     ("model-unknown", '[training]\nmodel = "gpt5"', "training.model"),
+    ("lr-schedule", '[training]\nlr_schedule = "step"', "training.lr_schedule"),
     ("rounds-zero", '[training]\nrounds = 0', "training.rounds"),
     ("lr-negative", '[training]\nlr = -0.1', "training.lr"),
     ("too-many-workers", '[topology]\nk = 4\n[placement]\nworkers = 16',
