@@ -24,6 +24,7 @@ Parameter-server mode (N workers + 1 server; the paper's setup)::
                                 mode="ps" | "sharded", policy="dblp", session_id=None,
                                 control="udp" | "tcp", missing="zero", rate_bps=None,
                                 round_timeout=30.0, join_timeout=120.0)
+    #   sharded + rate_bps: each destination is capped at rate_bps / (world_size - 1)
     group = dblp.TransportGroup.from_env(**overrides)   # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     #   (+ optional DBLP_MODE, DBLP_POLICY, DBLP_CONTROL, DBLP_MISSING, DBLP_RATE_BPS, DBLP_SESSION_ID)
     stats = group.allreduce_(flat_tensor)   # torch or numpy, in place -> mean; returns RoundStats

@@ -437,7 +437,8 @@ class Engine:
     """One participant's sockets, pacing, RTT state and the streams of its round."""
 
     def __init__(self, rank: int, *, bind: tuple[str, int] = ("0.0.0.0", 0), session: int = 0,
-                 control: str = "udp", rate_bps: float | None = None, sock_buf: int = 8 << 20,
+                 control: str = "udp", rate_bps: float | None = None,
+                 peer_rate_bps: float | None = None, sock_buf: int = 8 << 20,
                  max_copies: int = 16, initial_rto: float = 0.02, min_rto: float = 0.002,
                  max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
@@ -465,6 +466,14 @@ class Engine:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
         self.bucket = TokenBucket(rate_bps)
+        # Optional cap per destination (sharded mode): when the transfers to
+        # the other peers finish, the last one must not take the whole rate,
+        # or N-1 senders together offer N-1 times the line rate to one
+        # downlink. One bucket per peer, made on first use.
+        if peer_rate_bps is not None and not peer_rate_bps > 0:
+            raise ValueError(f"peer_rate_bps must be positive or None, got {peer_rate_bps!r}")
+        self.peer_rate_bps = peer_rate_bps
+        self.peer_buckets: dict[int, TokenBucket] = {}
         self.peers: dict[int, tuple[str, int]] = {}
         self.tcp: dict[int, TcpControl] = {}
         self.rtts: dict[int, RttEstimator] = {}
@@ -541,7 +550,15 @@ class Engine:
         self.datagrams["data"] += 1
         self.bytes_sent += n
         self.bucket.consume(n)
+        if self.peer_rate_bps is not None:
+            self.peer_bucket(peer).consume(n)
         return n
+
+    def peer_bucket(self, peer: int) -> TokenBucket:
+        b = self.peer_buckets.get(peer)
+        if b is None:
+            b = self.peer_buckets[peer] = TokenBucket(self.peer_rate_bps)
+        return b
 
     def send_ctrl(self, peer: int, msg: bytes, copies: int = 1) -> None:
         conn = self.tcp.get(peer) if self.control == "tcp" else None
@@ -561,6 +578,8 @@ class Engine:
             self.bytes_sent += len(msg)
             self.datagrams["control"] += 1
             self.bucket.consume(len(msg))
+            if self.peer_rate_bps is not None:
+                self.peer_bucket(peer).consume(len(msg))
 
     def send_raw(self, msg: bytes, addr) -> None:
         try:
@@ -799,6 +818,18 @@ class Engine:
             if not s.has_pending():
                 active.pop(self._rr)
                 continue
+            if self.peer_rate_bps is not None:
+                # Round-robin over the senders whose destination has tokens.
+                waits = [self.peer_bucket(x.peer).wait_time(wire.MAX_DATAGRAM, now)
+                         for x in active]
+                ready = [i for i, w in enumerate(waits) if w <= 0]
+                if not ready:
+                    return now + min(waits)
+                self._rr = next((i for i in ready if i >= self._rr), ready[0])
+                s = active[self._rr]
+                if not s.has_pending():
+                    active.pop(self._rr)
+                    continue
             if s.send_next(now) == 0:
                 return now + 0.0002  # socket buffer full: let the NIC drain
             self._rr += 1

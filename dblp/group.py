@@ -72,8 +72,12 @@ class TransportGroup:
         self.join_timeout = float(join_timeout)
         self.server_rank = self.world_size if mode == "ps" else 0
         bind_port = self.master_port if (mode == "sharded" and self.rank == 0) else 0
+        # Sharded: each of the N-1 peers may take 1/(N-1) of the rate, so the
+        # N-1 senders into one downlink never offer more than rate_bps to it.
+        peer_rate = (rate_bps / (self.world_size - 1)
+                     if mode == "sharded" and rate_bps and self.world_size > 2 else None)
         self.engine = Engine(self.rank, bind=(bind_host, bind_port), control=control,
-                             rate_bps=rate_bps, session=session_id or 0,
+                             rate_bps=rate_bps, peer_rate_bps=peer_rate, session=session_id or 0,
                              fault_rx_drop=fault_rx_drop)
         self.round = -1
         self.numel: int | None = None

@@ -83,6 +83,14 @@ def arm_transport(arm: str, spec: dict | None = None) -> str:
     return arm.split("-")[0]
 
 
+def arm_mode(arm: str) -> str | None:
+    """"ps" or "sharded" for the dblp transports (spec.ARMS), else None."""
+    from testbed.spec import ARMS
+    if arm in ARMS:
+        return ARMS[arm][2]
+    return "sharded" if arm.endswith("-sharded") else None
+
+
 def is_dblp_arm(arm: str) -> bool:
     return arm_transport(arm) == "dblp"
 
@@ -254,7 +262,7 @@ def rounds_table(raw: RawRun, bursts: pd.DataFrame) -> pd.DataFrame:
             lat_ns = max(cend) - max(cstart)
             lead = ws[0]
             row = {
-                "arm": arm, "transport": arm_transport(arm), "round": rnd,
+                "arm": arm, "transport": arm_transport(arm), "mode": arm_mode(arm), "round": rnd,
                 "epoch": lead.get("epoch"), "workers": len(ws),
                 "t_start_ns": t0, "t_end_ns": t1, "duration_ms": (t1 - t0) / 1e6,
                 "latency_ms": lat_ns / 1e6,
@@ -341,7 +349,7 @@ def add_physics(rounds: pd.DataFrame, inputs: phys.PhysicsInputs | None) -> pd.D
         if not math.isfinite(p) or not math.isfinite(P) or r.transport not in ("dblp", "static"):
             bounds.append(math.nan)
         else:
-            bounds.append(phys.round_bound_s(P, p, inputs) * 1e3)
+            bounds.append(phys.round_bound_s(P, p, inputs, mode=r.mode or "ps") * 1e3)
     rounds["phys_loss"] = losses
     rounds["phys_bound_ms"] = bounds
     rounds["latency_over_bound"] = rounds["latency_ms"] / rounds["phys_bound_ms"]

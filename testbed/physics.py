@@ -14,7 +14,11 @@ least one round-trip time of probing. The per-round bound is therefore
 
 with B_push = flows x gradient bytes (every worker pushes through the server's
 downlink in parameter-server mode) and B_pull the same bytes sent back on the
-server's uplink. Gradient payload only: headers would only raise the floor,
+server's uplink. In sharded mode (no server; rank 0 sits where the server
+would, and owns 1/N of the gradient) rank 0's downlink carries the other N-1
+ranks' pushes of its shard and their averages of the N-1 shards it does not
+own: B = 2 (N-1)/N x gradient bytes, all of it through the burst, and no
+separate pull term. Gradient payload only: headers would only raise the floor,
 so leaving them out keeps it a bound. A reliable transport (P = 0) needs
 infinitely many passes under Bernoulli loss; it gets no bound (NaN).
 
@@ -101,11 +105,21 @@ def passes(bound: float, loss: float) -> float:
     return float(max(1, math.ceil(math.log(bound) / math.log(loss) - 1e-12)))
 
 
-def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs) -> float:
-    """Lower bound on one round's communication time (see module docstring)."""
+def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs, mode: str = "ps") -> float:
+    """Lower bound on one round's communication time (see module docstring).
+
+    ``mode``: "ps" (the workers push to a server: ``inputs.flows`` copies
+    through the bottleneck, the average back on the other direction) or
+    "sharded" (``inputs.flows`` ranks, each owning 1/flows of the gradient).
+    """
+    if mode not in ("ps", "sharded"):
+        raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
     n = passes(bound, loss)
     if math.isnan(n):
         return math.nan
+    if mode == "sharded":
+        bits = 2.0 * (inputs.flows - 1) / inputs.flows * inputs.grad_bytes * 8.0
+        return bits * (1 - bound) / (1 - loss) / inputs.rate_bps + n * inputs.rtt_s
     bits = inputs.flows * inputs.grad_bytes * 8.0
     t = bits * (1 - bound) / (1 - loss) / inputs.rate_bps
     if inputs.include_pull:

@@ -72,8 +72,9 @@ PRESETS = {
     },
     "smoke": {
         "name": "smoke",
-        "description": "seconds: star topology, 12 rounds, one burst; both control paths",
-        "arms": ["static", "dblp", "dblp-tcp"],
+        "description": "seconds: star topology, 12 rounds, one burst; both control paths "
+                       "and the sharded mode",
+        "arms": ["static", "dblp", "dblp-tcp", "dblp-sharded"],
         "topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
         "placement": {"workers": 3, "strategy": "packed"},
         "training": {"model": "digits_cnn", "rounds": 12, "eval_every": 6},

@@ -216,7 +216,9 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
                     f"{i['rtt_s'] * 1e3:.3g} ms, {i['grad_bytes']:.0f} gradient bytes x "
                     f"{i['flows']} flows through the bottleneck, base loss {i['base_loss']}. "
                     "Bound = bytes (1-P)/(1-p) at line rate + the average's return at line "
-                    "rate + ceil(ln P / ln p) passes x RTT; no transport with bound P can beat it.")
+                    "rate + ceil(ln P / ln p) passes x RTT; no transport with bound P can beat it. "
+                    "Sharded arms (no server, rank 0 on the server's host): bytes = "
+                    "2 (N-1)/N x the gradient into rank 0, all through the bottleneck.")
     else:
         text.append("No physical bound: missing " + ", ".join(ph["missing_inputs"]) + ".")
     rows = []

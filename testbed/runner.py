@@ -139,16 +139,18 @@ class ArmRun:
     def __init__(self, spec: Spec, arm: str, fab, run_dir: pathlib.Path,
                  server: str, workers: list[str]):
         self.spec, self.arm, self.fab = spec, arm, fab
-        self.transport, self.control = ARMS[arm]
+        self.transport, self.control, self.mode = ARMS[arm]
         self.raw = run_dir / "raw" / arm
         self.raw.mkdir(parents=True, exist_ok=True)
         self.server = server
-        # gloo has no aggregation server; its rank 0 (the rendezvous master
-        # and the ring's first hop) takes the server's host instead of
-        # worker 0's, so a burst aimed at the server's links hits gloo's
-        # traffic exactly as it hits the parameter server's. Every host sits
-        # in another pod, so no rank gains a shorter path by the move.
-        self.workers = [server] + workers[1:] if self.transport == "gloo" else list(workers)
+        # gloo and the sharded arms have no aggregation server; their rank 0
+        # (the rendezvous master, the ring's first hop, the first shard's
+        # owner) takes the server's host instead of worker 0's, so a burst
+        # aimed at the server's links hits their traffic exactly as it hits
+        # the parameter server's. Every host sits in another pod, so no rank
+        # gains a shorter path by the move.
+        self.serverless = self.transport == "gloo" or self.mode == "sharded"
+        self.workers = [server] + workers[1:] if self.serverless else list(workers)
         self.procs = ProcessGroup()
         self.captures = ProcessGroup()
 
@@ -174,7 +176,12 @@ class ArmRun:
         if tr["rate_mbps"]:
             return tr["rate_mbps"] * 1e6
         bw = self.spec["topology"]["bw_mbps"] * 1e6 * 0.95
-        return bw if role == "server" else bw / len(self.workers)
+        if role == "server" or self.mode == "sharded":
+            # Sharded: every rank sends to the N-1 others, each destination
+            # capped at 1/(N-1) of this rate by the transport (dblp.group), so
+            # no downlink is offered more than its line rate.
+            return bw
+        return bw / len(self.workers)
 
     def _transport_args(self, role: str) -> list[str]:
         if self.transport not in ("reliable", "static", "dblp"):
@@ -186,7 +193,8 @@ class ArmRun:
         elif self.transport == "dblp":
             knobs.update(p_low=tr["p_low"], p_high=tr["p_high"], threshold=tr["threshold"],
                          check_every=tr["check_every"])
-        out = ["--control", self.control, "--missing", tr["missing"],
+        out = ["--mode", self.mode] if role == "worker" else []
+        out += ["--control", self.control, "--missing", tr["missing"],
                "--rate-bps", f"{self._rate_bps(role):.0f}",
                "--timeout-s", str(tr["round_deadline_s"])]
         for k, v in knobs.items():
@@ -198,7 +206,7 @@ class ArmRun:
         env.update({
             "DBLP_CONTROL_SOCKET": str(self.fab.control_socket),
             "WORLD_SIZE": str(len(self.workers)),
-            "MASTER_ADDR": self.fab.ip(self.workers[0] if self.transport == "gloo" else self.server),
+            "MASTER_ADDR": self.fab.ip(self.workers[0] if self.serverless else self.server),
             "MASTER_PORT": str(self.port),
             "OMP_NUM_THREADS": "1",
             "GLOO_SOCKET_IFNAME": "",
@@ -216,7 +224,7 @@ class ArmRun:
         py = sys.executable
         try:
             self._start_captures()
-            if self.transport in ("reliable", "static", "dblp"):
+            if not self.serverless and self.transport in ("reliable", "static", "dblp"):
                 self.procs.start(
                     "server", [py, "-m", "workloads.server", "--arm", self.transport,
                                "--label", self.arm,
@@ -252,7 +260,7 @@ class ArmRun:
         seen = set()
         for role in self.spec["capture"]["hosts"]:
             host = roles[role]
-            if host in seen:  # gloo: rank 0 sits on the server's host
+            if host in seen:  # gloo, sharded: rank 0 sits on the server's host
                 continue
             seen.add(host)
             self.captures.start(
@@ -290,7 +298,7 @@ class ArmRun:
                 break
             if time.monotonic() - start > timeout:
                 raise ArmFailed(f"  timed out after {timeout:.0f} s (limits.arm_timeout_s)")
-        # Workers done: the server finishes its last round and exits.
+        # Workers done: the server (if any) finishes its last round and exits.
         self.procs.wait(["server"], timeout=10)
         progress.show(final=True)
         bad = self.procs.failed()

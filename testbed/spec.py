@@ -14,17 +14,24 @@ import re
 import tomllib
 from typing import Any
 
-# Arms: name -> (transport, control path). `transport` is what the workload
-# runs; `control` only matters for the dblp transports.
+# Arms: name -> (transport, control path, mode). `transport` is what the
+# workload runs; control and mode only matter for the dblp transports. "ps":
+# the workers push to an aggregation server and pull the average back (the
+# paper's design); "sharded": no server, each worker aggregates 1/N of the
+# gradient, the like-for-like peer of gloo's all-reduce (every link carries
+# a share, no link carries everything).
 ARMS = {
-    "local": ("local", None),
-    "gloo": ("gloo", None),
-    "reliable": ("reliable", "udp"),
-    "static": ("static", "udp"),
-    "dblp": ("dblp", "udp"),
-    "reliable-tcp": ("reliable", "tcp"),
-    "static-tcp": ("static", "tcp"),
-    "dblp-tcp": ("dblp", "tcp"),
+    "local": ("local", None, None),
+    "gloo": ("gloo", None, None),
+    "reliable": ("reliable", "udp", "ps"),
+    "static": ("static", "udp", "ps"),
+    "dblp": ("dblp", "udp", "ps"),
+    "reliable-tcp": ("reliable", "tcp", "ps"),
+    "static-tcp": ("static", "tcp", "ps"),
+    "dblp-tcp": ("dblp", "tcp", "ps"),
+    "reliable-sharded": ("reliable", "udp", "sharded"),
+    "static-sharded": ("static", "udp", "sharded"),
+    "dblp-sharded": ("dblp", "udp", "sharded"),
 }
 TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
 MODELS = ("digits_cnn", "digits_resnet", "transformer_lm")

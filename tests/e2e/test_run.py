@@ -70,7 +70,7 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path):
         assert (out / name).exists(), name
     assert list((out / "plots").glob("*.png"))
     summary = json.loads((out / "summary.json").read_text())
-    for arm in ("static", "dblp", "dblp-tcp"):
+    for arm in ("static", "dblp", "dblp-tcp", "dblp-sharded"):
         a = summary["arms"][arm]
         assert a["rounds"] == 12
         for key in ("round_ms_p50", "round_ms_p99", "burst_round_ms_p50", "normal_round_ms_p50",
@@ -80,6 +80,14 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path):
     tcp = [json.loads(l) for l in (out / "raw" / "dblp-tcp" / "worker0.jsonl").read_text().splitlines()]
     assert {r["arm"] for r in tcp} == {"dblp-tcp"}
     assert {r["stats"]["control"] for r in tcp if r["event"] == "round"} == {"tcp"}
+    # Sharded: no server process; every worker aggregates its shard and ends ok.
+    sharded = out / "raw" / "dblp-sharded"
+    assert not (sharded / "server.jsonl").exists()
+    logs = [[json.loads(l) for l in (sharded / f"worker{r}.jsonl").read_text().splitlines()]
+            for r in range(3)]
+    assert all({e["stats"]["mode"] for e in log if e["event"] == "round"} == {"sharded"}
+               for log in logs)
+    assert len({log[-1]["status"] for log in logs}) == 1 and logs[0][-1]["status"] == "ok"
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok"
     assert all(a["status"] == "ok" for a in manifest["arms"].values())

@@ -206,6 +206,13 @@ def test_physics_formulas():
                                 include_pull=False)
     # 1 MB at 8 Mbit/s = 1 s; (1 - 0.5)/(1 - 0.5) = 1 pass of bytes; 1 pass x 10 ms.
     assert physics.round_bound_s(0.5, 0.5, inp) == pytest.approx(1.01)
+    # Sharded, 4 ranks: rank 0's downlink takes 3 shards of pushes and 3 of
+    # averages, 2 x 3/4 of the gradient = 1.5 MB = 1.5 s, then x (1-P)/(1-p).
+    four = physics.PhysicsInputs(rate_bps=8e6, rtt_s=0.01, grad_bytes=1e6, flows=4)
+    assert physics.round_bound_s(0.5, 0.5, four, mode="sharded") == pytest.approx(1.51)
+    assert physics.round_bound_s(0.5, 0.5, four) == pytest.approx(4.0 + 2.0 + 0.01)   # ps
+    with pytest.raises(ValueError, match="mode"):
+        physics.round_bound_s(0.5, 0.5, four, mode="ring")
     with pytest.raises(ValueError, match="rate_bps"):
         physics.PhysicsInputs(rate_bps=0, rtt_s=0.01, grad_bytes=1)
     with pytest.raises(ValueError, match="unknown field"):

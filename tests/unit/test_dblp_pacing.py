@@ -1,0 +1,73 @@
+"""Pacing per destination: the sharded mode's guard against piling into one downlink.
+
+When a rank's transfers to the other peers are done, round-robin alone would
+hand the whole rate to the last one; with N-1 ranks doing that at once, one
+downlink is offered N-1 times its line rate. The per-peer bucket caps each
+destination at rate/(N-1). Real sockets on loopback, real Engine.
+"""
+import socket
+import time
+
+import pytest
+
+from dblp.engine import Engine
+
+CHUNK = b"x" * 1400
+
+
+class _Stream:
+    """The slice of OutTransfer that Engine._send_some drives: a peer and datagrams."""
+
+    def __init__(self, eng, peer, n):
+        self.eng, self.peer, self.left = eng, peer, n
+
+    def has_pending(self):
+        return self.left > 0
+
+    def send_next(self, now):
+        n = self.eng.send_data(b"h" * 40, CHUNK, self.peer)
+        if n:
+            self.left -= 1
+        return n
+
+
+def _drive(peer_rate, pending, seconds=0.4):
+    sinks = {p: socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for p in (1, 2)}
+    for s in sinks.values():
+        s.bind(("127.0.0.1", 0))
+    eng = Engine(0, bind=("127.0.0.1", 0), rate_bps=8e6, peer_rate_bps=peer_rate)
+    try:
+        eng.peers = {p: s.getsockname() for p, s in sinks.items()}
+        eng.active = [_Stream(eng, p, 10_000) for p in pending]
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            wake = eng._send_some(time.monotonic())
+            time.sleep(max(0.0, min(wake - time.monotonic(), 0.002)))
+        return {x.peer: 10_000 - x.left for x in eng.active}
+    finally:
+        eng.close()
+        for s in sinks.values():
+            s.close()
+
+
+@pytest.mark.unit
+def test_one_destination_gets_only_its_share_when_capped():
+    # 8 Mbit/s ~ 680 datagrams/s of 1482 wire bytes; 0.4 s ~ 270 (+ the bucket's depth).
+    alone = _drive(None, [1])[1]
+    capped = _drive(4e6, [1])[1]
+    assert alone > 200
+    assert capped < 0.65 * alone          # half the rate, plus the same initial burst
+
+
+@pytest.mark.unit
+def test_two_destinations_share_the_rate_evenly_with_a_cap():
+    sent = _drive(4e6, [1, 2])
+    assert abs(sent[1] - sent[2]) <= 0.1 * max(sent.values())
+    total_alone = _drive(None, [1])[1]
+    assert sum(sent.values()) > 0.8 * total_alone   # the cap does not cost the total rate
+
+
+@pytest.mark.unit
+def test_peer_rate_is_validated():
+    with pytest.raises(ValueError, match="peer_rate_bps"):
+        Engine(0, bind=("127.0.0.1", 0), peer_rate_bps=0)
