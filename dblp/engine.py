@@ -814,10 +814,6 @@ class Engine:
             if wait > 0:
                 return now + wait
             self._rr %= len(active)
-            s = active[self._rr]
-            if not s.has_pending():
-                active.pop(self._rr)
-                continue
             if self.peer_rate_bps is not None:
                 # Round-robin over the senders whose destination has tokens.
                 waits = [self.peer_bucket(x.peer).wait_time(wire.MAX_DATAGRAM, now)
@@ -826,10 +822,10 @@ class Engine:
                 if not ready:
                     return now + min(waits)
                 self._rr = next((i for i in ready if i >= self._rr), ready[0])
-                s = active[self._rr]
-                if not s.has_pending():
-                    active.pop(self._rr)
-                    continue
+            s = active[self._rr]
+            if not s.has_pending():
+                active.pop(self._rr)
+                continue
             if s.send_next(now) == 0:
                 return now + 0.0002  # socket buffer full: let the NIC drain
             self._rr += 1

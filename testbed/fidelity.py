@@ -83,9 +83,6 @@ class BottleneckMonitor:
                 return
             self._stop.wait(0.02)
 
-    def sample(self):
-        """Kept for the supervision loop's rhythm; the thread does the work."""
-
     def summary(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=1)

@@ -247,7 +247,7 @@ class ArmRun:
             cpu = CpuSampler()
             sw, port = self.fab.topo.host_switch(self.server)
             link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"])
-            self._supervise(cpu, link)
+            self._supervise(cpu)
             return {"cpu_busy_frac": cpu.busy_fraction(), **link.summary()}
         finally:
             self.procs.stop()
@@ -270,7 +270,7 @@ class ArmRun:
                 self.raw / f"tcpdump-{role}.out", popen=functools.partial(self.fab.popen, host), critical=False)
         time.sleep(0.3)  # tcpdump needs a moment before it sees packets
 
-    def _supervise(self, cpu: "CpuSampler", link: BottleneckMonitor):
+    def _supervise(self, cpu: "CpuSampler"):
         rounds = self.spec["training"]["rounds"]
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()
@@ -279,7 +279,6 @@ class ArmRun:
         workers = [f"worker{i}" for i in range(len(self.workers))]
         while True:
             cpu.sample()
-            link.sample()
             progress.show()
             gone = ovs.dead()
             if gone:

@@ -17,6 +17,22 @@ ARMS = ("gloo", "reliable", "static", "dblp", "local")
 DBLP_ARMS = ("reliable", "static", "dblp")
 
 
+def add_arm_arguments(parser) -> None:
+    """``--arm`` (the transport) and ``--label`` (the arm's name), for worker and server.
+
+    One transport runs under several arm names (static, static-tcp,
+    static-sharded); logs and round announcements carry the name, so the
+    analysis and the controller's burst schedule tell the arms apart.
+    """
+    parser.add_argument("--arm", required=True, choices=ARMS, help="transport arm")
+    parser.add_argument("--label", default=None, help="arm name in logs and round announcements "
+                        "(default: --arm; e.g. static-tcp for the static transport with TCP control)")
+
+
+def arm_label(args) -> str:
+    return args.label or args.arm
+
+
 @dataclass
 class ExchangeResult:
     stats: dict = field(default_factory=dict)

@@ -14,7 +14,6 @@ number of workers, MASTER_PORT the port to listen on (UDP data, and TCP when
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -30,9 +29,7 @@ from .worker import DBLP_DEFAULT_PORT as DEFAULT_PORT, DEFAULT_ROUNDS, DEFAULT_T
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workloads.server", description=__doc__.split("\n")[0])
-    p.add_argument("--arm", required=True, choices=ex.ARMS)
-    p.add_argument("--label", default=None, help="arm name in logs and round announcements "
-                   "(default: --arm; e.g. static-tcp for the static transport with TCP control)")
+    ex.add_arm_arguments(p)
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds to serve (= worker --rounds)")
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--host", default="0.0.0.0", help="address to bind")
@@ -91,7 +88,7 @@ def main(argv=None) -> int:
 
     import dblp
 
-    log = RunLog(args.log, args.label or args.arm, "server", world)   # the server is rank N in dblp's numbering
+    log = RunLog(args.log, ex.arm_label(args), "server", world)   # the server is rank N in dblp's numbering
     signal.signal(signal.SIGTERM, _on_sigterm)
     model = build_model(args.model, args.seed)
     t0 = time.perf_counter()
@@ -109,7 +106,7 @@ def main(argv=None) -> int:
     log.write("start", model=args.model, params=num_params(model), grad_bytes=grad_bytes(model),
               world_size=world, seed=args.seed, t_ns=time.time_ns(), rounds=args.rounds,
               port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), **topts)
-    announcer = RoundAnnouncer(args.label or args.arm)
+    announcer = RoundAnnouncer(ex.arm_label(args))
     starts: dict[int, int] = {}
 
     def on_start(r: int) -> None:

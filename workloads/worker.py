@@ -42,9 +42,7 @@ def _env_int(name: str, default: int | None) -> int | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workloads.worker", description=__doc__.split("\n")[0])
-    p.add_argument("--arm", required=True, choices=ex.ARMS, help="transport arm")
-    p.add_argument("--label", default=None, help="arm name in logs and round announcements "
-                   "(default: --arm; e.g. static-tcp for the static transport with TCP control)")
+    ex.add_arm_arguments(p)
     p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="training steps (= exchanges)")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
@@ -169,7 +167,7 @@ def train(args, log: RunLog) -> dict:
               batch_size=args.batch_size)
     # Arms without a server announce rounds from worker rank 0.
     serverless = args.arm in ("gloo", "local") or args.mode == "sharded"
-    announcer = RoundAnnouncer(args.label or args.arm) if (args.rank == 0 and serverless) else None
+    announcer = RoundAnnouncer(ex.arm_label(args)) if (args.rank == 0 and serverless) else None
     evaluates = args.eval_ranks == "all" or args.rank == 0
     xch = make_exchange(args)
     model.train()
@@ -224,7 +222,7 @@ def _on_sigterm(signum, frame):
 def main(argv=None) -> int:
     args = resolve(build_parser().parse_args(argv))
     torch.set_num_threads(max(1, args.threads))
-    log = RunLog(args.log, args.label or args.arm, "worker", args.rank)
+    log = RunLog(args.log, ex.arm_label(args), "worker", args.rank)
     t0 = time.perf_counter()
     # A supervisor stops workers with SIGTERM: still write the end line.
     signal.signal(signal.SIGTERM, _on_sigterm)
