@@ -13,7 +13,7 @@ import sys
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", required=True, help="fabric.json written by testbed.fabric")
+    ap.add_argument("--config", required=True, help="fabric.json written by testbed.emulation.fabric")
     a = ap.parse_args(argv)
     with open(a.config) as f:
         cfg = json.load(f)

@@ -2,7 +2,7 @@
 
 Why not subclass ``mininet.topo.Topo``: the controller process and the unit
 tests load topologies without Mininet (DESIGN: Mininet imports stay inside
-``testbed/``). ``testbed.fabric`` converts a ``TopoGraph`` into a Mininet
+``testbed/``). ``testbed.emulation.fabric`` converts a ``TopoGraph`` into a Mininet
 ``Topo`` with the same names, DPIDs, addresses and port numbers, so what the
 controller routes is exactly what Mininet builds.
 """

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from testbed import burstbench
-from testbed.fabric import Fabric
+from testbed.bench import bursts as burstbench
+from testbed.emulation.fabric import Fabric
 from topologies import FatTreeTopo
 
 pytestmark = pytest.mark.emu

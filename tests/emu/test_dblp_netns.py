@@ -8,7 +8,7 @@ import pytest
 
 from dblp.testing import collect_agents
 
-from testbed.bench_transport import NetnsPair
+from testbed.bench.transport import NetnsPair
 
 pytestmark = pytest.mark.emu
 

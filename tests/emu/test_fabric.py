@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from testbed import netcheck
-from testbed.fabric import Fabric
+from testbed.emulation import netcheck
+from testbed.emulation.fabric import Fabric
 from topologies import FatTreeTopo
 
 pytestmark = pytest.mark.emu

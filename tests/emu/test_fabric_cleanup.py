@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from testbed import cleanup
+from testbed.emulation import cleanup
 
 pytestmark = pytest.mark.emu
 FOREIGN = "foreignbr0"

@@ -4,8 +4,9 @@ import time
 
 import pytest
 
-from testbed import burstbench, netcheck
-from testbed.fabric import Fabric
+from testbed.bench import bursts as burstbench
+from testbed.emulation import netcheck
+from testbed.emulation.fabric import Fabric
 from topologies import StarTopo
 
 pytestmark = pytest.mark.emu

@@ -11,8 +11,9 @@ import math
 
 import pytest
 
-from testbed import analysis, physics
-from testbed.report import build_outputs
+from testbed.analysis import tables as analysis
+from testbed.analysis import physics
+from testbed.analysis.report import build_outputs
 
 pytestmark = pytest.mark.unit
 

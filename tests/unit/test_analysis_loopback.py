@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from testbed.report import build_outputs
+from testbed.analysis.report import build_outputs
 from workloads.loopback import read_jsonl, run_arm
 
 pytestmark = pytest.mark.unit

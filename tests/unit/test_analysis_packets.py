@@ -18,8 +18,8 @@ from scapy.packet import Raw
 from scapy.utils import wrpcap
 
 from dblp import scapy_layer, wire
-from testbed import packets
-from testbed.report import build_outputs
+from testbed.analysis import packets
+from testbed.analysis.report import build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_analysis import MS, make_run, round_start  # noqa: E402
@@ -162,7 +162,7 @@ def test_header_round_offset_and_address_resolution(captured_run):
     pk = pd.concat(caps.values(), ignore_index=True)
     assert set(pk["kind"]) == {"data", "probe"}
     assert pk["hdr_round"].min() == 3                # counter = logged round + 1
-    from testbed import analysis
+    from testbed.analysis import tables as analysis
     raw = analysis.load_raw(captured_run)
     rt = analysis.rounds_table(raw, analysis.bursts_table(raw))
     got = packets.assign_rounds(pk, rt[rt["arm"] == "dblp"])

@@ -1,9 +1,9 @@
 """The spec's bursts resolve into one seeded schedule shared by every arm."""
 import pytest
 
-from testbed.bursts import resolve_bursts
-from testbed.presets import PRESETS
-from testbed.spec import load
+from testbed.run.bursts import resolve_bursts
+from testbed.config.presets import PRESETS
+from testbed.config.spec import load
 
 
 @pytest.mark.unit

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from testbed import compare
-from testbed.report import build_outputs
+from testbed.analysis import compare
+from testbed.analysis.report import build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_analysis import ACC, BURST, make_run  # noqa: E402

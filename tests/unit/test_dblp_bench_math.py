@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from testbed.bench_transport import Config, _row, format_table, ideal_passes
+from testbed.bench.transport import Config, _row, format_table, ideal_passes
 
 pytestmark = pytest.mark.unit
 

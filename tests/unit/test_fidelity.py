@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from testbed.fidelity import BottleneckMonitor
+from testbed.run.fidelity import BottleneckMonitor
 
 
 @pytest.mark.unit

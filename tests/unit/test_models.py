@@ -44,7 +44,7 @@ def test_unknown_model_and_bad_lr_name_the_knob():
 
 @pytest.mark.unit
 def test_cosine_schedule_anneals_to_zero_and_constant_keeps_the_rate():
-    from testbed import spec as spec_mod
+    from testbed.config import spec as spec_mod
     from workloads.models import LR_SCHEDULES, make_scheduler
 
     assert spec_mod.LR_SCHEDULES == LR_SCHEDULES   # the spec validates without importing torch

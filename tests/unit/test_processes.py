@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from testbed.processes import ProcessGroup
+from testbed.run.processes import ProcessGroup
 
 
 @pytest.mark.unit

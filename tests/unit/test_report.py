@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from testbed.report import DERIVED, build_outputs
+from testbed.analysis.report import DERIVED, build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_analysis import make_run  # noqa: E402

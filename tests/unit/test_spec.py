@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from testbed.cli import main
-from testbed.presets import PRESETS
-from testbed.spec import SpecError, load
+from testbed.config.presets import PRESETS
+from testbed.config.spec import SpecError, load
 
 BAD_SPECS = [
     ("unknown-top", 'colour = 1', "colour"),

@@ -92,7 +92,7 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
     """
     from scapy.utils import RawPcapReader
 
-    from testbed.analysis import arm_transport
+    from testbed.analysis.tables import arm_transport
 
     try:
         from dblp import wire
@@ -202,7 +202,7 @@ def _read_pcap_scapy(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.utils import PcapReader
 
-    from testbed.analysis import arm_transport
+    from testbed.analysis.tables import arm_transport
 
     DBLP = dblp_layer(port)
     tcp_is_control = arm_transport(arm) in _UDP_DATA_TRANSPORTS
@@ -341,7 +341,7 @@ def assign_rounds(pk: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
 def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEFAULT_PORT,
                  known: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[str]]:
     """(per-round table, every packet, {arm: {role: address, "server_address": ...}}, notes)."""
-    from testbed.analysis import arm_transport
+    from testbed.analysis.tables import arm_transport
 
     captures = {}
     for arm in arms:

@@ -8,8 +8,9 @@ import sys
 
 import click
 
-from testbed.presets import PRESETS
-from testbed.spec import ARMS
+from testbed.config.presets import PRESETS
+from testbed.config.spec import ARMS
+from testbed.errors import TestbedError
 
 
 def fail(message: str, code: int = 2):
@@ -18,7 +19,17 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The one place where a `TestbedError` becomes a line and an exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TestbedError as exc:
+            fail(str(exc), exc.exit_code)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Emulated fat-tree testbed for bounded-loss gradient transports."""
 
@@ -38,8 +49,8 @@ def main():
 @click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
 def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
     """Run an experiment: fabric, controller, bursts, every arm, report."""
-    from testbed import spec as specmod
-    from testbed.rundir import RunDirError
+    from testbed.config import spec as specmod
+    from testbed.run.rundir import RunDirError
 
     overrides = list(overrides)
     if arms is not None:
@@ -55,7 +66,7 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
     if dry_run:
         click.echo(spec.to_toml(), nl=False)
         return
-    from testbed.runner import run_experiment
+    from testbed.run.runner import run_experiment
     try:
         status = run_experiment(spec, out)
     except RunDirError as exc:
@@ -88,8 +99,8 @@ def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):
 
 
 # Analysis commands (their modules keep pandas/matplotlib imports lazy).
-from testbed.compare import compare_cmd  # noqa: E402
-from testbed.report import report_cmd  # noqa: E402
+from testbed.analysis.compare import compare_cmd  # noqa: E402
+from testbed.analysis.report import report_cmd  # noqa: E402
 
 main.add_command(report_cmd)
 main.add_command(compare_cmd)
@@ -100,15 +111,12 @@ def bench():
     """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), and others."""
 
 
-from testbed.bench_transport import transport_cmd  # noqa: E402
+from testbed.bench.transport import transport_cmd  # noqa: E402
 
 bench.add_command(transport_cmd)
 
-# Fabric commands: doctor, net check/cli, clean, burst, bench bursts (testbed.net_commands).
-from testbed.net_commands import register as _register_fabric_commands  # noqa: E402
+# Fabric commands: doctor, net check/cli, clean, burst, bench bursts (testbed.cli.fabric).
+from testbed.cli.fabric import register as _register_fabric_commands  # noqa: E402
 
 _register_fabric_commands(main)
 
-
-if __name__ == "__main__":
-    main()

@@ -20,6 +20,7 @@ Definitions (also written into summary.json under "definitions"):
 """
 from __future__ import annotations
 
+from testbed.errors import InputError
 import dataclasses
 import json
 import math
@@ -29,7 +30,7 @@ import tomllib
 import numpy as np
 import pandas as pd
 
-from testbed import physics as phys
+from testbed.analysis import physics as phys
 
 # A ratio of two medians whose quartile range spans more than this factor is
 # flagged: its value depends on which rounds happened to be sampled.
@@ -55,7 +56,7 @@ DEFINITIONS = {
 }
 
 
-class RawError(ValueError):
+class RawError(InputError):
     """RUN/raw/ is missing or unreadable; the message says which file."""
 
 
@@ -75,7 +76,7 @@ class RawRun:
 def arm_transport(arm: str, spec: dict | None = None) -> str:
     """The transport an arm runs: spec.ARMS knows the names; else the prefix."""
     try:
-        from testbed.spec import ARMS
+        from testbed.config.spec import ARMS
         if arm in ARMS:
             return ARMS[arm][0]
     except ImportError:  # pragma: no cover - spec module is part of the package
@@ -85,7 +86,7 @@ def arm_transport(arm: str, spec: dict | None = None) -> str:
 
 def arm_mode(arm: str) -> str | None:
     """"ps" or "sharded" for the dblp transports (spec.ARMS), else None."""
-    from testbed.spec import ARMS
+    from testbed.config.spec import ARMS
     if arm in ARMS:
         return ARMS[arm][2]
     return "sharded" if arm.endswith("-sharded") else None

@@ -2,7 +2,7 @@
 
 Why not ping(8): iputils is not installed on this machine, and one process
 per source host probing every destination is far quicker than one ping per
-pair. Usage (inside a host): ``python -m testbed.netprobe --count 3 IP ...``
+pair. Usage (inside a host): ``python -m testbed.emulation.netprobe --count 3 IP ...``
 prints ``{"IP": received, ...}`` as JSON.
 """
 import argparse

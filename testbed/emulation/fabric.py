@@ -3,7 +3,7 @@
 Use (the orchestrator's API)::
 
     from topologies import make_topology
-    from testbed.fabric import Fabric
+    from testbed.emulation.fabric import Fabric
 
     topo = make_topology("fattree", k=4)          # or "star", "leafspine"
     with Fabric(topo, run_dir=RUN, bw_mbps=20, queue_pkts=100,
@@ -56,7 +56,8 @@ import uuid
 from dataclasses import dataclass
 
 from topologies import TopoGraph
-from testbed import capabilities, cleanup
+from testbed.emulation import capabilities
+from testbed.emulation import cleanup
 
 OFP_PORT_BASE = 6653
 

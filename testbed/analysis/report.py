@@ -16,7 +16,7 @@ import pathlib
 
 import click
 
-from testbed import physics as phys
+from testbed.analysis import physics as phys
 
 DERIVED = ["rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
            "report.html", "plots"]
@@ -51,7 +51,7 @@ def _evals(raw, rounds):
 
 
 def _port(raw, port: int | None) -> int:
-    from testbed import packets as pkts
+    from testbed.analysis import packets as pkts
     if port:
         return port
     p = raw.manifest.get("dblp_port") or raw.manifest.get("port")
@@ -69,7 +69,9 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     callers that only need the numbers, e.g. tests).
     Returns the summary dict that was written to summary.json.
     """
-    from testbed import analysis, packets as pkts, plots  # pandas/matplotlib: only when building
+    from testbed.analysis import tables as analysis
+    from testbed.analysis import packets as pkts
+    from testbed.analysis import plots  # pandas/matplotlib: only when building
     run_dir = pathlib.Path(run_dir)
     raw = analysis.load_raw(run_dir)
     grad_bytes, world = _start_info(raw)
@@ -353,7 +355,7 @@ def render_html(sections: list[dict], pngs) -> str:
               help="Bottleneck rate for the physical bound (default: spec topology.bw_mbps).")
 def report_cmd(run_dir, rtt_ms, rate_mbps):
     """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json)."""
-    from testbed.analysis import RawError
+    from testbed.analysis.tables import RawError
     override = {}
     if rtt_ms is not None:
         override["rtt_s"] = rtt_ms / 1000.0

@@ -20,11 +20,11 @@ import time
 
 import click
 
-from testbed.bursts import resolve_bursts
-from testbed.fidelity import BottleneckMonitor
-from testbed.processes import ProcessGroup
-from testbed.rundir import Manifest, new_run_dir
-from testbed.spec import ARMS, Spec
+from testbed.run.bursts import resolve_bursts
+from testbed.run.fidelity import BottleneckMonitor
+from testbed.run.processes import ProcessGroup
+from testbed.run.rundir import Manifest, new_run_dir
+from testbed.config.spec import ARMS, Spec
 
 DATA_PORT = 47474
 
@@ -47,7 +47,7 @@ def _raise_interrupted(signum, frame):
 
 def run_experiment(spec: Spec, out: str | None) -> str:
     """Run every arm of `spec`; return the run's status ("ok" or a failure)."""
-    from testbed import capabilities
+    from testbed.emulation import capabilities
 
     caps = capabilities.check()
     if caps["problems"]:
@@ -80,7 +80,7 @@ def run_experiment(spec: Spec, out: str | None) -> str:
 def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
     """Derive tables, plots and the report from raw/; never lose the run to it."""
     try:
-        from testbed.report import build_outputs
+        from testbed.analysis.report import build_outputs
         build_outputs(run_dir)
     except Exception as exc:  # noqa: BLE001
         manifest.update(report_error=f"{type(exc).__name__}: {exc}")
@@ -89,8 +89,8 @@ def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
 
 def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
                    schedule: list[dict]) -> str:
-    from testbed.fabric import Fabric
-    from testbed.spec import build_topology
+    from testbed.emulation.fabric import Fabric
+    from testbed.config.spec import build_topology
     from topologies import TOPOLOGIES
 
     topo = build_topology(spec["topology"], TOPOLOGIES, spec["placement"]["workers"])

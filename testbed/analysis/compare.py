@@ -17,6 +17,7 @@ floor, so that noise on a shared machine does not fail CI.
 """
 from __future__ import annotations
 
+from testbed.errors import InputError
 import json
 import math
 import pathlib
@@ -41,7 +42,7 @@ SHOWN = [
 SPREAD_FACTOR = 1.5
 
 
-class CompareError(ValueError):
+class CompareError(InputError):
     """A file is missing or malformed; the message is one line naming it."""
 
 

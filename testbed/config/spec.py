@@ -7,6 +7,7 @@ else. Every error names the field and says how to fix it.
 """
 from __future__ import annotations
 
+from testbed.errors import InputError
 import copy
 import dataclasses
 import math
@@ -42,7 +43,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A spec field is wrong; the message names it and the fix."""
 
     def __init__(self, field: str, problem: str, fix: str):

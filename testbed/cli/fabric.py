@@ -58,7 +58,7 @@ queue_option = click.option("--queue", type=int, default=100, show_default=True,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def doctor(as_json):
     """What this machine can emulate, and why not."""
-    from testbed.capabilities import check
+    from testbed.emulation.capabilities import check
     rep = check()
     if as_json:
         click.echo(json.dumps(rep, indent=1))
@@ -99,8 +99,8 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
     """Build the fabric; all-pairs reachability, core spread, TCP goodput, startup time."""
     t_process = time.monotonic() - process_age_s()
     _sigterm_as_interrupt()
-    from testbed import netcheck
-    from testbed.fabric import Fabric
+    from testbed.emulation import netcheck
+    from testbed.emulation.fabric import Fabric
     try:
         graph = _topology(topo, k)
     except ValueError as e:
@@ -154,7 +154,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
 def net_cli(topo, k, bw, queue, out):
     """Open Mininet's CLI on the routed fabric (exit it to tear down)."""
     from mininet.cli import CLI
-    from testbed.fabric import Fabric
+    from testbed.emulation.fabric import Fabric
     _sigterm_as_interrupt()
     with Fabric(_topology(topo, k), run_dir=_run_dir(out, "netcli"), bw_mbps=bw,
                 queue_pkts=queue) as fab:
@@ -174,7 +174,7 @@ def net_cli(topo, k, bw, queue, out):
 @click.option("--json", "as_json", is_flag=True)
 def clean(dry_run, as_json):
     """Remove only the project's leftovers (bridges dt*, their veths, host shells, nft tables)."""
-    from testbed import cleanup
+    from testbed.emulation import cleanup
     rep = cleanup.leftovers() if dry_run else cleanup.clean()
     if as_json:
         click.echo(json.dumps(rep))
@@ -198,7 +198,7 @@ def clean(dry_run, as_json):
 @click.option("--status", is_flag=True, help="Only print the controller's status.")
 def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
     """Trigger a burst by hand on a running experiment's controller."""
-    from testbed.fabric import control_request
+    from testbed.emulation.fabric import control_request
     path = sock or (os.path.join(run_dir, "control.sock") if run_dir else None) or \
         os.environ.get("DBLP_CONTROL_SOCKET")
     if not path:
@@ -232,8 +232,8 @@ def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
 @click.option("--out", type=click.Path(file_okay=False), default=None)
 def bench_bursts(k, bw, queue, tries, json_file, out):
     """Requested vs measured burst loss and timing on the fat-tree (paced UDP through the target)."""
-    from testbed.burstbench import run_bench
-    from testbed.fabric import Fabric
+    from testbed.bench.bursts import run_bench
+    from testbed.emulation.fabric import Fabric
     _sigterm_as_interrupt()
     with Fabric(_topology("fattree", k), run_dir=_run_dir(out, "benchbursts"), bw_mbps=bw,
                 queue_pkts=queue) as fab:

@@ -241,7 +241,7 @@ class Agent:
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", pair.ns[side], sys.executable, "-m",
-             "testbed.bench_transport", json.dumps(args)],
+             "testbed.bench.transport", json.dumps(args)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env, cwd=root)
 

@@ -46,11 +46,11 @@ class FlowRun:
         self.fab, self.tmp, self.tag = fab, tmp, tag
         self.slog, self.rlog = os.path.join(tmp, f"{tag}.send.json"), os.path.join(tmp, f"{tag}.recv.json")
         py = sys.executable
-        self.recv = fab.popen(dst, [py, "-m", "testbed.udpflow", "recv", "--dport", str(dport),
+        self.recv = fab.popen(dst, [py, "-m", "testbed.emulation.udpflow", "recv", "--dport", str(dport),
                                     "--duration-s", str(duration_s + 30), "--log", self.rlog],
                               stdout=subprocess.PIPE, text=True)
         self.recv.stdout.readline()  # "ready"
-        self.send = fab.popen(src, [py, "-m", "testbed.udpflow", "send", "--dst", fab.ip(dst),
+        self.send = fab.popen(src, [py, "-m", "testbed.emulation.udpflow", "send", "--dst", fab.ip(dst),
                                     "--dport", str(dport), "--sport", str(sport),
                                     "--rate-pps", str(rate_pps), "--pkt-bytes", str(pkt_bytes),
                                     "--duration-s", str(duration_s), "--log", self.slog])
@@ -84,7 +84,7 @@ def measure_window(fab, kind, params, target="server-downlink", duration_ms=500.
     tag = tag or f"{kind}-{params}".replace(" ", "").replace("'", "").replace(":", "")
     flow = FlowRun(fab, src, dst, tmp, tag, rate_pps=rate_pps, pkt_bytes=pkt_bytes,
                    duration_s=1.0 + duration_ms / 1000 + 0.5)
-    from testbed.fabric import ControlConnection
+    from testbed.emulation.fabric import ControlConnection
     with ControlConnection(fab.control_socket) as conn:
         conn.request({"op": "status"})  # warm: the controller's thread for us exists
         time.sleep(0.5)
@@ -118,7 +118,7 @@ def round_trigger_tries(fab, tries=20, round_ms=100.0, at_round=3, rounds=6, p=0
     hits, lags, covers, ends = 0, [], [], []
     sched = [{"id": "rt", "kind": "loss", "target": target, "params": {"p": p},
               "trigger": "round", "at_round": at_round, "rounds": 1}]
-    from testbed.fabric import ControlConnection
+    from testbed.emulation.fabric import ControlConnection
     fab.control({"op": "schedule", "bursts": sched})
     conn = ControlConnection(fab.control_socket)
     try:

@@ -7,6 +7,7 @@ crash at any point still leaves an honest account of how far it got.
 """
 from __future__ import annotations
 
+from testbed.errors import InputError
 import datetime as _dt
 import importlib.metadata
 import json
@@ -16,12 +17,12 @@ import platform
 import subprocess
 import time
 
-from testbed.spec import Spec
+from testbed.config.spec import Spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-class RunDirError(RuntimeError):
+class RunDirError(InputError):
     """The run directory cannot be created as asked."""
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from testbed.spec import Spec
+from testbed.config.spec import Spec
 
 
 def resolve_bursts(spec: Spec) -> list[dict]:

@@ -27,7 +27,7 @@ def all_pairs(fab, count: int = 3, timeout: float = 5.0, total_pps: float = 4000
     for i, h in enumerate(hosts):
         others = hosts[i + 1:] + hosts[:i]
         targets = [fab.ip(d) for d in others]
-        procs[h] = fab.popen(h, [sys.executable, "-m", "testbed.netprobe", "--count", str(count),
+        procs[h] = fab.popen(h, [sys.executable, "-m", "testbed.emulation.netprobe", "--count", str(count),
                                  "--timeout", str(timeout), "--pps", str(pps)] + targets,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     failed, ok = [], 0

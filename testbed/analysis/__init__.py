@@ -1,0 +1,1 @@
+"""Raw logs to tables, summary, plots, report and the regression check."""

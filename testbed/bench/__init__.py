@@ -1,0 +1,1 @@
+"""Benchmarks: the transport on a shaped veth pair, bursts on the fabric."""

@@ -1,0 +1,1 @@
+"""Experiment specs and presets: what a run is, validated once."""

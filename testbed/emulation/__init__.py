@@ -1,0 +1,1 @@
+"""The emulated fabric: capabilities, Mininet lifecycle, checks and clean-up."""
