@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test unit clean reference
+.PHONY: setup run test lint unit clean reference
 
 setup:
 	./setup.sh
@@ -14,9 +14,15 @@ setup:
 run: setup
 	$(VENV)/bin/dblp-testbed run $(ARGS)
 
-# The whole suite: unit, emulation (root + OVS) and end-to-end runs.
-test: setup
+# The whole suite: lint and type check, then unit, emulation (root + OVS)
+# and end-to-end runs.
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff over the tree, mypy over the transport (settings in pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 unit: setup
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
