@@ -42,3 +42,22 @@ def _emulation_gate(request):
     """Every ``emu``/``e2e`` test gets the emulator check first."""
     if request.node.get_closest_marker("emu") or request.node.get_closest_marker("e2e"):
         request.getfixturevalue("emulator")
+
+
+# The folder says what a test needs: tests/unit (no root, no network beyond
+# loopback), tests/emu (root + OVS), tests/e2e (whole runs, the machine's
+# set-up). The marker follows from the folder, so `-m unit` selects exactly
+# tests/unit, and a test marked for another folder is an error, not a guess.
+_FOLDER_MARKS = ("unit", "emu", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = item.path.parent.name
+        if folder not in _FOLDER_MARKS:
+            continue
+        others = [m for m in _FOLDER_MARKS if m != folder and item.get_closest_marker(m)]
+        if others:
+            raise pytest.UsageError(f"{item.nodeid} is marked {others[0]} but lives in tests/{folder}: "
+                                    f"move it to tests/{others[0]} or mark it {folder}")
+        item.add_marker(getattr(pytest.mark, folder))

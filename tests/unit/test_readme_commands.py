@@ -19,16 +19,16 @@ CLI = [sys.executable, "-m", "testbed.cli"]
 COVERED = {
     "make run": "test_make_run_is_setup_then_the_default_experiment (below); "
                 "`run` itself: tests/e2e/test_run.py, test_ci_regression.py",
-    "make test": ".ci/run (CI runs exactly this) and tests/unit/test_setup_files.py",
+    "make test": ".ci/run (CI runs exactly this); tests/unit/test_setup_files.py, tests/e2e/test_setup.py",
     "dblp-testbed run": "tests/e2e/test_run.py, tests/e2e/test_ci_regression.py",
     "dblp-testbed report": "tests/e2e/test_run.py",
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
-    "dblp-testbed doctor": "test_doctor (below)",
+    "dblp-testbed doctor": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed net check": "tests/emu/test_fabric_cleanup.py",
-    "dblp-testbed net cli": "test_net_cli (below)",
+    "dblp-testbed net cli": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed burst": "tests/emu/test_bursts.py",
     "dblp-testbed bench transport": "tests/emu/test_dblp_bench.py",
-    "dblp-testbed bench bursts": "test_bench_bursts (below)",
+    "dblp-testbed bench bursts": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",
     "dblp-testbed clean": "tests/emu/test_fabric_cleanup.py",
     "python -m workloads.loopback": "test_loopback_command (below)",
@@ -70,43 +70,6 @@ def test_make_run_is_setup_then_the_default_experiment():
     assert out.returncode == 0
     assert [l.strip() for l in out.stdout.splitlines()] == ["./setup.sh",
                                                              ".venv/bin/dblp-testbed run"]
-
-
-@pytest.mark.emu
-def test_doctor():
-    out = subprocess.run(CLI + ["doctor", "--json"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    rep = json.loads(out.stdout)
-    assert rep["ok"] and rep["root"] and rep["ovs_running"]
-    assert rep["datapath"] in ("user", "kernel")
-    human = subprocess.run(CLI + ["doctor"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert human.returncode == 0 and "datapath" in human.stdout
-
-
-@pytest.mark.emu
-def test_net_cli():
-    """Mininet's CLI on the routed fabric: a ping across pods, then exit tears down."""
-    out = subprocess.run(CLI + ["net", "cli"], cwd=ROOT, input="h000 ping -c 1 h310\nexit\n",
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "1 received" in out.stdout + out.stderr, out.stdout + out.stderr
-    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
-    assert not [b for b in bridges.split() if b.startswith("dt")]
-
-
-@pytest.mark.emu
-def test_bench_bursts(tmp_path):
-    out_json = tmp_path / "bursts.json"
-    out = subprocess.run(CLI + ["bench", "bursts", "--tries", "5", "--json", str(out_json)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    rows = json.loads(out_json.read_text())["rows"]
-    loss = {r["requested"]: r for r in rows if r["kind"] == "loss"}
-    for p in (0.6, 0.8, 0.9):
-        assert abs(loss[p]["measured_in_window"] - p) <= 0.05, loss[p]
-        assert loss[p]["measured_outside"] <= 0.005
-        assert loss[p]["start_lag_ms"] <= 5.0
 
 
 @pytest.mark.unit
