@@ -28,6 +28,7 @@ import time
 import uuid
 
 import click
+from testbed import REPO_ROOT
 
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
 DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
@@ -237,7 +238,7 @@ class Agent:
     """A process in a namespace that answers one JSON line per command."""
 
     def __init__(self, pair: NetnsPair, side: int, args: dict):
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = str(REPO_ROOT)
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", pair.ns[side], sys.executable, "-m",

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from topologies import TopoGraph
 from testbed.emulation import capabilities
 from testbed.emulation import cleanup
+from testbed import REPO_ROOT
 
 OFP_PORT_BASE = 6653
 
@@ -337,7 +338,7 @@ class Fabric:
         if os.path.exists(self.control_socket):
             os.unlink(self.control_socket)
         log = open(os.path.join(self.raw_dir, "controller.stderr"), "ab")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = str(REPO_ROOT)
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.controller = subprocess.Popen(
             [sys.executable, "-m", "controllers.run", "--config", cfg_path],

@@ -7,6 +7,7 @@ crash at any point still leaves an honest account of how far it got.
 """
 from __future__ import annotations
 
+from testbed import REPO_ROOT
 from testbed.errors import InputError
 import datetime as _dt
 import importlib.metadata
@@ -19,7 +20,6 @@ import time
 
 from testbed.config.spec import Spec
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 class RunDirError(InputError):
@@ -30,7 +30,7 @@ def new_run_dir(spec: Spec, out: str | None) -> pathlib.Path:
     """Claim a fresh directory; refuse to reuse one that holds anything."""
     if out is None:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        base = ROOT / "results" / f"{spec.name}-{stamp}"
+        base = REPO_ROOT / "results" / f"{spec.name}-{stamp}"
         path, n = base, 1
         while path.exists():
             n += 1
@@ -55,7 +55,7 @@ def _version(dist: str) -> str | None:
 
 def _cmd(argv: list[str]) -> str | None:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=ROOT)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=REPO_ROOT)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
