@@ -3,11 +3,11 @@
 ``TOPOLOGIES`` maps a name to a constructor (Mininet ``bin/mn`` style); the
 CLI offers its keys as a ``click.Choice``.
 """
-from .graph import TopoGraph, SWITCH_NAME_RE, SWITCH_PREFIX, IFNAME_MAX
 from .fattree import FatTreeTopo, make_dpid
-from .star import StarTopo
+from .graph import IFNAME_MAX, SWITCH_NAME_RE, SWITCH_PREFIX, TopoGraph
 from .leafspine import LeafSpineTopo
-from .routing import FlowRule, compute_rules, trace_path, multipath_bits
+from .routing import FlowRule, compute_rules, multipath_bits, trace_path
+from .star import StarTopo
 
 TOPOLOGIES = {
     "fattree": FatTreeTopo,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 
 IFNAME_MAX = 15  # Linux IFNAMSIZ - 1
 # Every bridge the project creates starts with this prefix: `dblp-testbed
@@ -53,7 +53,7 @@ class LinkInfo:
 def mac_for_ip(ip: str) -> str:
     """A locally administered MAC derived from the IP: readable in pcaps."""
     parts = [int(x) for x in ip.split(".")]
-    return "02:00:%02x:%02x:%02x:%02x" % tuple(parts)
+    return "02:00:" + ":".join(f"{b:02x}" for b in parts)
 
 
 @dataclass
@@ -109,11 +109,11 @@ class TopoGraph:
     def ports(self, node) -> dict:
         """port number -> (neighbour, neighbour port)."""
         out = {}
-        for l in self.link_info:
-            if l.node1 == node:
-                out[l.port1] = (l.node2, l.port2)
-            if l.node2 == node:
-                out[l.port2] = (l.node1, l.port1)
+        for link in self.link_info:
+            if link.node1 == node:
+                out[link.port1] = (link.node2, link.port2)
+            if link.node2 == node:
+                out[link.port2] = (link.node1, link.port1)
         return out
 
     def port_to(self, node, neighbour) -> int:
@@ -136,8 +136,8 @@ class TopoGraph:
 
     def interface_names(self):
         names = []
-        for l in self.link_info:
-            names += [l.intf1(), l.intf2()]
+        for link in self.link_info:
+            names += [link.intf1(), link.intf2()]
         return names
 
     def dpid_of(self, switch) -> int:
@@ -184,17 +184,17 @@ class TopoGraph:
             "name": self.name, "prefixlen": self.prefixlen,
             "hosts": [asdict(h) for h in self.host_info.values()],
             "switches": [asdict(s) for s in self.switch_info.values()],
-            "links": [asdict(l) for l in self.link_info],
+            "links": [asdict(link) for link in self.link_info],
             "roles": self.roles, "params": self.params,
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TopoGraph":
+    def from_dict(cls, d: dict) -> TopoGraph:
         g = cls.__new__(cls)
         TopoGraph.__init__(g, name=d["name"], prefixlen=d.get("prefixlen", 8))
         g.host_info = {h["name"]: HostInfo(**h) for h in d["hosts"]}
         g.switch_info = {s["name"]: SwitchInfo(**s) for s in d["switches"]}
-        g.link_info = [LinkInfo(**l) for l in d["links"]]
+        g.link_info = [LinkInfo(**link) for link in d["links"]]
         g.roles = d.get("roles", {})
         g.params = d.get("params", {})
         return g

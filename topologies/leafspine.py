@@ -23,15 +23,15 @@ class LeafSpineTopo(TopoGraph):
         self.params = {"leaves": leaves, "spines": spines, "hosts_per_leaf": hosts_per_leaf}
         sp = [self.addSwitch(f"dtp{s}", make_dpid(LAYER_SPINE, 0, s), tier=1)
               for s in range(spines)]
-        for l in range(leaves):
-            leaf = self.addSwitch(f"dtl{l}", make_dpid(LAYER_LEAF, l, 0), tier=0, pod=l)
+        for n in range(leaves):
+            leaf = self.addSwitch(f"dtl{n}", make_dpid(LAYER_LEAF, n, 0), tier=0, pod=n)
             for i in range(hosts_per_leaf):
-                h = self.addHost(f"l{l}h{i}", f"10.{l}.0.{i + 2}", pod=l)
+                h = self.addHost(f"l{n}h{i}", f"10.{n}.0.{i + 2}", pod=n)
                 self.addLink(h, leaf, 0, i + 1)
             for s, spine in enumerate(sp):
-                self.addLink(leaf, spine, hosts_per_leaf + 1 + s, l + 1)
+                self.addLink(leaf, spine, hosts_per_leaf + 1 + s, n + 1)
         server = "l0h0"
-        workers = [f"l{l}h0" for l in range(1, leaves)]
+        workers = [f"l{n}h0" for n in range(1, leaves)]
         rest = [h for h in self.hosts() if h != server and h not in workers]
         self.roles = {"server": server, "workers": workers,
                       "cross": [h for h in rest if h.startswith("l0")],

@@ -153,7 +153,8 @@ class TokenWindows:
         return win[:, :-1], win[:, 1:]
 
 
-def lm_eval_windows(tokens: torch.Tensor, seq_len: int, n_windows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_eval_windows(tokens: torch.Tensor, seq_len: int,
+                    n_windows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Evenly spaced, non-random test windows so every evaluation sees the same text."""
     step = max(1, (len(tokens) - seq_len - 1) // n_windows)
     starts = range(0, len(tokens) - seq_len - 1, step)

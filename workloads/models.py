@@ -6,12 +6,12 @@ optimiser settings together, so every arm and the sweep train the same thing.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class DigitsCNN(nn.Module):

@@ -115,8 +115,8 @@ def train_with_drops(model_name: str, workers: int, rounds: int, seed: int, frac
             off += p.numel()
         opt.step()
         if (r + 1) % eval_every == 0 or r == rounds - 1:
-            a, l = tasks[0].evaluate(model)
-            curve.append({"round": r, "test_accuracy": a, "test_loss": l})
+            a, loss = tasks[0].evaluate(model)
+            curve.append({"round": r, "test_accuracy": a, "test_loss": loss})
     total_chunks = rounds * workers * math.ceil(n / chunk_floats)
     return {"curve": curve, "final_accuracy": curve[-1]["test_accuracy"],
             "final_loss": curve[-1]["test_loss"], "dropped_chunks": dropped,
@@ -195,7 +195,8 @@ def _row(seed, phase, f, win, res, base) -> dict:
     return {"seed": seed, "phase": phase, "drop_fraction": f, "window_start": win.start,
             "window_end": win.stop, "final_accuracy": res["final_accuracy"],
             "final_loss": res["final_loss"], "accuracy_after_window": after,
-            "gap_after_window": after - _acc_at(base["curve"], win.stop - 1), "dropped_chunks": res["dropped_chunks"],
+            "gap_after_window": after - _acc_at(base["curve"], win.stop - 1),
+            "dropped_chunks": res["dropped_chunks"],
             "dropped_share_of_training": res["dropped_share_of_training"], "curve": res["curve"]}
 
 
@@ -288,7 +289,8 @@ def verdict(meta: dict, summary: dict) -> str:
                        + "but on this workload the final difference is within half a point: the model "
                        "recovers from early gradient loss before training ends, so the paper's 'gap "
                        "that never closes' is not reproduced at this budget.")
-    return head + "On this workload late drops hurt at least as much as early ones at the end: it disagrees with the paper."
+    return head + ("On this workload late drops hurt at least as much as early ones at the end: "
+                   "it disagrees with the paper.")
 
 
 def main(argv=None) -> int:

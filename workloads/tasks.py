@@ -1,8 +1,8 @@
 """A task binds a model spec to its data: per-worker batches, the loss and the evaluation."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -51,7 +51,8 @@ def nft_netdev_egress() -> bool:
     if os.geteuid() != 0 or shutil.which("nft") is None:
         return False
     script = ("ip link add dtprobe0 type veth peer name dtprobe1 && nft -f - <<'EOF'\n"
-              "table netdev dtprobe {\n chain e {\n  type filter hook egress device \"dtprobe0\" priority 0;\n"
+              "table netdev dtprobe {\n chain e {\n"
+              "  type filter hook egress device \"dtprobe0\" priority 0;\n"
               "  numgen random mod 100 < 50 counter drop\n }\n}\nEOF")
     code, _ = _run(["unshare", "--net", "sh", "-c", script])
     return code == 0

@@ -56,7 +56,7 @@ def recv(a):
     while not stop and time.monotonic() < end:
         try:
             data = s.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except InterruptedError:
             continue

@@ -59,8 +59,10 @@ def test_control_socket_is_private_and_survives_bad_requests(fab):
         f = s.makefile("rwb")
         for bad in (b"not json\n", b"[1,2]\n", b'{"op": "fly"}\n',
                     b'{"op": "round", "event": "middle", "arm": "a", "round": 1}\n',
-                    b'{"op": "burst", "kind": "loss", "target": "nowhere", "duration_ms": 10, "params": {"p": 0.5}}\n',
-                    b'{"op": "burst", "kind": "loss", "target": "server-downlink", "duration_ms": 10, "params": {"p": 7}}\n'):
+                    b'{"op": "burst", "kind": "loss", "target": "nowhere", "duration_ms": 10, '
+                    b'"params": {"p": 0.5}}\n',
+                    b'{"op": "burst", "kind": "loss", "target": "server-downlink", "duration_ms": 10, '
+                    b'"params": {"p": 7}}\n'):
             f.write(bad)
             f.flush()
             reply = json.loads(f.readline())

@@ -22,5 +22,5 @@ def test_star_routes_roles_and_loss_burst(tmp_path, emulator):
         assert abs(row["measured_in_window"] - 0.7) <= 0.06, row
         assert row["measured_outside"] <= 0.005, row
         time.sleep(1.0)
-    stats = [json.loads(l) for l in open(tmp_path / "raw" / "port_stats.jsonl")]
+    stats = [json.loads(line) for line in open(tmp_path / "raw" / "port_stats.jsonl")]
     assert stats and stats[0]["switch"] == "dtr1" and len(stats[0]["ports"]) == 5

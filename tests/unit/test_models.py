@@ -11,9 +11,9 @@ from workloads.tasks import make_task
 def test_model_trains_one_step_and_init_is_seeded(name):
     spec = get_spec(name)
     a, b, c = build_model(name, 3), build_model(name, 3), build_model(name, 4)
-    for pa, pb in zip(a.parameters(), b.parameters()):
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
-    assert any(not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters()))
+    assert any(not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True))
     task = make_task(spec, 0, 3, 8, seed=0)
     opt = make_optimizer(spec, a.parameters())
     x, y = task.batches.batch(0)

@@ -4,7 +4,6 @@ Each command line in the README's indented blocks is mapped to the test that
 runs it; a command without a test fails here, and the commands no other test
 runs are run here (cheaply, with the flags the README shows).
 """
-import json
 import pathlib
 import re
 import subprocess
@@ -40,9 +39,9 @@ COVERED = {
 
 def readme_commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
-    cmds = [l.strip() for l in text.splitlines() if l.startswith("    ") and l.strip()
-            and not l.strip().startswith(("|", "#"))
-            and not l.split()[0].endswith("/")]  # the Layout block lists folders
+    cmds = [line.strip() for line in text.splitlines() if line.startswith("    ") and line.strip()
+            and not line.strip().startswith(("|", "#"))
+            and not line.split()[0].endswith("/")]  # the Layout block lists folders
     cmds += re.findall(r"`(\.venv/bin/pytest[^`]*)`", text)
     return cmds
 
@@ -68,7 +67,7 @@ def test_make_run_is_setup_then_the_default_experiment():
     out = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0
-    assert [l.strip() for l in out.stdout.splitlines()] == ["./setup.sh",
+    assert [line.strip() for line in out.stdout.splitlines()] == ["./setup.sh",
                                                              ".venv/bin/dblp-testbed run"]
 
 

@@ -1,7 +1,6 @@
 """The set-up contract: CI calls exactly the README's test command."""
 import pathlib
 import re
-import subprocess
 
 import pytest
 
@@ -13,6 +12,6 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert re.search(r"^\s+make test\b", readme, re.M), "README must show `make test`"
     ci = (ROOT / ".ci" / "run").read_text()
-    commands = [l for l in ci.splitlines() if l.strip() and not l.lstrip().startswith("#")
-                and not l.startswith(("set ", "cd "))]
+    commands = [line for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")
+                and not line.startswith(("set ", "cd "))]
     assert commands == ["exec make test"]

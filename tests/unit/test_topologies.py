@@ -1,8 +1,16 @@
 """Topology graphs: counts, degrees, wiring, DPIDs and interface names."""
 import pytest
 
-from topologies import (FatTreeTopo, IFNAME_MAX, LeafSpineTopo, StarTopo, SWITCH_NAME_RE,
-                        TOPOLOGIES, TopoGraph, make_topology)
+from topologies import (
+    IFNAME_MAX,
+    SWITCH_NAME_RE,
+    TOPOLOGIES,
+    FatTreeTopo,
+    LeafSpineTopo,
+    StarTopo,
+    TopoGraph,
+    make_topology,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -77,8 +85,8 @@ def test_star_has_paper_roles():
 
 def test_leafspine_full_bipartite():
     t = LeafSpineTopo(leaves=4, spines=3, hosts_per_leaf=2)
-    for l in range(4):
-        assert sorted(n for n in t.neighbours(f"dtl{l}") if t.isSwitch(n)) == \
+    for leaf in range(4):
+        assert sorted(n for n in t.neighbours(f"dtl{leaf}") if t.isSwitch(n)) == \
             ["dtp0", "dtp1", "dtp2"]
     assert len(t.hosts()) == 8
     with pytest.raises(ValueError, match="spines"):
@@ -90,7 +98,7 @@ def test_registry_and_roundtrip():
     t = make_topology("fattree", k=4)
     u = TopoGraph.from_dict(t.to_dict())
     assert u.hosts() == t.hosts() and u.switches() == t.switches()
-    assert [l.intf1() for l in u.links()] == [l.intf1() for l in t.links()]
+    assert [link.intf1() for link in u.links()] == [link.intf1() for link in t.links()]
     assert u.roles == t.roles
     with pytest.raises(ValueError, match="topology 'ring' unknown"):
         make_topology("ring")

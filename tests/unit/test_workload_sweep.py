@@ -27,9 +27,9 @@ def test_drop_chunks_zero_fills_exactly_the_requested_share():
 
 @pytest.mark.unit
 def test_phase_windows_have_equal_length_and_sit_where_named():
-    e, m, l = (sweep.drop_window(p, 300, 0.25) for p in sweep.PHASES)
-    assert len(e) == len(m) == len(l) == 75
-    assert e.start == 0 and l.stop == 300 and m.start == 112
+    e, m, late = (sweep.drop_window(p, 300, 0.25) for p in sweep.PHASES)
+    assert len(e) == len(m) == len(late) == 75
+    assert e.start == 0 and late.stop == 300 and m.start == 112
     with pytest.raises(ValueError, match="--phases"):
         sweep.drop_window("warmup", 300, 0.25)
     with pytest.raises(ValueError, match="--window"):
