@@ -174,7 +174,8 @@ class Manifest:
 
     def __init__(self, run_dir: pathlib.Path, spec: Spec, capabilities: dict | None = None):
         self.path = run_dir / "manifest.json"
-        self.data = {
+        self.data: dict = {}
+        self._write({
             "schema": MANIFEST_SCHEMA,
             "raw_log_schema": runlog.SCHEMA_VERSION,
             "name": spec.name,
@@ -186,29 +187,28 @@ class Manifest:
             "pid": os.getpid(),
             "environment": describe_environment(),
             "capabilities": capabilities or {},
-        }
-        self.write()
+        })
 
     def arm(self, arm: str, **fields):
-        self.data["arms"].setdefault(arm, {}).update(fields)
-        self.write()
+        arms = dict(self.data["arms"])
+        arms[arm] = {**arms.get(arm, {}), **fields}
+        self._write({**self.data, "arms": arms})
 
     def finish(self, status: str, error: str | None = None):
-        self.data["status"] = status
-        self.data["ended_utc"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-        if error:
-            self.data["error"] = error
-        self.write()
+        ended = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        self._write({**self.data, "status": status, "ended_utc": ended,
+                     **({"error": error} if error else {})})
 
     def update(self, **fields):
-        self.data.update(fields)
-        self.write()
+        self._write({**self.data, **fields})
 
-    def write(self):
+    def _write(self, data: dict):
+        """Check, then replace manifest.json atomically; a refused update changes nothing."""
         try:
-            check_manifest(self.data)
+            check_manifest(data)
         except ManifestError as exc:
             raise ValueError(f"bug: the manifest does not match its declaration: {exc}") from None
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.path)
+        self.data = data

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from testbed.analysis import tables as analysis
 from testbed.analysis import physics
+from testbed.analysis import tables as analysis
 from testbed.analysis.report import build_outputs
 from testbed.run.rundir import MANIFEST_SCHEMA
 from workloads.runlog import SCHEMA_VERSION
@@ -47,6 +47,12 @@ def bound_of(arm, r):
     return 0.008 if r < 2 else 0.408
 
 
+def phase_of(arm, r):
+    if arm == "gloo":
+        return None
+    return "critical" if bound_of(arm, r) == 0.008 else "stable"
+
+
 def round_start(arm, r):
     return T0[arm] + r * PERIOD
 
@@ -78,11 +84,10 @@ def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, rtt_ms=
                               "round": r, "epoch": 0, "t_start_ns": ts, "t_end_ns": end,
                               "compute_s": (comm_start - ts) / 1e9, "comm_s": (end - comm_start) / 1e9,
                               "bound": bound_of(arm, r),
-                              "phase": None if arm == "gloo" else ("critical" if bound_of(arm, r) == 0.008 else "stable"),
-                              "loss": 1.0 / (r + 1),
-                              "stats": {} if arm == "gloo" else {"bytes_sent": 4000, "chunks_sent": 4,
-                                                                  "retransmitted": 1 if r in BURST_ROUNDS else 0,
-                                                                  "probe_rounds": 2}})
+                              "phase": phase_of(arm, r), "loss": 1.0 / (r + 1),
+                              "stats": {} if arm == "gloo" else {
+                                  "bytes_sent": 4000, "chunks_sent": 4,
+                                  "retransmitted": 1 if r in BURST_ROUNDS else 0, "probe_rounds": 2}})
                 if rank == 0 and r in (4, 9):
                     lines.append({"event": "eval", "arm": arm, "role": "worker", "rank": 0,
                                   "round": r, "epoch": 0, "t_ns": end + MS,
@@ -282,7 +287,7 @@ def test_spread_warning_on_wide_burst_rounds(tmp_path):
                            None, [])
     sp = s["speedups"]["dblp_vs_static"]
     assert sp["burst_round"] == pytest.approx(4.0)           # median unchanged
-    assert sp["burst_round_spread"] == pytest.approx((550 / 250))
+    assert sp["burst_round_spread"] == pytest.approx(550 / 250)
     assert sp["burst_round_low"] == pytest.approx(250 / 100)
     assert sp["burst_round_high"] == pytest.approx(550 / 100)
 

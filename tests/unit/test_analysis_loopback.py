@@ -55,6 +55,8 @@ def test_real_logs_analyse(loopback_run):
         "dropped_packets": 0, "seen_packets": 10}) + "\n")
 
     s = build_outputs(loopback_run)
+    # Every line the real processes wrote matches the raw-log declaration.
+    assert not [w for w in s["warnings"] if w.startswith("raw/")], s["warnings"]
     r = pd.read_csv(loopback_run / "rounds.csv")
     assert s["status"] == "ok" and s["arms"]["dblp"]["rounds"] == ROUNDS
     assert r["round"].tolist() == list(range(ROUNDS))
