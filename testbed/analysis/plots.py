@@ -90,14 +90,14 @@ def burst_rounds(summary: dict, arms, path):
     for i, arm in enumerate(arms):
         if mx[i]:
             ax.plot([i - 0.3, i + 0.3], [mx[i]] * 2, color="k", lw=1)
-        bound = a[arm].get("burst_round_phys_bound_ms_p50")
+        bound = a[arm]["burst_round_phys_bound_ms_p50"]
         if bound:
             ax.plot([i - 0.4, i + 0.4], [bound] * 2, color="crimson", ls="--", lw=1.2)
     ax.set_xticks(xs, arms)
     ax.set_ylabel("burst-round latency (ms)")
     notes = []
     for _, s in sorted(summary["speedups"].items()):
-        if a.get(s["arm"], {}).get("transport") == "dblp" and s["burst_round"]:
+        if a[s["arm"]]["transport"] == "dblp" and s["burst_round"]:
             notes.append(f"{s['arm']} vs {s['baseline']}: {s['burst_round']:.2f}x")
     ax.set_title("bar: p50, black: max, red dashed: physical bound\n" + "; ".join(notes),
                  fontsize=8)

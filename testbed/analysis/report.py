@@ -84,7 +84,7 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
         return summary
     evals = _evals(raw, rounds)
     pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms)
-    sections = _sections(summary, rounds, bursts, packet_table, raw)
+    sections = _sections(summary, rounds, bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))
     return summary
@@ -98,11 +98,11 @@ def _f(x, fmt="{:.2f}", none="–"):
     return fmt.format(x)
 
 
-def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
+def _sections(s: dict, rounds, bursts) -> list[dict]:
     arms = s["arms_order"]
     a = s["arms"]
     sec = []
-    sec.append({"title": f"Run {s.get('name') or raw.run_dir.name}: status {s['status']}",
+    sec.append({"title": f"Run {s['name']}: status {s['status']}",
                 "text": [f"Arms: {', '.join(arms)}. Baselines (every arm whose transport is not "
                          f"dblp): {', '.join(s['baselines']) or 'none'}. Speedup = baseline / arm "
                          "(> 1: the arm is faster). Latency = critical-path communication time "
