@@ -1,11 +1,181 @@
-"""JSON-lines run log in the run-directory contract of COMMON.md (one object per line, flushed)."""
+"""The raw-log format: one declaration of every JSON-line event, and its writer.
+
+Every process of a run appends JSON objects, one per line, to
+``RUN/raw/<arm>/<role>.jsonl``: the worker and server entry points through
+``RunLog`` below, the controller its ``burst`` lines. ``EVENTS`` is the only
+place the fields are written down, the way ``dblp.wire.HEADER_FIELDS``
+declares datagrams: ``RunLog.write`` refuses an event that does not match it,
+and the analysis reads every line through ``check_event``, so a reader never
+guesses a field and a writer cannot add one silently.
+
+The version of this format is ``SCHEMA_VERSION``; the run's manifest records
+it (``raw_log_schema``), and the analysis refuses a run directory written
+with a version it does not know. History:
+
+* 1: first declared version: ``start``, ``round``, ``eval`` and ``end`` from
+  the workloads, ``burst`` from the controller.
+"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import sys
-import time
+
+SCHEMA_VERSION = 1
+KNOWN_VERSIONS = frozenset({1})
+
+# Value kinds a field can hold; bool is never a number here.
+_KINDS = {
+    "int": (int,),
+    "num": (int, float),
+    "str": (str,),
+    "dict": (dict,),
+    "list": (list,),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One field of an event: its kind, whether it must be there, whether it may be null."""
+
+    name: str
+    kind: str
+    required: bool = True
+    nullable: bool = False
+    doc: str = ""
+
+
+def _f(name, kind, doc, required=True, nullable=False) -> Field:
+    return Field(name, kind, required, nullable, doc)
+
+
+# Every line a workload writes starts with these.
+_HEAD = (
+    _f("event", "str", "event name, a key of EVENTS"),
+    _f("arm", "str", "the arm's label (spec arm name)"),
+    _f("role", "str", "worker | server"),
+    _f("rank", "int", "worker rank; the server is rank N (the number of workers)"),
+)
+_START = (
+    _f("model", "str", "model registry name"),
+    _f("params", "int", "trainable parameters"),
+    _f("grad_bytes", "int", "gradient bytes one worker sends per round"),
+    _f("world_size", "int", "number of workers"),
+    _f("seed", "int", "seed of model init, shards and batch order"),
+    _f("t_ns", "int", "time.time_ns() at start"),
+    _f("rounds", "int", "rounds to train or serve"),
+)
+
+# THE declaration of the raw-log events: event name -> fields.
+EVENTS: dict[str, tuple[Field, ...]] = {
+    "start": _HEAD + _START + (
+        # worker only
+        _f("lr", "num", "initial learning rate", required=False),
+        _f("lr_schedule", "str", "constant | cosine", required=False),
+        _f("batch_size", "int", "per-worker batch", required=False),
+        # server only
+        _f("port", "int", "UDP (and TCP) port the server listens on", required=False),
+        _f("policy", "str", "loss-bound policy name", required=False),
+        _f("knobs", "dict", "the policy's knobs", required=False),
+        _f("control", "str", "control path: udp | tcp", required=False),
+        _f("missing", "str", "missing-chunk policy", required=False),
+        _f("rate_bps", "num", "pacing rate, bit/s", required=False, nullable=True),
+    ),
+    "round": _HEAD + (
+        _f("round", "int", "training round, from 0"),
+        _f("epoch", "int", "epoch the round belongs to"),
+        _f("t_start_ns", "int", "time.time_ns() when the round started"),
+        _f("t_end_ns", "int", "time.time_ns() when the round ended"),
+        _f("compute_s", "num", "forward, backward and optimizer step, seconds"),
+        _f("comm_s", "num", "gradient exchange, seconds (ends at t_end_ns minus the step)"),
+        _f("bound", "num", "loss bound the transport used (null: not a bounded transport)",
+           nullable=True),
+        _f("phase", "str", "critical | stable (null: no phase)", nullable=True),
+        _f("loss", "num", "training loss (null on the server)", nullable=True),
+        _f("stats", "dict", "the transport's counters for the round"),
+    ),
+    "eval": _HEAD + (
+        _f("round", "int", "round after which the model was evaluated"),
+        _f("epoch", "int", "epoch of that round"),
+        _f("t_ns", "int", "time.time_ns() after the evaluation"),
+        _f("test_accuracy", "num", "test accuracy, a fraction", nullable=True),
+        _f("test_loss", "num", "test loss", nullable=True),
+    ),
+    "end": _HEAD + (
+        _f("status", "str", "ok | error"),
+        _f("train_time_s", "num", "training (worker) or serving (server) time, evaluation excluded"),
+        _f("error", "str", "why the process stopped (status error)", required=False),
+        _f("final_accuracy", "num", "last evaluation's accuracy (worker, status ok)",
+           required=False, nullable=True),
+        _f("final_loss", "num", "last evaluation's loss (worker, status ok)",
+           required=False, nullable=True),
+        _f("wall_s", "num", "process wall time (server, status ok)", required=False),
+    ),
+    # Written by the controller (controllers/bursts.py, BurstRecord.log_line)
+    # into RUN/raw/<arm>/bursts.jsonl; the last line of an id wins.
+    "burst": (
+        _f("event", "str", "burst"),
+        _f("arm", "str", "the arm the burst hit"),
+        _f("id", "str", "burst id, unique in the arm"),
+        _f("kind", "str", "loss | police | congest"),
+        _f("target", "str", "link the burst acts on, e.g. server-downlink"),
+        _f("params", "dict", "the kind's knobs (loss: p, the drop probability)"),
+        _f("trigger", "str", "round | time | manual"),
+        _f("requested_start_ns", "int", "when the schedule asked for it"),
+        _f("requested_end_ns", "int", "when it was asked to end", nullable=True),
+        _f("actual_start_ns", "int", "when the mechanism was on", nullable=True),
+        _f("actual_end_ns", "int", "when the mechanism was off", nullable=True),
+        _f("dropped_packets", "int", "packets the mechanism dropped", nullable=True),
+        _f("round", "int", "round that triggered it", required=False),
+        _f("seen_packets", "int", "packets the loss rule saw", required=False),
+        _f("error", "str", "why the burst failed", required=False),
+        _f("detail", "dict", "mechanism details", required=False),
+    ),
+}
+
+
+class MalformedEvent(ValueError):
+    """A record that does not match its declaration; the message says which field."""
+
+
+def check_fields(obj, fields: tuple[Field, ...], where: str) -> dict:
+    """Return ``obj`` if its fields are exactly ``fields``' (kinds, presence), else raise.
+
+    Checks: a JSON object, every required field present, no undeclared
+    field, every value of its declared kind (null only where declared
+    nullable). ``where`` starts the message ("round event", "manifest").
+    """
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"{where}: not a JSON object but {type(obj).__name__}")
+    declared = {f.name for f in fields}
+    extra = sorted(set(obj) - declared)
+    if extra:
+        raise MalformedEvent(f"{where}: undeclared field(s) {', '.join(map(str, extra))}")
+    for f in fields:
+        if f.name not in obj:
+            if f.required:
+                raise MalformedEvent(f"{where}: field '{f.name}' missing")
+            continue
+        v = obj[f.name]
+        if v is None:
+            if not f.nullable:
+                raise MalformedEvent(f"{where}: field '{f.name}' is null")
+            continue
+        if isinstance(v, bool) or not isinstance(v, _KINDS[f.kind]):
+            raise MalformedEvent(f"{where}: field '{f.name}' must be {f.kind}, "
+                                 f"got {type(v).__name__} {v!r:.40}")
+    return obj
+
+
+def check_event(obj) -> dict:
+    """Return ``obj`` if it is a well-formed event of ``EVENTS``, else raise MalformedEvent."""
+    name = obj.get("event") if isinstance(obj, dict) else None
+    if name not in EVENTS:
+        raise MalformedEvent(f"unknown event {name!r}" if isinstance(obj, dict)
+                             else f"not a JSON object but {type(obj).__name__}")
+    return check_fields(obj, EVENTS[name], f"{name} event")
 
 
 def _clean(v):
@@ -20,7 +190,7 @@ def _clean(v):
 
 
 class RunLog:
-    """Appends events for one (arm, role, rank); every line carries "event" and "arm"."""
+    """Appends events for one (arm, role, rank), each checked against ``EVENTS``."""
 
     def __init__(self, path: str | None, arm: str, role: str, rank: int):
         self.arm, self.role, self.rank = arm, role, rank
@@ -32,16 +202,14 @@ class RunLog:
         self.path = path
 
     def write(self, event: str, **fields) -> dict:
-        rec = {"event": event, "arm": self.arm, "role": self.role, "rank": self.rank}
-        rec.update(fields)
-        self._fh.write(json.dumps(_clean(rec), default=str) + "\n")
+        """Write one event; a field the declaration lacks is a bug and raises here."""
+        rec = _clean({"event": event, "arm": self.arm, "role": self.role, "rank": self.rank,
+                      **fields})
+        check_event(rec)
+        self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()
         return rec
 
     def close(self) -> None:
         if self._fh is not sys.stdout:
             self._fh.close()
-
-
-def now_ns() -> int:
-    return time.time_ns()

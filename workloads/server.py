@@ -9,7 +9,8 @@ server for them is an error.
 
 Configured by arguments and the torchrun-style environment: WORLD_SIZE is the
 number of workers, MASTER_PORT the port to listen on (UDP data, and TCP when
-``--control tcp``). Writes the run-log JSON lines of COMMON.md to ``--log``.
+``--control tcp``). Writes the raw-log events that ``workloads.runlog.EVENTS``
+declares to ``--log``.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Configured by arguments and torchrun-style environment variables (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT; arguments win). Synchronous data
 parallel training: one gradient exchange per step, nothing overlapped, and
-only the exchange differs between arms. Writes the run-log JSON lines of
-COMMON.md to ``--log`` (stdout if omitted); human messages go to stderr.
+only the exchange differs between arms. Writes the raw-log events that
+``workloads.runlog.EVENTS`` declares to ``--log`` (stdout if omitted); human
+messages go to stderr.
 """
 from __future__ import annotations
 

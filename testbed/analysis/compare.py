@@ -1,36 +1,33 @@
 """Regression check of a run's summary.json against a committed reference.
 
-The reference file (e.g. results/reference/ci.json) holds the reference
-figures and, next to them, the tolerances they are guarded with:
+The reference file (e.g. results/reference/ci.json, declared in
+`testbed.analysis.formats`) holds the reference figures and, next to them,
+the tolerances they are guarded with:
 
-    {"figures": {"speedups.dblp_vs_static.burst_round": 2.9, ...},
+    {"schema": 1, "figures": {"speedups.dblp_vs_static.burst_round": 2.9, ...},
      "tolerances": {"speedups.dblp_vs_static.burst_round":
                         {"rel": 0.25, "direction": "higher"}, ...},
-     "runs": ["results/ci-1", ...], "spread": {...}}
+     "runs": ["results/ci-1", ...], "spread": {...}, "shown": {...}, "note": "..."}
 
 A figure regresses when it moves in the bad direction by more than its
 tolerance (`rel`: a fraction of the reference value, `abs`: absolute units;
 both given: the larger allowance wins). Only bad moves fail: a faster DBLP
 is not a regression. Tolerances come from the measured run-to-run spread
 of the runs the reference was made from (`make_reference`), never below a
-floor, so that noise on a shared machine does not fail CI.
+floor, so that noise on a shared machine does not fail CI. Exit codes: 0
+within tolerance, 1 a regression (ExperimentFailed), 2 a missing, malformed
+or unknown-version file (InputError), always one line.
 """
 from __future__ import annotations
 
-from testbed.errors import InputError
-import json
 import math
-import pathlib
 import statistics
 
 import click
 
-# What CI guards: DBLP's burst-round speedups over static and gloo, and accuracy.
-GUARDED = {
-    "speedups.dblp_vs_static.burst_round": {"direction": "higher", "floor_rel": 0.20},
-    "speedups.dblp_vs_gloo.burst_round": {"direction": "higher", "floor_rel": 0.20},
-    "arms.dblp.final_accuracy": {"direction": "higher", "floor_abs": 0.02},
-}
+from testbed.analysis.formats import GUARDED, FormatError, read_reference, read_summary, write_reference
+from testbed.errors import ExperimentFailed
+
 # Shown side by side but not guarded (context for a human reading CI logs).
 SHOWN = [
     "arms.static.burst_round_ms_p50", "arms.dblp.burst_round_ms_p50", "arms.gloo.burst_round_ms_p50",
@@ -42,24 +39,12 @@ SHOWN = [
 SPREAD_FACTOR = 1.5
 
 
-class CompareError(InputError):
-    """A file is missing or malformed; the message is one line naming it."""
+class CompareError(FormatError):
+    """A file is missing or malformed, or the request makes no sense; one line naming it."""
 
 
-def _load_json(path, what: str) -> dict:
-    p = pathlib.Path(path)
-    if p.is_dir():
-        p = p / "summary.json"
-    if not p.exists():
-        hint = " (run `dblp-testbed report DIR` to build it)" if p.name == "summary.json" else ""
-        raise CompareError(f"{what} {p}: file not found{hint}")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CompareError(f"{what} {p}: not valid JSON ({exc})")
-    if not isinstance(data, dict):
-        raise CompareError(f"{what} {p}: expected a JSON object at the top level")
-    return data
+class Regression(ExperimentFailed):
+    """A guarded figure moved the bad way beyond its tolerance (exit 1)."""
 
 
 def get(summary: dict, dotted: str):
@@ -74,31 +59,16 @@ def get(summary: dict, dotted: str):
     return float(cur)
 
 
-def load_reference(path) -> dict:
-    ref = _load_json(path, "reference")
-    figs, tols = ref.get("figures"), ref.get("tolerances")
-    if not isinstance(figs, dict) or not isinstance(tols, dict):
-        raise CompareError(f"reference {path}: needs a 'figures' and a 'tolerances' object")
-    for key, t in tols.items():
-        if not isinstance(t, dict) or t.get("direction") not in ("higher", "lower") or \
-                not any(isinstance(t.get(k), (int, float)) for k in ("rel", "abs")):
-            raise CompareError(f"reference {path}: tolerance '{key}' needs direction "
-                               "'higher'|'lower' and a numeric 'rel' or 'abs'")
-    return ref
-
-
 def compare(run, reference) -> tuple[bool, list[dict]]:
     """(passed, rows): one row per guarded or shown figure."""
-    summary = _load_json(run, "run summary")
-    ref = load_reference(reference)
+    summary = read_summary(run)
+    ref = read_reference(reference)
     rows, ok = [], True
     for key in sorted(ref["tolerances"]):
         t = ref["tolerances"][key]
-        want, have = ref["figures"].get(key), get(summary, key)
-        allow = max(abs(want) * t.get("rel", 0) if want is not None else 0, t.get("abs", 0))
-        if want is None:
-            verdict = "no reference"
-        elif have is None or not math.isfinite(have):
+        want, have = ref["figures"][key], get(summary, key)
+        allow = max(abs(want) * t.get("rel", 0), t.get("abs", 0))
+        if have is None or not math.isfinite(have):
             verdict, ok = "MISSING", False
         else:
             bad = (want - have) if t["direction"] == "higher" else (have - want)
@@ -109,7 +79,7 @@ def compare(run, reference) -> tuple[bool, list[dict]]:
     for key in SHOWN:
         if key in ref["tolerances"]:
             continue
-        want, have = ref.get("shown", {}).get(key), get(summary, key)
+        want, have = ref["shown"].get(key), get(summary, key)
         if want is None and have is None:
             continue
         rows.append({"figure": key, "reference": want, "run": have, "allowed": None,
@@ -134,7 +104,7 @@ def make_reference(runs: list, out, guarded: dict | None = None) -> dict:
     guarded = guarded or GUARDED
     if not runs:
         raise CompareError("make reference: give at least one run directory")
-    sums = [_load_json(r, "run summary") for r in runs]
+    sums = [read_summary(r) for r in runs]
     figures, tolerances, spread = {}, {}, {}
     for key, g in guarded.items():
         vals = [v for v in (get(s, key) for s in sums) if v is not None and math.isfinite(v)]
@@ -156,9 +126,7 @@ def make_reference(runs: list, out, guarded: dict | None = None) -> dict:
            "runs": [str(r) for r in runs],
            "note": f"tolerance = max(floor, {SPREAD_FACTOR} x run-to-run range); "
                    "refresh with `dblp-testbed compare RUN [RUN...] --reference FILE --update`"}
-    out = pathlib.Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(ref, indent=2, sort_keys=True) + "\n")
+    write_reference(out, ref)
     return ref
 
 
@@ -175,28 +143,22 @@ def compare_cmd(runs, reference, update):
     Exit codes: 0 every guarded figure within tolerance, 1 a regression,
     2 a missing or malformed file.
     """
-    try:
-        if update:
-            ref = make_reference(list(runs), reference)
-            click.echo(f"wrote {reference} from {len(runs)} run(s)")
-            for k in sorted(ref["figures"]):
-                t = ref["tolerances"][k]
-                tol = ", ".join(f"{n} {t[n]:.3g}" for n in ("rel", "abs") if n in t)
-                sp = ref["spread"][k]
-                mm = f", max/min {sp['max_over_min']:.3g}" if sp["max_over_min"] else ""
-                click.echo(f"  {k} = {ref['figures'][k]:.4g} ({tol}; "
-                           f"{len(sp['values'])} run(s){mm})")
-            return
-        if len(runs) != 1:
-            raise CompareError("compare: give exactly one RUN (several only with --update)")
-        ok, rows = compare(runs[0], reference)
-    except CompareError as exc:
-        click.echo(f"dblp-testbed: error: {exc}", err=True)
-        raise SystemExit(2)
+    if update:
+        ref = make_reference(list(runs), reference)
+        click.echo(f"wrote {reference} from {len(runs)} run(s)")
+        for k in sorted(ref["figures"]):
+            t = ref["tolerances"][k]
+            tol = ", ".join(f"{n} {t[n]:.3g}" for n in ("rel", "abs") if n in t)
+            sp = ref["spread"][k]
+            mm = f", max/min {sp['max_over_min']:.3g}" if sp["max_over_min"] else ""
+            click.echo(f"  {k} = {ref['figures'][k]:.4g} ({tol}; "
+                       f"{len(sp['values'])} run(s){mm})")
+        return
+    if len(runs) != 1:
+        raise CompareError("compare: give exactly one RUN (several only with --update)")
+    ok, rows = compare(runs[0], reference)
     click.echo(format_table(rows))
     if not ok:
-        bad = [r["figure"] for r in rows if r["guarded"] and r["verdict"] not in ("ok", "no reference")]
-        click.echo(f"REGRESSION: {', '.join(bad)} beyond tolerance of {reference}", err=True)
-        raise SystemExit(1)
+        bad = [r["figure"] for r in rows if r["guarded"] and r["verdict"] != "ok"]
+        raise Regression(f"REGRESSION: {', '.join(bad)} beyond tolerance of {reference}")
     click.echo(f"ok: every guarded figure within tolerance of {reference}")
-

@@ -29,7 +29,8 @@ import struct
 import numpy as np
 import pandas as pd
 
-DEFAULT_PORT = 47474
+from dblp import scapy_layer, wire
+from dblp.server import DEFAULT_PORT
 
 PACKET_COLUMNS = ["arm", "host", "t_ns", "src", "dst", "sport", "dport", "proto", "kind",
                   "ip_bytes", "hdr_round", "seq", "stream", "pass_no", "tcp_seq", "payload",
@@ -38,45 +39,27 @@ TABLE_COLUMNS = ["arm", "round", "direction", "src", "dst", "src_host", "dst_hos
                  "sent_packets", "sent_bytes", "recv_packets", "recv_bytes",
                  "retransmissions", "drops", "control_packets"]
 
-# Field names tried on the DBLP layer, first match wins: the layer is owned
-# by the transport package, this keeps the reader tolerant of its naming.
-_ROUND_FIELDS = ("round", "round_id", "rnd")
-_SEQ_FIELDS = ("seq", "chunk", "index", "idx")
-_TYPE_FIELDS = ("type", "kind", "msg_type", "mtype", "op")
-# Fields that tell one gradient stream from another (dblp.wire: session, sender
-# rank, part, PULL flag) and the DATA pass number (0: first send).
-_STREAM_FIELDS = ("session", "src", "part", "flags")
-_PASS_FIELDS = ("aux",)
-_PULL_BIT = 0x01
+_PULL_BIT = int(wire.Flag.PULL)
+_TYPES = {int(t): t.name.lower() for t in wire.MsgType}
+_DATA = int(wire.MsgType.DATA)
 # Transports whose TCP traffic is the control path, not gradient bytes.
 _UDP_DATA_TRANSPORTS = ("dblp", "static", "reliable")
 
 
 def dblp_layer(port: int = DEFAULT_PORT):
-    """The DBLP scapy layer bound to `port`, or None when the transport lacks one."""
-    try:
-        from dblp import scapy_layer
-    except ImportError:
-        return None
+    """The DBLP scapy layer (generated from dblp.wire), bound to `port`."""
     scapy_layer.bind(port)
     return scapy_layer.DBLP
 
 
-def _field(layer, names):
-    for n in names:
-        if n in layer.fields or any(f.name == n for f in layer.fields_desc):
-            return n, layer.getfieldval(n)
-    return None, None
-
-
-def _type_name(layer, name, value):
-    if name is None:
-        return "data"
-    fld = layer.get_field(name)
-    i2s = getattr(fld, "i2s", None)
-    if isinstance(i2s, dict) and value in i2s:
-        return str(i2s[value]).lower()
-    return str(value).lower()
+def _dblp_fields(h: dict) -> dict:
+    """Packet-table columns of one DBLP header, given as {wire field name: value}."""
+    is_data = h["type"] == _DATA
+    return {"proto": "dblp", "kind": _TYPES.get(h["type"], str(h["type"])),
+            "hdr_round": h["round"], "seq": h["index"],
+            # session:sender rank:part:pull (the phase bit does not make a stream)
+            "stream": f"{h['session']}:{h['src']}:{h['part']}:{h['flags'] & _PULL_BIT}",
+            "pass_no": h["aux"] if is_data else None, "is_data": is_data}
 
 
 def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFrame:
@@ -94,15 +77,8 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
 
     from testbed.analysis.tables import arm_transport
 
-    try:
-        from dblp import wire
-    except ImportError:
-        return _read_pcap_scapy(path, arm, host, port)
     hdr = struct.Struct(wire.HEADER_FORMAT)
     names = wire.FIELD_NAMES
-    fi = {n: i for i, n in enumerate(names)}
-    types = {int(t): t.name.lower() for t in wire.MsgType}
-    data_type = int(wire.MsgType.DATA)
     tcp_is_control = arm_transport(arm) in _UDP_DATA_TRANSPORTS
     # Column lists, not a dict per packet: a run's captures hold ~10^6 packets.
     cols = {c: [] for c in PACKET_COLUMNS}
@@ -132,16 +108,11 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
                 sport, dport, ulen = struct.unpack_from("!HHH", buf, l4)
                 row.update(proto="udp", sport=sport, dport=dport, payload=max(0, ulen - 8))
                 if port in (sport, dport) and len(buf) >= l4 + 8 + hdr.size:
-                    h = hdr.unpack_from(buf, l4 + 8)
-                    if h[fi["magic"]] == wire.MAGIC:
-                        is_data = h[fi["type"]] == data_type
-                        row.update(proto="dblp", kind=types.get(h[fi["type"]], str(h[fi["type"]])),
-                                   hdr_round=h[fi["round"]], seq=h[fi["index"]],
-                                   stream=f"{h[fi['session']]}:{h[fi['src']]}:{h[fi['part']]}:"
-                                          f"{h[fi['flags']] & _PULL_BIT}",
-                                   pass_no=h[fi["aux"]] if is_data else None, is_data=is_data)
+                    h = dict(zip(names, hdr.unpack_from(buf, l4 + 8), strict=True))
+                    if h["magic"] == wire.MAGIC:
+                        row.update(_dblp_fields(h))
                         if first is None:
-                            first = (bytes(buf), link, dict(zip(names, h)))
+                            first = (bytes(buf), link, h)
             elif proto == 6 and len(buf) >= l4 + 20:
                 seq = struct.unpack_from("!I", buf, l4 + 4)[0]
                 pl = max(0, ip_len - ihl - (buf[l4 + 12] >> 4) * 4)
@@ -183,8 +154,6 @@ def _layer_agrees(first, port: int) -> bool:
 
     buf, link, fields = first
     DBLP = dblp_layer(port)
-    if DBLP is None:
-        return True
     if link == 1:
         pkt = Ether(buf)
     elif link == 113:
@@ -213,28 +182,15 @@ def _read_pcap_scapy(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.
             if ip is None:
                 continue
             t_ns = int(round(pkt.time * 1_000_000_000))  # EDecimal: exact
-            row = {"arm": arm, "host": host, "t_ns": t_ns, "src": ip.src, "dst": ip.dst,
-                   "sport": None, "dport": None, "proto": "ip", "kind": None,
-                   "ip_bytes": int(ip.len), "hdr_round": None, "seq": None, "stream": None,
-                   "pass_no": None, "tcp_seq": None, "payload": 0, "is_data": False}
+            row = dict(_EMPTY_ROW, arm=arm, host=host, t_ns=t_ns, src=ip.src, dst=ip.dst,
+                       ip_bytes=int(ip.len))
             if ip.haslayer(UDP):
                 u = ip[UDP]
                 row.update(proto="udp", sport=int(u.sport), dport=int(u.dport),
                            payload=max(0, int(u.len) - 8))
-                layer = pkt.getlayer(DBLP) if DBLP is not None else None
+                layer = pkt.getlayer(DBLP)
                 if layer is not None:
-                    tname, tval = _field(layer, _TYPE_FIELDS)
-                    kind = _type_name(layer, tname, tval)
-                    _, rnd = _field(layer, _ROUND_FIELDS)
-                    _, seq = _field(layer, _SEQ_FIELDS)
-                    # session:sender rank:part:pull (flags bit 0x01; the phase bit is not a stream)
-                    vals = [int(_field(layer, (f,))[1] or 0) for f in _STREAM_FIELDS]
-                    vals[-1] &= _PULL_BIT
-                    stream = ":".join(map(str, vals))
-                    is_data = kind in ("data", "chunk", "1")
-                    row.update(proto="dblp", kind=kind, hdr_round=rnd, seq=seq, stream=stream,
-                               pass_no=_field(layer, _PASS_FIELDS)[1] if is_data else None,
-                               is_data=is_data)
+                    row.update(_dblp_fields({n: int(layer.getfieldval(n)) for n in wire.FIELD_NAMES}))
             elif ip.haslayer(TCP):
                 t = ip[TCP]
                 pl = max(0, int(ip.len) - 4 * int(ip.ihl) - 4 * int(t.dataofs))
@@ -245,20 +201,19 @@ def _read_pcap_scapy(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.
     return pd.DataFrame(rows, columns=PACKET_COLUMNS)
 
 
-def resolve_addresses(captures: dict, known: dict | None = None) -> tuple[dict, list[str]]:
+def resolve_addresses(captures: dict) -> tuple[dict, list[str]]:
     """Address of each capturing role, from every capture of the run at once.
 
     captures: {(arm, role): packets}. A pcap has no direction, so a host that
     only ever talks to one peer is ambiguous on its own. In order:
-    1. `known` ({role: address}, e.g. manifest "addresses");
-    2. a capture with three or more endpoints: the endpoint in most packets;
-    3. a two-endpoint capture whose other endpoint is already another role's;
-    4. DBLP: the sender of DATA without the PULL flag is a member (worker),
+    1. a capture with three or more endpoints: the endpoint in most packets;
+    2. a two-endpoint capture whose other endpoint is already another role's;
+    3. DBLP: the sender of DATA without the PULL flag is a member (worker),
        its receiver the aggregator;
-    5. otherwise the most frequent endpoint, with a warning.
+    4. otherwise the most frequent endpoint, with a warning.
     The same role is the same host in every arm.
     """
-    out = dict(known or {})
+    out: dict = {}
     notes: list[str] = []
     ends = {}
     for key, df in captures.items():
@@ -295,10 +250,24 @@ def resolve_addresses(captures: dict, known: dict | None = None) -> tuple[dict, 
     return out, notes
 
 
-def read_arm(run_dir, arm: str, port: int = DEFAULT_PORT) -> dict:
-    """All pcaps of one arm -> {role: packets} (role = the pcap's file stem)."""
-    return {path.stem: read_pcap(path, arm, path.stem, port)
-            for path in sorted((pathlib.Path(run_dir) / "raw" / arm).glob("*.pcap"))}
+def read_arm(run_dir, arm: str, port: int = DEFAULT_PORT,
+             notes: list[str] | None = None) -> dict:
+    """All pcaps of one arm -> {role: packets} (role = the pcap's file stem).
+
+    A capture that is not one (empty, garbage, cut in its file header) costs
+    only itself: it is left out and `notes` gets a line naming it.
+    """
+    from scapy.error import Scapy_Exception
+
+    out = {}
+    for path in sorted((pathlib.Path(run_dir) / "raw" / arm).glob("*.pcap")):
+        try:
+            out[path.stem] = read_pcap(path, arm, path.stem, port)
+        except (Scapy_Exception, EOFError, OSError, ValueError, struct.error) as exc:
+            if notes is not None:
+                notes.append(f"capture raw/{arm}/{path.name} unreadable, left out: "
+                             f"{str(exc).strip() or type(exc).__name__}")
+    return out
 
 
 def server_address(pk: pd.DataFrame, hosts: dict) -> str | None:
@@ -309,7 +278,7 @@ def server_address(pk: pd.DataFrame, hosts: dict) -> str | None:
         return None
     # The server talks to every worker; a worker talks to the server only.
     peers = collections.defaultdict(set)
-    for s, d in zip(pk["src"], pk["dst"]):
+    for s, d in zip(pk["src"], pk["dst"], strict=True):
         peers[s].add(d)
         peers[d].add(s)
     return sorted(peers.items(), key=lambda kv: (-len(kv[1]), kv[0]))[0][0]
@@ -338,16 +307,17 @@ def assign_rounds(pk: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
     return out
 
 
-def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEFAULT_PORT,
-                 known: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[str]]:
+def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEFAULT_PORT
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[str]]:
     """(per-round table, every packet, {arm: {role: address, "server_address": ...}}, notes)."""
     from testbed.analysis.tables import arm_transport
 
-    captures = {}
+    captures, notes = {}, []
     for arm in arms:
-        for role, df in read_arm(run_dir, arm, port).items():
+        for role, df in read_arm(run_dir, arm, port, notes).items():
             captures[(arm, role)] = df
-    hosts, notes = resolve_addresses(captures, known)
+    hosts, more = resolve_addresses(captures)
+    notes += more
     tables, allpk, addrs = [], [], {}
     for arm in arms:
         frames = [df for (a, _), df in sorted(captures.items()) if a == arm and len(df)]
@@ -411,7 +381,7 @@ def burst_receptions(packets: pd.DataFrame, bursts: pd.DataFrame, addrs: dict) -
     """Count what the burst's target received in the window; fill in the loss if unknown.
 
     The controller's loss rule counts what it saw and what it dropped, which
-    gives the loss exactly (analysis.bursts_table). Without those counters the
+    gives the loss exactly (tables.bursts_table). Without those counters the
     loss is dropped / (dropped + what the target's capture received in the
     burst window). Only targets that name a captured host's downlink
     (server-downlink, workerN-downlink) have a capture to count.

@@ -30,10 +30,7 @@ static bound sits between the bandwidth-bound ratio (1 - P_low)/(1 - P_high)
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import pathlib
-import tomllib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +40,11 @@ class PhysicsInputs:
     rate_bps: bottleneck line rate in bit/s (spec `topology.bw_mbps`, or
         `transport.rate_mbps` when the sender is paced below it).
     rtt_s: measured round-trip time between a worker and the server, seconds
-        (manifest `physics.rtt_s` or `rtt_ms`; the orchestrator measures it).
+        (manifest `rtt_ms`; the runner measures it).
     grad_bytes: gradient bytes one worker sends per round (the workers'
         `start` event, `grad_bytes`).
     flows: how many gradient copies cross the bottleneck per round
-        (the world size for a burst on the server's downlink).
+        (spec `placement.workers` for a burst on the server's downlink).
     base_loss: loss probability outside bursts (0 on a clean fabric).
     burst_loss: loss probability used for a burst when neither the burst's
         measured loss nor its requested `params.p` is known.
@@ -81,7 +78,7 @@ class PhysicsInputs:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PhysicsInputs":
+    def from_dict(cls, d: dict) -> PhysicsInputs:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -162,51 +159,38 @@ def place_speedup(speedup: float, p_low: float, p_high: float) -> dict:
     return out
 
 
-def _num(x):
-    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def inputs_for_run(run_dir, grad_bytes: float | None, world_size: int | None,
+def inputs_for_run(spec, manifest: dict, grad_bytes: float | None,
                    override: dict | None = None) -> tuple[PhysicsInputs | None, list[str]]:
-    """Collect the bound's inputs from the run's spec.toml and manifest.json.
+    """Collect the bound's inputs from the run's spec and manifest.
 
-    Sources, later ones winning: spec `topology.bw_mbps` (or a lower
-    `transport.rate_mbps`), spec burst `p`; manifest `rtt_ms`/`rtt_s` and a
-    manifest `physics` block with any PhysicsInputs field; then `override`.
-    `grad_bytes` and `world_size` come from the workers' start events.
-    Returns (inputs or None, what is missing) so a report can say why no
-    bound is shown instead of inventing one.
+    Sources, later ones winning: the spec's `topology.bw_mbps` (or a lower
+    `transport.rate_mbps`), `placement.workers` and, for loss bursts,
+    `burst_every.p`; the manifest's measured `rtt_ms`; then `override` (the
+    `report` command's options). `grad_bytes` comes from the workers' start
+    events. Returns (inputs or None, what is missing) so a report can say why
+    no bound is shown instead of inventing one; an override the bound cannot
+    use is an InputError.
     """
-    run_dir = pathlib.Path(run_dir)
-    d: dict = {}
-    spec_path = run_dir / "spec.toml"
-    if spec_path.exists():
-        spec = tomllib.loads(spec_path.read_text())
-        bw = _num(spec.get("topology", {}).get("bw_mbps"))
-        pace = _num(spec.get("transport", {}).get("rate_mbps"))
-        rate = bw
-        if pace and (rate is None or pace < rate):
-            rate = pace
-        if rate:
-            d["rate_bps"] = float(rate) * 1e6
-        p = _num(spec.get("burst_every", {}).get("p"))
-        if p is not None and 0 <= p < 1:
-            d["burst_loss"] = float(p)
-    man_path = run_dir / "manifest.json"
-    if man_path.exists():
-        man = json.loads(man_path.read_text())
-        if _num(man.get("rtt_ms")) is not None:
-            d["rtt_s"] = man["rtt_ms"] / 1000.0
-        if _num(man.get("rtt_s")) is not None:
-            d["rtt_s"] = float(man["rtt_s"])
-        if isinstance(man.get("physics"), dict):
-            d.update(man["physics"])
+    from testbed.errors import InputError
+
+    d: dict = {"flows": int(spec["placement"]["workers"])}
+    rate = spec["topology"]["bw_mbps"]
+    pace = spec["transport"]["rate_mbps"]
+    if pace and pace < rate:
+        rate = pace
+    d["rate_bps"] = float(rate) * 1e6
+    gen = spec["burst_every"]
+    if gen["kind"] == "loss" and 0 <= gen["p"] < 1:
+        d["burst_loss"] = float(gen["p"])
+    if manifest.get("rtt_ms") is not None:
+        d["rtt_s"] = manifest["rtt_ms"] / 1000.0
     if grad_bytes:
-        d.setdefault("grad_bytes", float(grad_bytes))
-    if world_size:
-        d.setdefault("flows", int(world_size))
+        d["grad_bytes"] = float(grad_bytes)
     d.update(override or {})
     missing = [k for k in ("rate_bps", "rtt_s", "grad_bytes") if d.get(k) is None]
     if missing:
         return None, missing
-    return PhysicsInputs.from_dict(d), []
+    try:
+        return PhysicsInputs.from_dict(d), []
+    except ValueError as exc:
+        raise InputError(str(exc)) from None

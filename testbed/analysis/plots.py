@@ -12,9 +12,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 _META = {"Software": "dblp-testbed"}  # no version string: rebuilds stay identical across upgrades
 
@@ -36,7 +36,7 @@ def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
     n = max(1, len(arms))
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharey=True, squeeze=False)
     col = _colors(arms)
-    for ax, arm in zip(axes[:, 0], arms):
+    for ax, arm in zip(axes[:, 0], arms, strict=True):
         r = rounds[rounds["arm"] == arm]
         if not len(r):
             ax.set_title(f"{arm}: no rounds", fontsize=9)
@@ -90,14 +90,14 @@ def burst_rounds(summary: dict, arms, path):
     for i, arm in enumerate(arms):
         if mx[i]:
             ax.plot([i - 0.3, i + 0.3], [mx[i]] * 2, color="k", lw=1)
-        bound = a[arm].get("burst_round_phys_bound_ms_p50")
+        bound = a[arm]["burst_round_phys_bound_ms_p50"]
         if bound:
             ax.plot([i - 0.4, i + 0.4], [bound] * 2, color="crimson", ls="--", lw=1.2)
     ax.set_xticks(xs, arms)
     ax.set_ylabel("burst-round latency (ms)")
     notes = []
-    for key, s in sorted(summary["speedups"].items()):
-        if a.get(s["arm"], {}).get("transport") == "dblp" and s["burst_round"]:
+    for _, s in sorted(summary["speedups"].items()):
+        if a[s["arm"]]["transport"] == "dblp" and s["burst_round"]:
             notes.append(f"{s['arm']} vs {s['baseline']}: {s['burst_round']:.2f}x")
     ax.set_title("bar: p50, black: max, red dashed: physical bound\n" + "; ".join(notes),
                  fontsize=8)

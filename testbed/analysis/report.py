@@ -17,45 +17,32 @@ import pathlib
 import click
 
 from testbed.analysis import physics as phys
+from testbed.analysis.formats import write_summary
 
 DERIVED = ["rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
            "report.html", "plots"]
 
 
-def _start_info(raw) -> tuple[float | None, int | None]:
-    gb, ws = [], []
-    for arm in raw.arms:
-        for e in raw.events[arm]:
-            if e.get("event") == "start" and e.get("role") != "server":
-                if isinstance(e.get("grad_bytes"), (int, float)):
-                    gb.append(e["grad_bytes"])
-                if isinstance(e.get("world_size"), int):
-                    ws.append(e["world_size"])
-    return (max(gb) if gb else None), (max(ws) if ws else None)
+def _grad_bytes(raw) -> int | None:
+    """Gradient bytes per worker and round, as the workers measured their model."""
+    gb = [e["grad_bytes"] for arm in raw.arms for e in raw.events[arm]
+          if e["event"] == "start" and e["role"] == "worker"]
+    return max(gb) if gb else None
 
 
 def _evals(raw, rounds):
     import pandas as pd
     rows = []
     for arm in raw.arms:
-        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
+        r = rounds[rounds["arm"] == arm]
         t0 = int(r["t_start_ns"].min()) if len(r) else None
         for e in raw.events[arm]:
-            if e.get("event") == "eval" and isinstance(e.get("test_accuracy"), (int, float)):
-                t = e.get("t_ns")
-                rows.append({"arm": arm, "round": e.get("round"), "rank": e.get("rank"),
-                             "t_s": (t - t0) / 1e9 if t is not None and t0 is not None else math.nan,
-                             "test_accuracy": e["test_accuracy"], "test_loss": e.get("test_loss")})
+            if e["event"] == "eval" and e["test_accuracy"] is not None:
+                rows.append({"arm": arm, "round": e["round"], "rank": e["rank"],
+                             "t_s": (e["t_ns"] - t0) / 1e9 if t0 is not None else math.nan,
+                             "test_accuracy": e["test_accuracy"], "test_loss": e["test_loss"]})
     df = pd.DataFrame(rows, columns=["arm", "round", "rank", "t_s", "test_accuracy", "test_loss"])
     return df.sort_values(["arm", "round", "rank"], kind="stable").reset_index(drop=True)
-
-
-def _port(raw, port: int | None) -> int:
-    from testbed.analysis import packets as pkts
-    if port:
-        return port
-    p = raw.manifest.get("dblp_port") or raw.manifest.get("port")
-    return int(p) if isinstance(p, int) else pkts.DEFAULT_PORT
 
 
 def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
@@ -64,95 +51,43 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
 
     physics: optional PhysicsInputs (or a dict of its fields) overriding what
     the spec and manifest say (see physics.inputs_for_run). port: the DBLP UDP
-    port in the pcaps (default: manifest `dblp_port`, else 47474).
+    port in the pcaps (default: manifest `dblp_port`, else the transport's).
     figures=False skips plots/ and report.md/html (a second per call saved for
     callers that only need the numbers, e.g. tests).
-    Returns the summary dict that was written to summary.json.
+    A capture that cannot be read costs only its own packets (a warning
+    names it); summary.json is written before the figures, so a failing plot
+    never costs it either. Returns the summary that was written.
     """
-    from testbed.analysis import tables as analysis
     from testbed.analysis import packets as pkts
     from testbed.analysis import plots  # pandas/matplotlib: only when building
+    from testbed.analysis import tables as analysis
     run_dir = pathlib.Path(run_dir)
     raw = analysis.load_raw(run_dir)
-    grad_bytes, world = _start_info(raw)
     if isinstance(physics, phys.PhysicsInputs):
         inputs, missing = physics, []
     else:
-        inputs, missing = phys.inputs_for_run(run_dir, grad_bytes, world, physics)
-    bursts = analysis.bursts_table(raw)
-    rounds = analysis.rounds_table(raw, bursts)
-    known = raw.manifest.get("addresses") if isinstance(raw.manifest.get("addresses"), dict) else None
-    packet_table, packet_rows, addrs, notes = pkts.packet_table(run_dir, raw.arms, rounds,
-                                                                _port(raw, port), known)
-    bursts = pkts.burst_receptions(packet_rows, bursts, addrs)
-    rounds = analysis.rounds_table(raw, bursts)  # again: burst loss now measured where possible
+        inputs, missing = phys.inputs_for_run(raw.spec, raw.manifest, _grad_bytes(raw), physics)
+    rounds = analysis.rounds_table(raw)
+    packet_table, packet_rows, addrs, notes = pkts.packet_table(
+        run_dir, raw.arms, rounds, port or raw.manifest.get("dblp_port") or pkts.DEFAULT_PORT)
+    bursts = pkts.burst_receptions(packet_rows, analysis.bursts_table(raw), addrs)
+    rounds = analysis.join_bursts(rounds, bursts)
     bursts = analysis.count_rounds_hit(bursts, rounds)
     rounds = analysis.add_physics(rounds, inputs)
-    summary = analysis.summarize(raw, rounds, bursts, inputs, missing)
-    summary["warnings"] += notes
-    summary["packets"] = _packet_summary(packet_table, raw.arms)
-    summary["fidelity"] = {a: {k: v for k, v in (raw.manifest.get("arms", {}).get(a) or {}).items()
-                               if k != "status"} for a in raw.arms}
-    summary["fidelity_flags"] = {a: fidelity_flags(summary["fidelity"][a].get("fidelity") or {})
-                                 for a in raw.arms}
-    for a, flags in summary["fidelity_flags"].items():
-        summary["warnings"] += [f"arm {a}: {f}" for f in flags]
-    evals = _evals(raw, rounds)
+    summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes)
 
     rounds.to_csv(run_dir / "rounds.csv", index=False)
     bursts.to_csv(run_dir / "bursts.csv", index=False)
     packet_table.to_csv(run_dir / "packets.csv", index=False)
-    (run_dir / "summary.json").write_text(json.dumps(analysis._finite(summary), indent=2,
-                                                     sort_keys=True) + "\n")
+    write_summary(run_dir / "summary.json", summary)
     if not figures:
         return summary
+    evals = _evals(raw, rounds)
     pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms)
-    sections = _sections(summary, rounds, bursts, packet_table, raw)
+    sections = _sections(summary, rounds, bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))
     return summary
-
-
-# An arm whose numbers the emulator rather than the network decided (Mininet-HiFi's
-# invariants): the host CPU was saturated, the bottleneck never reached its
-# shaped rate, or OVS itself dropped packets.
-CPU_BUSY_FLAG = 0.90
-RATE_SHORTFALL_FLAG = 0.80
-
-
-def fidelity_flags(f: dict) -> list[str]:
-    """Human-readable flags from an arm's fidelity record (manifest arms.<arm>.fidelity).
-
-    Understood keys: cpu_busy_frac, achieved_mbps with shaped_mbps, ovs_drops,
-    and flags (strings the orchestrator already decided on).
-    """
-    out = [str(x) for x in f.get("flags") or []]
-    cpu = f.get("cpu_busy_frac")
-    if isinstance(cpu, (int, float)) and cpu >= CPU_BUSY_FLAG:
-        out.append(f"CPU {100 * cpu:.0f} % busy: the emulator, not the network, may have set "
-                   "the latencies")
-    ach, shp = f.get("achieved_mbps"), f.get("shaped_mbps")
-    if isinstance(ach, (int, float)) and isinstance(shp, (int, float)) and shp > 0 \
-            and ach < RATE_SHORTFALL_FLAG * shp:
-        out.append(f"bottleneck reached {ach:.3g} of {shp:.3g} Mbit/s shaped: emulator-bound")
-    drops = f.get("ovs_drops")
-    if isinstance(drops, (int, float)) and drops > 0:
-        out.append(f"Open vSwitch dropped {drops:.0f} packets itself")
-    return out
-
-
-def _packet_summary(table, arms) -> dict:
-    out = {}
-    for arm in arms:
-        t = table[table["arm"] == arm]
-        if not len(t):
-            continue
-        out[arm] = {}
-        for d, g in t.groupby("direction"):
-            out[arm][d] = {c: float(g[c].sum(min_count=1)) if g[c].notna().any() else None
-                           for c in ("sent_packets", "sent_bytes", "recv_packets", "retransmissions",
-                                     "drops", "control_packets")}
-    return out
 
 
 # ------------------------------------------------------------- rendering --
@@ -163,11 +98,11 @@ def _f(x, fmt="{:.2f}", none="–"):
     return fmt.format(x)
 
 
-def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
+def _sections(s: dict, rounds, bursts) -> list[dict]:
     arms = s["arms_order"]
     a = s["arms"]
     sec = []
-    sec.append({"title": f"Run {s.get('name') or raw.run_dir.name}: status {s['status']}",
+    sec.append({"title": f"Run {s['name']}: status {s['status']}",
                 "text": [f"Arms: {', '.join(arms)}. Baselines (every arm whose transport is not "
                          f"dblp): {', '.join(s['baselines']) or 'none'}. Speedup = baseline / arm "
                          "(> 1: the arm is faster). Latency = critical-path communication time "
@@ -248,7 +183,8 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
                     "cheap passes towards the bandwidth-bound ratio.")
     br = rounds[rounds["in_burst"]] if len(rounds) else rounds
     rows = [[r.arm, r.round, r.burst_id, _f(r.phys_loss, "{:.3f}"), _f(r.bound, "{:.3f}"),
-             r.phase if isinstance(r.phase, str) else "–", _f(r.latency_ms), _f(r.phys_bound_ms), _f(r.latency_over_bound, "{:.2f}x")]
+             r.phase if isinstance(r.phase, str) else "–", _f(r.latency_ms), _f(r.phys_bound_ms),
+             _f(r.latency_over_bound, "{:.2f}x")]
             for r in br.itertuples(index=False)]
     tables.append((["arm", "round", "burst", "loss p", "bound P", "phase", "latency ms",
                     "bound ms", "latency / bound"], rows))
@@ -291,7 +227,7 @@ def _sections(s: dict, rounds, bursts, ptab, raw) -> list[dict]:
     rows = [[t["target"], _f(t["value"], "{:.3g}"),
              {True: "met", False: "MISSED", None: "not measurable"}[t["met"]]] for t in s["targets"]]
     if rows:
-        sec.append({"title": "Targets (issue 6, default run)", "tables": [(["target", "value", "verdict"], rows)],
+        sec.append({"title": "Targets (default run)", "tables": [(["target", "value", "verdict"], rows)],
                     "text": ["Values: bound factor = burst p50 / physical bound; speedups are "
                              "ratios; accuracy in points (DBLP minus static). Where a target is "
                              "missed, the physics and fidelity sections say why."]})
@@ -355,17 +291,12 @@ def render_html(sections: list[dict], pngs) -> str:
               help="Bottleneck rate for the physical bound (default: spec topology.bw_mbps).")
 def report_cmd(run_dir, rtt_ms, rate_mbps):
     """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json)."""
-    from testbed.analysis.tables import RawError
     override = {}
     if rtt_ms is not None:
         override["rtt_s"] = rtt_ms / 1000.0
     if rate_mbps is not None:
         override["rate_bps"] = rate_mbps * 1e6
-    try:
-        s = build_outputs(run_dir, override or None)
-    except (RawError, ValueError) as exc:
-        click.echo(f"dblp-testbed: error: {exc}", err=True)
-        raise SystemExit(2)
+    s = build_outputs(run_dir, override or None)
     click.echo(f"{run_dir}: status {s['status']}; wrote " + ", ".join(DERIVED))
     for key, sp in sorted(s["speedups"].items()):
         if s["arms"][sp["arm"]]["transport"] == "dblp":

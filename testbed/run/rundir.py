@@ -7,8 +7,6 @@ crash at any point still leaves an honest account of how far it got.
 """
 from __future__ import annotations
 
-from testbed import REPO_ROOT
-from testbed.errors import InputError
 import datetime as _dt
 import importlib.metadata
 import json
@@ -18,7 +16,10 @@ import platform
 import subprocess
 import time
 
+from testbed import REPO_ROOT
 from testbed.config.spec import Spec
+from testbed.errors import InputError
+from workloads import runlog
 
 
 
@@ -80,40 +81,134 @@ def describe_environment() -> dict:
     }
 
 
+# The manifest.json format, declared once: its writer (Manifest) and its
+# reader (read_manifest) both check against these fields. History:
+#   1: first declared version: "schema" and "raw_log_schema" added; the
+#      undocumented "addresses", "physics" and fidelity "flags" dropped
+#      (nothing wrote them).
+MANIFEST_SCHEMA = 1
+KNOWN_MANIFEST_SCHEMAS = frozenset({1})
+
+_F = runlog.Field
+MANIFEST_FIELDS = (
+    _F("schema", "int", doc="version of this format"),
+    _F("raw_log_schema", "int", doc="version of the raw-log events in raw/ (workloads.runlog)"),
+    _F("name", "str", doc="spec name"),
+    _F("seed", "int", doc="spec seed"),
+    _F("arms", "dict", doc="arm -> ARM_FIELDS, in the spec's order"),
+    _F("status", "str", doc="running | ok | failed | error | interrupted"),
+    _F("started_utc", "str", doc="ISO time the run started"),
+    _F("started_ns", "int", doc="time.time_ns() the run started"),
+    _F("pid", "int", doc="the harness's process id"),
+    _F("environment", "dict", doc="versions and revision (describe_environment)"),
+    _F("capabilities", "dict", doc="what the machine could emulate"),
+    _F("ended_utc", "str", required=False, doc="ISO time the run ended"),
+    _F("error", "str", required=False, doc="why the run ended early"),
+    _F("placement", "dict", required=False, doc="server and worker hosts"),
+    _F("fabric_startup_s", "num", required=False, doc="seconds to build the fabric"),
+    _F("dblp_port", "int", required=False, doc="the dblp transport's UDP port in the captures"),
+    _F("rtt_ms", "num", required=False, nullable=True,
+       doc="median idle worker-server RTT (null: ping failed)"),
+    _F("report_error", "str", required=False, doc="why building the outputs failed"),
+)
+ARM_FIELDS = (
+    _F("status", "str", doc="pending | running | ok | failed | interrupted | skipped"),
+    _F("started_ns", "int", required=False),
+    _F("ended_ns", "int", required=False),
+    _F("error", "str", required=False, doc="the failed processes' last log lines"),
+    _F("fidelity", "dict", required=False, doc="FIDELITY_FIELDS, measured during the arm"),
+)
+FIDELITY_FIELDS = (
+    _F("cpu_busy_frac", "num", required=False, doc="machine-wide CPU busy fraction"),
+    _F("bottleneck", "str", required=False, doc="interface watched as the bottleneck"),
+    _F("shaped_mbps", "num", required=False, doc="its shaped rate"),
+    _F("achieved_mbps", "num", required=False, doc="best rate it carried over a window"),
+    _F("queue_drops", "int", required=False, nullable=True, doc="its qdisc's drops"),
+    _F("ovs_drops", "int", required=False, nullable=True, doc="packets Open vSwitch dropped"),
+)
+
+
+class ManifestError(InputError):
+    """manifest.json is missing, malformed or of an unknown version."""
+
+
+def check_manifest(data, where: str = "manifest.json") -> dict:
+    """``data`` if it matches the declaration (any known version), else ManifestError."""
+    try:
+        runlog.check_fields(data, MANIFEST_FIELDS, where)
+        if data["schema"] not in KNOWN_MANIFEST_SCHEMAS:
+            raise runlog.MalformedEvent(
+                f"{where}: schema version {data['schema']} is unknown (this dblp-testbed "
+                f"reads {', '.join(map(str, sorted(KNOWN_MANIFEST_SCHEMAS)))})")
+        if data["raw_log_schema"] not in runlog.KNOWN_VERSIONS:
+            raise runlog.MalformedEvent(
+                f"{where}: raw-log schema version {data['raw_log_schema']} is unknown (this "
+                f"dblp-testbed reads {', '.join(map(str, sorted(runlog.KNOWN_VERSIONS)))})")
+        for arm, rec in data["arms"].items():
+            runlog.check_fields(rec, ARM_FIELDS, f"{where} arms.{arm}")
+            if "fidelity" in rec:
+                runlog.check_fields(rec["fidelity"], FIDELITY_FIELDS, f"{where} arms.{arm}.fidelity")
+    except runlog.MalformedEvent as exc:
+        raise ManifestError(str(exc)) from None
+    return data
+
+
+def read_manifest(run_dir) -> dict:
+    """RUN/manifest.json, checked against the declaration; ManifestError names the problem."""
+    path = pathlib.Path(run_dir) / "manifest.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: not found (is {run_dir} a run directory?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: not readable JSON ({exc})") from None
+    return check_manifest(data, str(path))
+
+
 class Manifest:
-    """The run's manifest.json, updated atomically as the run progresses."""
+    """The run's manifest.json, updated atomically as the run progresses.
+
+    Every write is checked against MANIFEST_FIELDS: a field the declaration
+    lacks is a bug and raises here, not in a reader months later.
+    """
 
     def __init__(self, run_dir: pathlib.Path, spec: Spec, capabilities: dict | None = None):
         self.path = run_dir / "manifest.json"
-        self.data = {
+        self.data: dict = {}
+        self._write({
+            "schema": MANIFEST_SCHEMA,
+            "raw_log_schema": runlog.SCHEMA_VERSION,
             "name": spec.name,
             "seed": spec.seed,
             "arms": {a: {"status": "pending"} for a in spec.arms},
             "status": "running",
-            "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "started_ns": time.time_ns(),
             "pid": os.getpid(),
             "environment": describe_environment(),
             "capabilities": capabilities or {},
-        }
-        self.write()
+        })
 
     def arm(self, arm: str, **fields):
-        self.data["arms"].setdefault(arm, {}).update(fields)
-        self.write()
+        arms = dict(self.data["arms"])
+        arms[arm] = {**arms.get(arm, {}), **fields}
+        self._write({**self.data, "arms": arms})
 
     def finish(self, status: str, error: str | None = None):
-        self.data["status"] = status
-        self.data["ended_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        if error:
-            self.data["error"] = error
-        self.write()
+        ended = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        self._write({**self.data, "status": status, "ended_utc": ended,
+                     **({"error": error} if error else {})})
 
     def update(self, **fields):
-        self.data.update(fields)
-        self.write()
+        self._write({**self.data, **fields})
 
-    def write(self):
+    def _write(self, data: dict):
+        """Check, then replace manifest.json atomically; a refused update changes nothing."""
+        try:
+            check_manifest(data)
+        except ManifestError as exc:
+            raise ValueError(f"bug: the manifest does not match its declaration: {exc}") from None
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.path)
+        self.data = data

@@ -1,6 +1,7 @@
 """Analysis of a hand-written run directory whose every answer is known in advance.
 
-`make_run` writes RUN/raw/ in the COMMON.md JSON-line schema with chosen
+`make_run` writes a run directory (RUN/raw/ in the declared raw-log events of
+`workloads.runlog`, spec.toml and manifest.json) with chosen
 timings: three workers whose compute ends staggered (so only the
 critical-path definition of latency gives the chosen numbers), two bursts per
 arm of which the second touches the previous round's end exactly (so the
@@ -11,9 +12,11 @@ import math
 
 import pytest
 
-from testbed.analysis import tables as analysis
 from testbed.analysis import physics
+from testbed.analysis import tables as analysis
 from testbed.analysis.report import build_outputs
+from testbed.run.rundir import MANIFEST_SCHEMA
+from workloads.runlog import SCHEMA_VERSION
 
 pytestmark = pytest.mark.unit
 
@@ -44,12 +47,25 @@ def bound_of(arm, r):
     return 0.008 if r < 2 else 0.408
 
 
+def phase_of(arm, r):
+    if arm == "gloo":
+        return None
+    return "critical" if bound_of(arm, r) == 0.008 else "stable"
+
+
 def round_start(arm, r):
     return T0[arm] + r * PERIOD
 
 
-def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, spec=True,
-             manifest=True, rtt_ms=5.0):
+def manifest_data(name, arms, **fields) -> dict:
+    """A manifest.json of the declared format, as the runner writes it at the end of a run."""
+    return {"schema": MANIFEST_SCHEMA, "raw_log_schema": SCHEMA_VERSION, "name": name, "seed": 1,
+            "arms": {a: {"status": "ok"} for a in arms}, "status": "ok",
+            "started_utc": "2026-01-01T00:00:00+00:00", "started_ns": 10**18, "pid": 1,
+            "environment": {}, "capabilities": {}, **fields}
+
+
+def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, rtt_ms=5.0):
     """Write a run directory with known timings; returns its path."""
     run = tmp
     for arm in arms:
@@ -58,7 +74,8 @@ def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, spec=Tr
         for rank in range(WORKERS):
             lines = [{"event": "start", "arm": arm, "role": "worker", "rank": rank,
                       "model": "digits_cnn", "params": GRAD // 4, "grad_bytes": GRAD,
-                      "world_size": WORKERS, "seed": 1, "t_ns": T0[arm] - MS}]
+                      "world_size": WORKERS, "seed": 1, "t_ns": T0[arm] - MS,
+                      "rounds": ROUNDS}]
             for r in range(ROUNDS):
                 ts = round_start(arm, r)
                 comm_start = ts + 10 * MS + rank * MS   # rank 2 is the last to start communicating
@@ -67,11 +84,10 @@ def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, spec=Tr
                               "round": r, "epoch": 0, "t_start_ns": ts, "t_end_ns": end,
                               "compute_s": (comm_start - ts) / 1e9, "comm_s": (end - comm_start) / 1e9,
                               "bound": bound_of(arm, r),
-                              "phase": None if arm == "gloo" else ("critical" if bound_of(arm, r) == 0.008 else "stable"),
-                              "loss": 1.0 / (r + 1),
-                              "stats": {} if arm == "gloo" else {"bytes_sent": 4000, "chunks_sent": 4,
-                                                                  "retransmitted": 1 if r in BURST_ROUNDS else 0,
-                                                                  "probe_rounds": 2}})
+                              "phase": phase_of(arm, r), "loss": 1.0 / (r + 1),
+                              "stats": {} if arm == "gloo" else {
+                                  "bytes_sent": 4000, "chunks_sent": 4,
+                                  "retransmitted": 1 if r in BURST_ROUNDS else 0, "probe_rounds": 2}})
                 if rank == 0 and r in (4, 9):
                     lines.append({"event": "eval", "arm": arm, "role": "worker", "rank": 0,
                                   "round": r, "epoch": 0, "t_ns": end + MS,
@@ -95,14 +111,13 @@ def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, spec=Tr
              "dropped_packets": 8},
         ]
         (d / "bursts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in bursts))
-    if spec:
-        (run / "spec.toml").write_text(
-            'name = "unit"\narms = [' + ", ".join(f'"{a}"' for a in arms) + ']\n\n'
-            '[topology]\nbw_mbps = 20.0\n\n[transport]\nrate_mbps = 0.0\n\n'
-            '[burst_every]\np = 0.8\n')
-    if manifest:
-        (run / "manifest.json").write_text(json.dumps({"name": "unit", "rtt_ms": rtt_ms,
-                                                       "arms": {a: {"status": "ok"} for a in arms}}))
+    (run / "spec.toml").write_text(
+        'name = "unit"\narms = [' + ", ".join(f'"{a}"' for a in arms) + ']\n\n'
+        f'[topology]\nbw_mbps = 20.0\n\n[placement]\nworkers = {WORKERS}\n\n'
+        '[transport]\nrate_mbps = 0.0\np_static = 0.008\np_low = 0.008\np_high = 0.408\n\n'
+        '[burst_every]\np = 0.8\n')
+    extra = {"rtt_ms": rtt_ms} if rtt_ms is not None else {}
+    (run / "manifest.json").write_text(json.dumps(manifest_data("unit", arms, **extra)))
     return run
 
 
@@ -115,7 +130,7 @@ def test_rounds_latency_is_the_critical_path_and_join_is_exact(run_dir):
     raw = analysis.load_raw(run_dir)
     assert raw.arms == ["gloo", "static", "dblp"]  # spec order, not alphabetical
     bursts = analysis.bursts_table(raw)
-    rounds = analysis.rounds_table(raw, bursts)
+    rounds = analysis.join_bursts(analysis.rounds_table(raw), bursts)
     assert len(rounds) == 3 * ROUNDS
     for r in rounds.itertuples():
         assert r.latency_ms == pytest.approx(latency(r.arm, r.round), abs=1e-6)
@@ -221,7 +236,7 @@ def test_physics_formulas():
 
 
 def test_missing_rtt_gives_no_bound_and_says_why(tmp_path):
-    run = make_run(tmp_path / "run", manifest=False)
+    run = make_run(tmp_path / "run", rtt_ms=None)
     s = build_outputs(run, figures=False)
     assert s["physics"]["missing_inputs"] == ["rtt_s"]
     assert s["arms"]["dblp"]["burst_round_phys_bound_ms_p50"] is None
@@ -267,17 +282,17 @@ def test_spread_warning_on_wide_burst_rounds(tmp_path):
         f.write_text("\n".join(out) + "\n")
     raw = analysis.load_raw(run)
     b = analysis.bursts_table(raw)
-    r = analysis.rounds_table(raw, b)
+    r = analysis.join_bursts(analysis.rounds_table(raw), b)
     s = analysis.summarize(raw, analysis.add_physics(r, None), analysis.count_rounds_hit(b, r),
                            None, [])
     sp = s["speedups"]["dblp_vs_static"]
     assert sp["burst_round"] == pytest.approx(4.0)           # median unchanged
-    assert sp["burst_round_spread"] == pytest.approx((550 / 250))
+    assert sp["burst_round_spread"] == pytest.approx(550 / 250)
     assert sp["burst_round_low"] == pytest.approx(250 / 100)
     assert sp["burst_round_high"] == pytest.approx(550 / 100)
 
 
-def test_issue_targets(run_dir):
+def test_default_run_targets(run_dir):
     s = build_outputs(run_dir, figures=False)
     t = {x["target"]: x for x in s["targets"]}
     b = t["static: burst-round p50 within 1.5x of its bound"]
@@ -341,7 +356,7 @@ def test_relaxed_phase_speedup(tmp_path):
     s = build_outputs(run, figures=False)
     pl = s["physics"]["pairs"]["dblp_vs_static"]
     assert pl["relaxed_rounds"] == 1 and pl["speedup_relaxed_rounds"] == pytest.approx(4.0)
-    assert pl["p_high"] == pytest.approx(0.408)   # DBLP's relaxed bound, not a median
+    assert pl["p_high"] == pytest.approx(0.408)   # the spec's P_high
 
 
 def test_round_line_without_timestamps_is_skipped_and_said(tmp_path):
@@ -350,4 +365,5 @@ def test_round_line_without_timestamps_is_skipped_and_said(tmp_path):
         fh.write(json.dumps({"event": "round", "arm": "static", "rank": 2, "round": 99}) + "\n")
     s = build_outputs(run, figures=False)
     assert s["arms"]["static"]["rounds"] == ROUNDS
-    assert sum("round line without integer" in w for w in s["warnings"]) == 1
+    assert sum(w.startswith("raw/static/worker2.jsonl:") and "missing" in w
+               for w in s["warnings"]) == 1

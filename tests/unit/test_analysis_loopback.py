@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from testbed.analysis.report import build_outputs
+from testbed.config import spec as specmod
+from testbed.run.rundir import Manifest
 from workloads.loopback import read_jsonl, run_arm
 
 pytestmark = pytest.mark.unit
@@ -22,6 +24,14 @@ def loopback_run(tmp_path_factory):
     res = run_arm("dblp", str(out), workers=WORKERS, rounds=ROUNDS, timeout_s=150,
                   worker_args=["--eval-every", "4"])
     assert res["status"] == "ok", res
+    # The loopback launcher writes raw/ only; the settings the analysis reads
+    # come from the spec and manifest a run directory always has.
+    spec = specmod.load(None, overrides=["name=loopback", "arms=dblp",
+                                          f"placement.workers={WORKERS}"])
+    (out / "spec.toml").write_text(spec.to_toml())
+    manifest = Manifest(out, spec)
+    manifest.arm("dblp", status="ok")
+    manifest.finish("ok")
     return out
 
 
@@ -45,6 +55,8 @@ def test_real_logs_analyse(loopback_run):
         "dropped_packets": 0, "seen_packets": 10}) + "\n")
 
     s = build_outputs(loopback_run)
+    # Every line the real processes wrote matches the raw-log declaration.
+    assert not [w for w in s["warnings"] if w.startswith("raw/")], s["warnings"]
     r = pd.read_csv(loopback_run / "rounds.csv")
     assert s["status"] == "ok" and s["arms"]["dblp"]["rounds"] == ROUNDS
     assert r["round"].tolist() == list(range(ROUNDS))

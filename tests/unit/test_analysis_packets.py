@@ -164,7 +164,7 @@ def test_header_round_offset_and_address_resolution(captured_run):
     assert pk["hdr_round"].min() == 3                # counter = logged round + 1
     from testbed.analysis import tables as analysis
     raw = analysis.load_raw(captured_run)
-    rt = analysis.rounds_table(raw, analysis.bursts_table(raw))
+    rt = analysis.rounds_table(raw)
     got = packets.assign_rounds(pk, rt[rt["arm"] == "dblp"])
     assert sorted(set(got)) == [2.0, 3.0]
     # Without a `server` capture the busiest peer is the server.

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from testbed.analysis import compare
+from testbed.analysis import compare, formats
 from testbed.analysis.report import build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -52,7 +52,7 @@ def test_reference_tolerances_come_from_the_spread(reference):
     rng = 400 / 90 - 400 / 110
     assert ref["tolerances"][key] == {"direction": "higher",
                                       "rel": pytest.approx(1.5 * rng / 4.0)}
-    assert ref["spread"][key]["max_over_min"] == pytest.approx(110 / 90)   # issue 6: <= 1.3
+    assert ref["spread"][key]["max_over_min"] == pytest.approx(110 / 90)
     acc = ref["tolerances"]["arms.dblp.final_accuracy"]
     assert acc["abs"] == pytest.approx(0.02)  # no spread: the floor
     assert ref["figures"]["speedups.dblp_vs_gloo.burst_round"] == pytest.approx(8.0)
@@ -95,8 +95,9 @@ def test_faster_is_not_a_regression(runs, reference, tmp_path):
 @pytest.mark.parametrize("content,needle", [
     (None, "file not found"),
     ("{not json", "not valid JSON"),
-    ('{"figures": {}}', "needs a 'figures' and a 'tolerances' object"),
-    ('{"figures": {}, "tolerances": {"x": {"rel": 0.1}}}', "direction"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"figures": {}}', "no schema version"),
+    ('{"schema": 99, "figures": {}}', "schema version 99"),
 ])
 def test_bad_reference_is_one_line_exit_2(runs, tmp_path, content, needle):
     ref = tmp_path / "ref.json"
@@ -106,6 +107,78 @@ def test_bad_reference_is_one_line_exit_2(runs, tmp_path, content, needle):
     assert res.returncode == 2
     assert needle in res.stderr and res.stderr.strip().count("\n") == 0
     assert str(ref) in res.stderr
+
+
+GUARD = "speedups.dblp_vs_static.burst_round"
+ACCURACY = "arms.dblp.final_accuracy"
+
+
+def _drop_tolerance(r):
+    del r["tolerances"][GUARD]
+
+
+def _drop_figure(r):
+    del r["figures"][GUARD]
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (_drop_tolerance, f"guarded figure '{GUARD}' has no tolerance"),
+    (_drop_figure, f"figure '{GUARD}' must be a finite number"),
+    (lambda r: r["figures"].update({GUARD: "4.0"}), "must be a finite number"),
+    (lambda r: r["figures"].update({GUARD: float("nan")}), "must be a finite number"),
+    (lambda r: r["figures"].update({GUARD: float("inf")}), "must be a finite number"),
+    (lambda r: r["tolerances"][GUARD].update(rel=0.0), "rel must be in (0, 1)"),
+    (lambda r: r["tolerances"][GUARD].update(rel=1.0), "rel must be in (0, 1)"),
+    (lambda r: r["tolerances"][GUARD].update(rel=-0.2), "rel must be in (0, 1)"),
+    (lambda r: r["tolerances"][GUARD].update(rel="0.2"), "must be num"),
+    (lambda r: r["tolerances"][ACCURACY].update(abs=5.0), "abs must be in (0, |figure|"),
+    (lambda r: r["tolerances"][GUARD].update(direction="up"), "direction 'higher' or 'lower'"),
+    (lambda r: r["tolerances"][GUARD].pop("rel"), "needs a 'rel' or an 'abs'"),
+    (lambda r: r["tolerances"].update({GUARD: 0.2}), "not a JSON object"),
+    (lambda r: r["tolerances"].update({"arms.dblp.rounds": {"direction": "higher", "rel": 0.1}}),
+     "figure 'arms.dblp.rounds' must be a finite number"),
+    (lambda r: r["shown"].update({"bursts.count": "15"}), "shown figure 'bursts.count'"),
+    (lambda r: r.pop("figures"), "field 'figures' missing"),
+])
+def test_reference_that_cannot_fail_is_refused(runs, reference, tmp_path, mutate, needle):
+    """A reference that guards nothing is exit 2 and one line: never a traceback, never exit 1."""
+    ref = json.loads(reference.read_text())
+    mutate(ref)
+    bad = tmp_path / "ref.json"
+    bad.write_text(json.dumps(ref))
+    for run in (runs["r1"], runs["weak"]):       # a passing and a regressing run alike
+        res = _cli("compare", run, "--reference", bad)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert needle in res.stderr, res.stderr
+        assert res.stderr.strip().count("\n") == 0 and str(bad) in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_committed_reference_is_valid():
+    ref = compare.read_reference(pathlib.Path(__file__).parents[2] / "results" / "reference" / "ci.json")
+    assert ref["schema"] == formats.REFERENCE_SCHEMA
+    assert set(formats.GUARDED) <= set(ref["figures"])
+
+
+def test_update_refuses_a_reference_that_could_not_fail(runs, tmp_path):
+    """Runs so far apart that the spread-derived tolerance would reach 100 %: refused."""
+    wild = make_run(tmp_path / "wild", burst=dict(BURST, dblp=10.0))
+    build_outputs(wild, figures=False)
+    ref = tmp_path / "ref.json"
+    res = _cli("compare", runs["r1"], wild, "--reference", ref, "--update")
+    assert res.returncode == 2 and "rel must be in (0, 1)" in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and not ref.exists()
+
+
+def test_unknown_summary_version_is_refused(runs, reference, tmp_path):
+    run = make_run(tmp_path / "run")
+    build_outputs(run, figures=False)
+    s = json.loads((run / "summary.json").read_text())
+    s["schema"] = 2
+    (run / "summary.json").write_text(json.dumps(s))
+    res = _cli("compare", run, "--reference", reference)
+    assert res.returncode == 2 and "schema version 2" in res.stderr
+    assert res.stderr.strip().count("\n") == 0
 
 
 def test_missing_summary_is_one_line_exit_2(reference, tmp_path):

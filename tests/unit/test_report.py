@@ -69,3 +69,133 @@ def test_fidelity_flags_reach_the_report(tmp_path):
     flags = s["fidelity_flags"]["static"]
     assert len(flags) == 2 and "CPU 97 % busy" in flags[0] and "9 of 20 Mbit/s" in flags[1]
     assert "arm static: CPU 97 % busy" in (run / "report.md").read_text()
+
+
+def _cli(*args):
+    return subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00garbage, not a capture" * 20,
+                                     b"\xd4\xc3\xb2\xa1\x02\x00"])   # cut in its file header
+def test_unreadable_capture_is_a_warning_naming_it(tmp_path, content):
+    run = make_run(tmp_path / "run")
+    (run / "raw" / "dblp" / "server.pcap").write_bytes(content)
+    res = _cli("report", run)
+    assert res.returncode == 0, res.stderr
+    assert "raw/dblp/server.pcap unreadable" in res.stdout
+    for name in ("rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
+                 "report.html"):
+        assert (run / name).stat().st_size > 0, name
+    s = json.loads((run / "summary.json").read_text())
+    assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
+
+
+def test_raw_log_with_wrong_types_is_a_warning_naming_it(tmp_path):
+    run = make_run(tmp_path / "run")
+    w = run / "raw" / "static" / "worker1.jsonl"
+    lines = [json.loads(x) for x in w.read_text().splitlines()]
+    bad = next(i for i, e in enumerate(lines) if e["event"] == "round" and e["round"] == 5)
+    lines[bad]["comm_s"] = "fast"
+    b = run / "raw" / "static" / "bursts.jsonl"
+    blines = [json.loads(x) for x in b.read_text().splitlines()]
+    blines[0]["actual_start_ns"] = "soon"
+    w.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    b.write_text("".join(json.dumps(e) + "\n" for e in blines))
+    res = _cli("report", run)
+    assert res.returncode == 0, res.stderr
+    assert f"raw/static/worker1.jsonl:{bad + 1}: round event: field 'comm_s' must be num" in res.stdout
+    assert "raw/static/bursts.jsonl:1: burst event: field 'actual_start_ns' must be int" in res.stdout
+    s = json.loads((run / "summary.json").read_text())
+    assert s["arms"]["static"]["rounds"] == 10 and s["bursts"]["per_arm"]["static"] == 1
+    assert (run / "report.html").stat().st_size > 0
+
+
+def test_bad_capture_inside_run_keeps_the_summary(tmp_path):
+    """`run` builds the outputs at its end: one bad capture must not cost summary.json."""
+    from testbed.run.runner import _build_outputs
+
+    class Recorder:
+        def update(self, **fields):
+            self.fields = fields
+
+    run = make_run(tmp_path / "run")
+    (run / "raw" / "gloo" / "worker0.pcap").write_bytes(b"not a pcap")
+    rec = Recorder()
+    _build_outputs(run, rec)
+    assert not hasattr(rec, "fields"), rec.fields          # no report_error recorded
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "ok"
+    assert any("raw/gloo/worker0.pcap unreadable" in w for w in s["warnings"])
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"schema": 3}, "schema version 3 is unknown"),
+    ({"raw_log_schema": 2}, "raw-log schema version 2 is unknown"),
+])
+def test_report_refuses_an_unknown_version(tmp_path, change, needle):
+    run = make_run(tmp_path / "run")
+    man = json.loads((run / "manifest.json").read_text())
+    man.update(change)
+    (run / "manifest.json").write_text(json.dumps(man))
+    res = _cli("report", run)
+    assert res.returncode == 2 and needle in res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "manifest.json" in res.stderr
+    assert not (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize("name,content,needle", [
+    ("manifest.json", None, "manifest.json: not found"),
+    ("manifest.json", "{", "manifest.json: not readable JSON"),
+    ("spec.toml", None, "spec.toml: not found"),
+    ("spec.toml", "arms = [", "not valid TOML"),
+    ("spec.toml", 'arms = ["nope"]', "unknown arm 'nope'"),
+])
+def test_report_on_a_broken_run_dir_is_one_line(tmp_path, name, content, needle):
+    run = make_run(tmp_path / "run")
+    if content is None:
+        (run / name).unlink()
+    else:
+        (run / name).write_text(content)
+    res = _cli("report", run)
+    assert res.returncode == 2 and needle in res.stderr, res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "Traceback" not in res.stderr
+
+
+def test_summary_has_one_author_and_the_rounds_table_is_built_once(tmp_path, monkeypatch):
+    from testbed.analysis import formats, tables
+
+    run = make_run(tmp_path / "run")
+    calls = []
+    real = tables.rounds_table
+    monkeypatch.setattr(tables, "rounds_table", lambda raw: calls.append(1) or real(raw))
+    s = build_outputs(run, figures=False)
+    assert len(calls) == 1
+    on_disk = formats.read_summary(run)
+    assert on_disk == json.loads(json.dumps(s)) and on_disk["schema"] == formats.SUMMARY_SCHEMA
+
+
+def test_settings_come_from_the_spec_and_the_arms_registry(tmp_path, monkeypatch):
+    """P_high and the static bound are the spec's; the baseline pair is found by (control, mode)."""
+    from testbed.config import spec as specmod
+
+    # Arm names from which no renaming finds the pair: only the registry can.
+    monkeypatch.setitem(specmod.ARMS, "phase-aware", ("dblp", "udp", "ps"))
+    monkeypatch.setitem(specmod.ARMS, "mlt", ("static", "udp", "ps"))
+    run = make_run(tmp_path / "run")
+    for old, new in (("static", "mlt"), ("dblp", "phase-aware")):
+        (run / "raw" / old).rename(run / "raw" / new)
+        for f in (run / "raw" / new).glob("*.jsonl"):
+            f.write_text(f.read_text().replace(f'"arm": "{old}"', f'"arm": "{new}"'))
+    spec = (run / "spec.toml").read_text()
+    spec = spec.replace('"static", "dblp"', '"mlt", "phase-aware"')
+    # The logs' largest bound is 0.408; the spec says DBLP was configured with 0.5.
+    spec = spec.replace("p_high = 0.408", "p_high = 0.5").replace("p_static = 0.008", "p_static = 0.01")
+    (run / "spec.toml").write_text(spec)
+    man = json.loads((run / "manifest.json").read_text())
+    man["arms"] = {"gloo": {"status": "ok"}, "mlt": {"status": "ok"}, "phase-aware": {"status": "ok"}}
+    (run / "manifest.json").write_text(json.dumps(man))
+    s = build_outputs(run, figures=False)
+    assert s["baselines"] == ["gloo", "mlt"]
+    pair = s["physics"]["pairs"]["phase-aware_vs_mlt"]
+    assert pair["p_high"] == 0.5 and pair["p_low"] == 0.01
+    assert any(t["target"].startswith("phase-aware vs mlt: final accuracy") for t in s["targets"])

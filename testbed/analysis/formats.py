@@ -1,0 +1,221 @@
+"""summary.json and the CI reference: each declared once, with its version and history.
+
+The analysis is the one author of summary.json (`write_summary`) and
+`compare` its reader (`read_summary`); `compare --update` the one author of a
+reference (`write_reference`) and `compare` its reader (`read_reference`).
+Writers check what they write against the declaration, readers refuse a
+version they do not know with one line (an InputError, exit 2), the way
+pyperf refuses a result file of an unknown version. Fields are declared with
+`workloads.runlog.Field`, the same declaration type the raw-log events use.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+from testbed.errors import InputError
+from workloads.runlog import Field, MalformedEvent, check_fields
+
+# ------------------------------------------------------------ summary.json --
+# History:
+#   1: first declared version ("schema" added; the keys are those of the
+#      unversioned summaries before it).
+SUMMARY_SCHEMA = 1
+KNOWN_SUMMARY_SCHEMAS = frozenset({1})
+
+
+def _num(name: str, doc: str = "") -> Field:
+    """A figure: a number, null where it could not be measured (JSON has no NaN)."""
+    return Field(name, "num", True, True, doc)
+
+
+SUMMARY_FIELDS = (
+    Field("schema", "int", doc="version of this format"),
+    Field("status", "str", doc="ok | partial | failed"),
+    Field("name", "str", doc="spec name"),
+    Field("arms_order", "list", doc="the spec's arms, in order"),
+    Field("arms", "dict", doc="arm -> SUMMARY_ARM_FIELDS"),
+    Field("baselines", "list", doc="arms whose transport is not dblp"),
+    Field("speedups", "dict", doc="'<arm>_vs_<baseline>' -> SUMMARY_SPEEDUP_FIELDS"),
+    Field("bursts", "dict", doc="SUMMARY_BURST_FIELDS"),
+    Field("physics", "dict", doc="inputs, missing_inputs, pairs (physics.place_speedup)"),
+    Field("packets", "dict", doc="arm -> direction -> capture counts"),
+    Field("fidelity", "dict", doc="arm -> its manifest record (status excluded)"),
+    Field("fidelity_flags", "dict", doc="arm -> flags from its fidelity record"),
+    Field("paper", "dict", doc="the paper's figures, for comparison"),
+    Field("targets", "list", doc="the default run's targets, each met true/false/null"),
+    Field("warnings", "list", doc="what a reader should not miss"),
+    Field("definitions", "dict", doc="how each figure is defined"),
+)
+SUMMARY_ARM_FIELDS = (
+    Field("transport", "str"), Field("status", "str"),
+    Field("rounds", "int"), Field("burst_rounds", "int"),
+    _num("round_ms_p50"), _num("round_ms_p99"),
+    _num("burst_round_ms_p50"), _num("burst_round_ms_max"), _num("normal_round_ms_p50"),
+    _num("round_duration_ms_p50"), _num("train_time_s"), _num("final_accuracy"),
+    _num("bound_p50"), _num("burst_round_bound_p50"), _num("burst_round_phys_bound_ms_p50"),
+    _num("burst_round_over_phys_bound"), _num("bytes_per_round_p50"),
+)
+SUMMARY_SPEEDUP_FIELDS = (
+    Field("arm", "str"), Field("baseline", "str"),
+    _num("burst_round"), _num("burst_round_low"), _num("burst_round_high"),
+    _num("burst_round_spread"), Field("burst_round_n", "list"),
+    _num("normal_round"), _num("normal_round_spread"),
+    _num("train_time"), _num("train_time_reduction_pct"), _num("accuracy_delta"),
+    Field("warnings", "list"),
+)
+SUMMARY_BURST_FIELDS = (
+    Field("count", "int"), Field("per_arm", "dict"), Field("rounds_hit", "int"),
+    _num("requested_loss"), _num("measured_loss"), _num("measured_loss_min"),
+    _num("measured_loss_max"), Field("dropped_packets", "int"),
+    _num("actual_ms_p50"), _num("start_delay_ms_p50"),
+)
+
+
+class FormatError(InputError):
+    """A summary or reference file is missing, malformed or of an unknown version."""
+
+
+def _load_json(path: pathlib.Path, what: str) -> dict:
+    if not path.exists():
+        hint = " (run `dblp-testbed report DIR` to build it)" if path.name == "summary.json" else ""
+        raise FormatError(f"{what} {path}: file not found{hint}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{what} {path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{what} {path}: expected a JSON object at the top level")
+    return data
+
+
+def _version(data: dict, known: frozenset, what: str, path) -> None:
+    v = data.get("schema")
+    if v not in known or isinstance(v, bool):
+        got = "no schema version" if v is None else f"schema version {v!r}"
+        raise FormatError(f"{what} {path}: {got}, this dblp-testbed reads "
+                          f"{', '.join(map(str, sorted(known)))}; rebuild it with this version")
+
+
+def check_summary(summary: dict, where: str = "summary") -> dict:
+    """``summary`` if it matches the declaration, else FormatError naming the field."""
+    try:
+        check_fields(summary, SUMMARY_FIELDS, where)
+        for arm, a in summary["arms"].items():
+            check_fields(a, SUMMARY_ARM_FIELDS, f"{where} arms.{arm}")
+        for pair, sp in summary["speedups"].items():
+            check_fields(sp, SUMMARY_SPEEDUP_FIELDS, f"{where} speedups.{pair}")
+        check_fields(summary["bursts"], SUMMARY_BURST_FIELDS, f"{where} bursts")
+    except MalformedEvent as exc:
+        raise FormatError(str(exc)) from None
+    return summary
+
+
+def write_summary(path, summary: dict) -> None:
+    """The one writer of summary.json; a summary off its declaration is a bug."""
+    try:
+        check_summary(summary)
+    except FormatError as exc:
+        raise ValueError(f"bug: the summary does not match its declaration: {exc}") from None
+    pathlib.Path(path).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+def read_summary(path) -> dict:
+    """A run's summary.json (or RUN/summary.json for a directory), version checked."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        p = p / "summary.json"
+    data = _load_json(p, "run summary")
+    _version(data, KNOWN_SUMMARY_SCHEMAS, "run summary", p)
+    return check_summary(data, f"run summary {p}")
+
+
+# ------------------------------------------------------------ CI reference --
+# History:
+#   1: first declared version ("schema" added to the unversioned layout:
+#      figures, tolerances, shown, spread, runs, note); a reference must be
+#      able to fail (see check_reference).
+REFERENCE_SCHEMA = 1
+KNOWN_REFERENCE_SCHEMAS = frozenset({1})
+
+# The figures every reference guards, and how make_reference sets their
+# tolerance: direction of a bad move, and the floor under the measured spread.
+GUARDED = {
+    "speedups.dblp_vs_static.burst_round": {"direction": "higher", "floor_rel": 0.20},
+    "speedups.dblp_vs_gloo.burst_round": {"direction": "higher", "floor_rel": 0.20},
+    "arms.dblp.final_accuracy": {"direction": "higher", "floor_abs": 0.02},
+}
+REFERENCE_FIELDS = (
+    Field("schema", "int", doc="version of this format"),
+    Field("figures", "dict", doc="figure (dotted summary path) -> reference value"),
+    Field("tolerances", "dict", doc="figure -> REFERENCE_TOLERANCE_FIELDS"),
+    Field("shown", "dict", doc="figure -> value, shown beside the run's, never guarded"),
+    Field("spread", "dict", doc="figure -> the runs' values, range and max/min"),
+    Field("runs", "list", doc="run directories the reference was made from"),
+    Field("note", "str", doc="how the tolerances were set and how to refresh them"),
+)
+REFERENCE_TOLERANCE_FIELDS = (
+    Field("direction", "str", doc="higher | lower: which way is good"),
+    Field("rel", "num", required=False, doc="allowed bad move, fraction of the figure, (0, 1)"),
+    Field("abs", "num", required=False, doc="allowed bad move, absolute, (0, |figure|)"),
+)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_reference(ref: dict, where: str = "reference") -> dict:
+    """``ref`` if it can fail, else FormatError (one line naming the figure).
+
+    A reference that cannot fail guards nothing: every GUARDED figure and
+    every figure with a tolerance must be present and finite, each tolerance
+    names a direction and at least one allowance, a relative allowance lies
+    in (0, 1) and an absolute one in (0, |figure|), so that losing the whole
+    figure is always a regression.
+    """
+    try:
+        check_fields(ref, REFERENCE_FIELDS, where)
+        for key, t in ref["tolerances"].items():
+            check_fields(t, REFERENCE_TOLERANCE_FIELDS, f"{where} tolerance '{key}'")
+    except MalformedEvent as exc:
+        raise FormatError(str(exc)) from None
+    figs, tols = ref["figures"], ref["tolerances"]
+    for key in sorted(set(GUARDED) | set(tols)):
+        if key not in tols:
+            raise FormatError(f"{where}: guarded figure '{key}' has no tolerance")
+        want, t = figs.get(key), tols[key]
+        if not _finite(want):
+            raise FormatError(f"{where}: figure '{key}' must be a finite number, got {want!r}")
+        if t["direction"] not in ("higher", "lower"):
+            raise FormatError(f"{where}: tolerance '{key}' needs direction 'higher' or 'lower', "
+                              f"got {t['direction']!r}")
+        if "rel" not in t and "abs" not in t:
+            raise FormatError(f"{where}: tolerance '{key}' needs a 'rel' or an 'abs' allowance")
+        if "rel" in t and not (_finite(t["rel"]) and 0 < t["rel"] < 1):
+            raise FormatError(f"{where}: tolerance '{key}' rel must be in (0, 1), got {t['rel']!r}")
+        if "abs" in t and not (_finite(t["abs"]) and 0 < t["abs"] < abs(want)):
+            raise FormatError(f"{where}: tolerance '{key}' abs must be in (0, |figure| = "
+                              f"{abs(want):.4g}), got {t['abs']!r}")
+    for key, v in ref["shown"].items():
+        if not _finite(v):
+            raise FormatError(f"{where}: shown figure '{key}' must be a finite number, got {v!r}")
+    return ref
+
+
+def read_reference(path) -> dict:
+    """A CI reference, version checked and able to fail; FormatError otherwise."""
+    p = pathlib.Path(path)
+    data = _load_json(p, "reference")
+    _version(data, KNOWN_REFERENCE_SCHEMAS, "reference", p)
+    return check_reference(data, f"reference {p}")
+
+
+def write_reference(path, ref: dict) -> None:
+    """The one writer of a reference; refuses one that could not fail."""
+    ref = dict(ref, schema=REFERENCE_SCHEMA)
+    check_reference(ref, f"new reference {path}")
+    p = pathlib.Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(ref, indent=2, sort_keys=True) + "\n")

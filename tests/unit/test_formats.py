@@ -1,0 +1,123 @@
+"""The declared formats: raw-log events, manifest.json and summary.json, writers against readers."""
+import json
+import pathlib
+import re
+
+import pytest
+
+from controllers.bursts import BurstRecord, BurstSpec
+from testbed.analysis import formats
+from testbed.config import spec as specmod
+from testbed.run import rundir
+from workloads import runlog
+
+pytestmark = pytest.mark.unit
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _round(**over) -> dict:
+    rec = {"event": "round", "arm": "dblp", "role": "worker", "rank": 0, "round": 1, "epoch": 0,
+           "t_start_ns": 1, "t_end_ns": 2, "compute_s": 0.1, "comm_s": 0.2, "bound": None,
+           "phase": None, "loss": 1.5, "stats": {}}
+    rec.update(over)
+    return rec
+
+
+def test_writer_output_is_what_the_reader_accepts(tmp_path):
+    log = runlog.RunLog(str(tmp_path / "w.jsonl"), "dblp", "worker", 0)
+    rec = log.write("round", **{k: v for k, v in _round(loss=float("nan")).items()
+                                if k not in ("event", "arm", "role", "rank")})
+    log.close()
+    line = json.loads((tmp_path / "w.jsonl").read_text())
+    assert line == rec and line["loss"] is None      # NaN travels as null
+    assert runlog.check_event(line) == line
+
+
+def test_writer_refuses_an_undeclared_or_mistyped_field(tmp_path):
+    log = runlog.RunLog(str(tmp_path / "w.jsonl"), "dblp", "worker", 0)
+    with pytest.raises(runlog.MalformedEvent, match="undeclared field.*t_comm_start_ns"):
+        log.write("eval", round=1, epoch=0, t_ns=1, test_accuracy=0.5, test_loss=0.1,
+                  t_comm_start_ns=5)
+    with pytest.raises(runlog.MalformedEvent, match="'t_ns' must be int"):
+        log.write("eval", round=1, epoch=0, t_ns="now", test_accuracy=0.5, test_loss=0.1)
+    with pytest.raises(runlog.MalformedEvent, match="unknown event 'phase'"):
+        log.write("phase", phase="critical")
+    log.close()
+    assert (tmp_path / "w.jsonl").read_text() == ""
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"rank": "0"}, "'rank' must be int"),
+    ({"rank": True}, "'rank' must be int"),          # a bool is not a number
+    ({"comm_s": None}, "'comm_s' is null"),
+    ({"stats": []}, "'stats' must be dict"),
+    ({"round_id": 3}, "undeclared field(s) round_id"),
+])
+def test_reader_names_the_field(over, needle):
+    with pytest.raises(runlog.MalformedEvent, match=re.escape(needle)):
+        runlog.check_event(_round(**over))
+
+
+def test_controller_burst_line_matches_the_declaration():
+    """The controller writes `burst` lines; the declaration the analysis reads must fit them."""
+    spec = BurstSpec.from_dict({"kind": "loss", "target": "server-downlink", "params": {"p": 0.8},
+                                "at_round": 5, "rounds": 1}, "b1")
+    rec = BurstRecord(spec, "dblp", requested_start_ns=10)
+    assert runlog.check_event(rec.log_line())
+    rec.actual_start_ns, rec.actual_end_ns, rec.requested_end_ns = 11, 20, 19
+    rec.dropped_packets, rec.seen_packets, rec.round = 3, 9, 5
+    rec.error, rec.detail = "meter failed", {"ports": [1]}
+    assert runlog.check_event(json.loads(json.dumps(rec.log_line())))
+
+
+def _spec():
+    return specmod.load(None, overrides=["name=t", "arms=gloo,static,dblp"])
+
+
+def test_manifest_round_trip_and_declaration(tmp_path):
+    m = rundir.Manifest(tmp_path, _spec(), {"ovs": True})
+    m.update(dblp_port=47474, rtt_ms=None, placement={"server": "h1", "workers": ["h2"]},
+             fabric_startup_s=1.5)
+    # The fidelity record the runner stores per arm (CpuSampler + BottleneckMonitor.summary).
+    m.arm("dblp", status="ok", started_ns=1, ended_ns=2,
+          fidelity={"cpu_busy_frac": 0.5, "bottleneck": "s1-eth1", "shaped_mbps": 20.0,
+                    "achieved_mbps": 19.0, "queue_drops": None, "ovs_drops": 0})
+    m.finish("ok")
+    data = rundir.read_manifest(tmp_path)
+    assert data["schema"] == rundir.MANIFEST_SCHEMA
+    assert data["raw_log_schema"] == runlog.SCHEMA_VERSION
+    with pytest.raises(ValueError, match="undeclared field.*addresses"):
+        m.update(addresses={"server": "10.0.0.1"})
+    with pytest.raises(ValueError, match="fidelity: undeclared field.*flags"):
+        m.arm("gloo", fidelity={"flags": ["x"]})
+    assert rundir.read_manifest(tmp_path) == data == m.data   # a refused update changes nothing
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"schema": 7}, "schema version 7 is unknown"),
+    ({"raw_log_schema": 9}, "raw-log schema version 9 is unknown"),
+    ({"rtt_ms": "5"}, "'rtt_ms' must be num"),
+])
+def test_manifest_reader_refuses(tmp_path, change, needle):
+    rundir.Manifest(tmp_path, _spec())
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    data.update(change)
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(rundir.ManifestError, match=re.escape(needle)):
+        rundir.read_manifest(tmp_path)
+
+
+def test_summary_writer_refuses_an_undeclared_key(tmp_path):
+    with pytest.raises(ValueError, match="field 'schema' missing"):
+        formats.write_summary(tmp_path / "summary.json", {"arms": {}})
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_no_citation_of_documents_or_issues_outside_the_repository():
+    files = [*(ROOT / "testbed" / "analysis").glob("*.py"), ROOT / "workloads" / "runlog.py",
+             ROOT / "workloads" / "worker.py", ROOT / "workloads" / "server.py",
+             ROOT / "testbed" / "run" / "rundir.py"]
+    for f in files:
+        text = f.read_text()
+        assert "COMMON.md" not in text, f
+        assert not re.search(r"\b[Ii]ssue \d", text), f
