@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint unit clean reference
+.PHONY: setup run test lint unit clean reference lock vm-check
 
 setup:
 	./setup.sh
@@ -40,3 +40,15 @@ reference: setup
 	  $(VENV)/bin/dblp-testbed run --preset ci --out $$d || exit 1; dirs="$$dirs $$d"; \
 	done; \
 	$(VENV)/bin/dblp-testbed compare $$dirs --reference results/reference/ci.json --update
+
+# Rewrite constraints.txt (the exact Python package set setup.sh installs)
+# from this machine's venv, after changing a dependency in pyproject.toml.
+lock: setup
+	{ echo "# Exact versions ./setup.sh installs (pip -c). Regenerate: make lock"; \
+	  $(VENV)/bin/pip freeze --exclude-editable | grep -v '^mininet=='; } > constraints.txt
+
+# The reviewer VM's Vagrantfile, validated by Vagrant itself. Vagrant is
+# installed here only (./setup.sh vagrant), not for every user of the project.
+vm-check: setup
+	./setup.sh vagrant
+	$(PY) -m pytest tests/e2e/test_vagrant_validate.py $(PYTEST_ARGS)

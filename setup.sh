@@ -8,7 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps vagrant)
+DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps)
+# Optional groups, installed only by what uses them: `./setup.sh vagrant`
+# (the Vagrantfile check: Vagrant is a Ruby stack nothing else needs).
+declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant")
+# Every Python package's exact version (torch included): CI, the VM and every
+# machine install the same set. Regenerate with `make lock`.
+CONSTRAINTS=constraints.txt
 # torch is pinned here, not in pyproject.toml: this machine ships the CPU
 # wheel of 2.13.0 on disk, any other spec would pull a multi-GB CUDA build.
 TORCH_PIN=${TORCH_PIN:-torch==2.13.0}
@@ -24,7 +30,7 @@ need_root() {
 
 install_debian_packages() {
     local missing=()
-    for p in "${DEB_PACKAGES[@]}"; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if [ ${#missing[@]} -eq 0 ]; then
@@ -58,7 +64,7 @@ start_ovs() {
 
 make_venv() {
     local stamp="$VENV/.dblp-setup-stamp" want
-    want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)
+    want=$(cat pyproject.toml setup.sh "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/dblp-testbed" ]; then
         say "virtual environment up to date ($VENV)"
         return
@@ -66,12 +72,31 @@ make_venv() {
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
     say "installing $TORCH_PIN and the project into $VENV (first time: a few minutes)"
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-    "$VENV/bin/pip" install -q "$TORCH_PIN"
-    "$VENV/bin/pip" install -q -e '.[test]'
+    "$VENV/bin/pip" install -q -c "$CONSTRAINTS" "$TORCH_PIN"
+    "$VENV/bin/pip" install -q -c "$CONSTRAINTS" -e '.[test]'
+    link_debian_mininet
     echo "$want" > "$stamp"
 }
 
-install_debian_packages
+# Mininet's Python code must match the `mnexec` it drives: both come from
+# Debian's mininet package. The venv sees only that one module (not the rest
+# of Debian's dist-packages) through a .pth entry.
+link_debian_mininet() {
+    local src=/usr/lib/python3/dist-packages/mininet dir="$VENV/debian-mininet" site
+    [ -d "$src" ] || { say "Debian's mininet package is missing ($src)"; exit 1; }
+    "$VENV/bin/pip" uninstall -q -y mininet >/dev/null 2>&1 || true
+    mkdir -p "$dir"
+    ln -sfn "$src" "$dir/mininet"
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$(cd "$dir" && pwd)" > "$site/debian-mininet.pth"
+}
+
+extra=()
+for group in "$@"; do
+    [ -n "${OPTIONAL_PACKAGES[$group]:-}" ] || { say "unknown group '$group' (known: ${!OPTIONAL_PACKAGES[*]})"; exit 2; }
+    extra+=(${OPTIONAL_PACKAGES[$group]})
+done
+install_debian_packages "${DEB_PACKAGES[@]}" "${extra[@]}"
 start_ovs
 make_venv
 say "ready"
