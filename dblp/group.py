@@ -17,9 +17,9 @@ import numpy as np
 from . import wire
 from .engine import Engine, TcpControl
 from .join import Rendezvous, _msg, join_aggregator, new_session_id
-from .policy import make_policy
+from .config import TransportConfig, merge
 from .rounds import grad_norm, make_layout, max_passes, run_round
-from .server import DEFAULT_PORT, _mean_srtt, check_common, policy_phase
+from .server import DEFAULT_PORT, _mean_srtt, policy_phase
 from .stats import RoundStats
 from .wire import MsgType
 
@@ -43,33 +43,26 @@ class TransportGroup:
     """
 
     def __init__(self, rank: int, world_size: int, master_addr: str = "127.0.0.1",
-                 master_port: int = DEFAULT_PORT, *, mode: str = "ps", policy="dblp",
-                 session_id: int | None = None, control: str = "udp", missing: str = "zero",
-                 rate_bps: float | None = None, round_timeout: float = 30.0,
-                 join_timeout: float = 120.0, bind_host: str = "0.0.0.0",
-                 fault_rx_drop: float = 0.0, **policy_knobs):
+                 master_port: int = DEFAULT_PORT, *, config: TransportConfig | None = None,
+                 bind_host: str = "0.0.0.0", fault_rx_drop: float = 0.0, **settings):
         self.world_size = _int_knob("world_size", world_size, 1, 65534)
         self.rank = _int_knob("rank", rank, 0, self.world_size - 1)
         self.master_port = _int_knob("master_port", master_port, 1, 65535)
-        if mode not in ("ps", "sharded"):
-            raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
-        if mode == "sharded" and control == "tcp":
+        cfg, self.policy = merge(config, settings)
+        if cfg.mode == "sharded" and cfg.control == "tcp":
             raise ValueError("control='tcp' is supported in mode='ps' only (the paper's design)")
-        check_common(control=control, missing=missing, rate_bps=rate_bps,
-                     round_timeout=round_timeout, join_timeout=join_timeout)
-        if session_id is not None and not (isinstance(session_id, int) and 0 < session_id < 2**64):
-            raise ValueError(f"session_id must be an int in [1, 2**64), got {session_id!r}")
         try:
             self.master_ip = socket.gethostbyname(master_addr)
         except (OSError, UnicodeError, TypeError):
             raise ValueError(f"master_addr {master_addr!r} does not resolve") from None
-        self.mode = mode
-        self.policy = make_policy(policy, **policy_knobs)
-        self.control = control
-        self.missing = missing
-        self.session_id = session_id
-        self.round_timeout = float(round_timeout)
-        self.join_timeout = float(join_timeout)
+        self.config = cfg
+        self.mode = mode = cfg.mode
+        self.control = control = cfg.control
+        self.missing = missing = cfg.missing
+        self.session_id = session_id = cfg.session_id
+        self.round_timeout = cfg.round_timeout
+        self.join_timeout = cfg.join_timeout
+        rate_bps = cfg.rate_bps
         self.server_rank = self.world_size if mode == "ps" else 0
         bind_port = self.master_port if (mode == "sharded" and self.rank == 0) else 0
         # Sharded: each of the N-1 peers may take 1/(N-1) of the rate, so the
@@ -93,14 +86,16 @@ class TransportGroup:
     def from_env(cls, env=None, **kwargs) -> "TransportGroup":
         """Build from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables).
 
-        Optional: DBLP_MODE, DBLP_POLICY, DBLP_CONTROL, DBLP_MISSING, DBLP_RATE_BPS,
-        DBLP_SESSION_ID (keyword arguments win over the environment).
+        Transport settings come from ``TransportConfig.from_env`` (``$DBLP_CONFIG``,
+        ``DBLP_<SETTING>``, the key in ``$DBLP_SECRET``); keyword arguments win
+        over the environment.
         """
         env = os.environ if env is None else env
         args = {}
         for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"),
                          ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")):
             if key in kwargs:
+                args[key] = kwargs.pop(key)
                 continue
             if var not in env:
                 if var == "MASTER_PORT":
@@ -110,19 +105,13 @@ class TransportGroup:
         for key in ("rank", "world_size", "master_port"):
             if key in args:
                 args[key] = _int_knob(key, args[key], 0, 65535)
-        # Optional transport knobs, so a launcher can configure without code changes.
-        for var, key, conv in (("DBLP_MODE", "mode", str), ("DBLP_POLICY", "policy", str),
-                               ("DBLP_CONTROL", "control", str), ("DBLP_MISSING", "missing", str),
-                               ("DBLP_RATE_BPS", "rate_bps", float),
-                               ("DBLP_SESSION_ID", "session_id", lambda v: int(v, 0))):
-            if var in env and key not in kwargs:
-                try:
-                    args[key] = conv(env[var])
-                except ValueError:
-                    raise ValueError(f"environment variable {var}={env[var]!r} is invalid "
-                                     f"for {key}") from None
-        args.update(kwargs)
-        return cls(**args)
+        for key in ("bind_host", "fault_rx_drop"):
+            if key in kwargs:
+                args[key] = kwargs.pop(key)
+        config = kwargs.pop("config", None)
+        if config is None:
+            config = TransportConfig.from_env(env)
+        return cls(config=config, **args, **kwargs)
 
     # -- joining ----------------------------------------------------------------------
     def _join(self, numel: int) -> None:

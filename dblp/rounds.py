@@ -29,7 +29,6 @@ from . import wire
 from .engine import DONE, PULL, PUSH, Engine, InTransfer, OutTransfer, pack_bitmap
 from .wire import CHUNK_ELEMS, Flag, MsgType
 
-MISSING_MODES = ("zero", "mean", "error_feedback")
 PART_CHUNKS = wire.MAX_PART_CHUNKS  # chunks per part (a bitmap fits one datagram)
 
 
