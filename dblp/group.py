@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from . import wire
-from .engine import Engine, TcpControl
+from .engine import Engine
+from .framing import TcpControl
 from .join import Rendezvous, _msg, join_aggregator, new_session_id
 from .config import TransportConfig, merge
 from .rounds import grad_norm, make_layout, max_passes, run_round

@@ -14,7 +14,8 @@ import socket
 import time
 
 from . import wire
-from .engine import Engine, TcpControl
+from .engine import Engine
+from .framing import TcpControl
 from .errors import TransportError
 from .wire import MsgType
 

@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from . import wire
-from .engine import DONE, PULL, PUSH, Engine, InTransfer, OutTransfer, pack_bitmap
+from .engine import Engine
+from .streams import DONE, PULL, PUSH, InTransfer, OutTransfer, pack_bitmap
 from .wire import CHUNK_ELEMS, Flag, MsgType
 
 PART_CHUNKS = wire.MAX_PART_CHUNKS  # chunks per part (a bitmap fits one datagram)
