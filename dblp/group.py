@@ -180,7 +180,7 @@ class TransportGroup:
         t0 = time.monotonic()
         res = run_round(eng, self.parts, list(range(self.world_size)), contribution, self.result,
                         bound, self.missing, self.round_timeout,
-                        owner_residual=self.owner_residual)
+                        owner_residual=self.owner_residual, settle=True)
         t1 = time.monotonic()
         self.round = r
         self.last_result = res

@@ -222,6 +222,20 @@ class OutTransfer:
         self.next_probe_t = math.inf
         self.eng.sender_done(self)
 
+    def overtaken(self) -> None:
+        """The owner's FINAL for this part arrived: the aggregate is fixed, our STOP is moot.
+
+        Waiting for a lost STOP would need the owner to answer probes, and the
+        owner may already have returned to its caller: that wait is how a round
+        used to hang until its deadline. Without any bitmap we assume all arrived
+        (error feedback then carries nothing rather than carrying twice).
+        """
+        if self.state == DONE:
+            return
+        if self.held is None:
+            self.held = np.ones(self.count, bool)
+        self._finish()
+
     def repair(self, chunks: np.ndarray) -> None:
         """Pull repair: deliver exactly ``chunks`` (a bool mask) even after STOP."""
         self.required = chunks.copy()
@@ -388,6 +402,9 @@ class InTransfer:
             self.final_next_bound = h.aux
             self.final_flags = h.flags
             self.eng.progress = True
+            push = self.eng.senders.get((PUSH, self.part, self.peer))
+            if push is not None:
+                push.overtaken()
         if h.index and h.index <= self.last_final:
             return  # another copy of a FINAL transmission we acknowledged already
         self.last_final = h.index
