@@ -12,9 +12,16 @@ follows a per-peer loss estimate that every BITMAP *and* STOP updates (fast up,
 down within a few rounds); each probe id and each FINAL transmission is answered
 once, whatever number of copies arrives; a STOP is repeated at most once per RTT.
 
-Anything that does not belong to the current round of this session is counted
-and dropped (``Counters``); messages of the next round are kept in a bounded
-buffer and replayed when that round starts; never does a stray datagram raise.
+Hostile input: with a job secret every message must carry a valid MAC
+(``wire.Sealer``), checked before anything is parsed; without one, a message
+claiming a rank must come from that rank's address, pinned at join. Anything
+that does not belong to the current round of this session is counted and
+dropped (``Counters``); messages of the next round are kept in a buffer capped
+in bytes and replayed when that round starts; reply redundancy is clamped to
+what our own loss estimate justifies (a request cannot amplify); a TCP control
+connection that does not bind itself with a valid HELLO within
+``hello_timeout`` is closed. No datagram and no TCP byte sequence raises out
+of ``handle``.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import time
 import numpy as np
 
 from . import wire
+from .config import default_of
 from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
 from .pacing import RttEstimator, TokenBucket
@@ -52,8 +60,8 @@ class Engine:
     """
 
     __slots__ = (
-        # identity of this participant in its job
-        "rank", "session", "control",
+        # identity of this participant in its job, and the MAC that proves it
+        "rank", "session", "control", "sealer",
         # sockets and the receive buffer
         "sock", "sel", "buf", "mv",
         # pacing: one bucket for the link, optional buckets per destination
@@ -67,10 +75,11 @@ class Engine:
         "progress",
         # FINAL retransmission (aggregator) and acknowledgement (member) bookkeeping
         "pending_finals", "acked_finals",
-        # messages of the next round, kept until it starts
-        "early", "early_cap",
-        # joining: handlers the rendezvous installs, the unbound TCP conn being read
-        "join_handler", "tcp_accept_handler", "current_conn",
+        # messages of the next round, kept until it starts (capped in entries and bytes)
+        "early", "early_cap", "early_bytes", "early_size",
+        # joining: handlers the rendezvous installs, TCP conns not yet bound to a rank
+        # (closed at their deadline), the unbound TCP conn being read
+        "join_handler", "tcp_accept_handler", "unbound", "hello_timeout", "current_conn",
         # accounting: anomalies, bytes and datagrams sent
         "counters", "bytes_sent", "datagrams",
         # fault injection for tests without root: drop this fraction of received datagrams
@@ -82,6 +91,8 @@ class Engine:
                  peer_rate_bps: float | None = None, sock_buf: int = 8 << 20,
                  max_copies: int = 16, initial_rto: float = 0.02, min_rto: float = 0.002,
                  max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
+                 early_bytes: int = default_of("early_bytes"), key: bytes | None = None,
+                 hello_timeout: float = default_of("hello_timeout"),
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
         if control not in ("udp", "tcp"):
             raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
@@ -97,6 +108,7 @@ class Engine:
         self.rank = rank
         self.session = session
         self.control = control
+        self.sealer = wire.Sealer(key)
         # sockets
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):
@@ -137,11 +149,15 @@ class Engine:
         self.pending_finals: dict[tuple[int, int, int], list] = {}
         self.acked_finals: dict[tuple[int, int, int], int] = {}  # stale FINALs answered: last id
         # next-round buffer
-        self.early: list[tuple[bytes, int | None]] = []
+        self.early: list[tuple[bytes, tuple[str, int] | None, int | None]] = []
         self.early_cap = early_cap
+        self.early_bytes = early_bytes
+        self.early_size = 0
         # joining
         self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
         self.tcp_accept_handler = None
+        self.unbound: dict[TcpControl, float] = {}  # conn -> when it is closed unless bound
+        self.hello_timeout = hello_timeout
         self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
         # accounting; datagrams (or TCP frames) by kind: control must stay a small fraction
         self.counters = Counters()
@@ -189,14 +205,24 @@ class Engine:
             return 1
         return copies_for_loss(self.loss.get(peer, 0.0), self.max_copies)
 
+    def reply_copies(self, peer: int, requested: int) -> int:
+        """Copies of a reply: what the peer asked for, clamped to what our estimate justifies.
+
+        The reply takes the path our own data to that peer takes, so our estimate
+        covers it; a request for more cannot turn one datagram into many.
+        """
+        return max(1, min(requested, self.copies(peer)))
+
     # -- output ---------------------------------------------------------------------
     def send_data(self, hdr: bytes, payload, peer: int) -> int:
+        tag = self.sealer.tag(hdr, payload)
         try:
-            n = self.sock.sendmsg([hdr, payload], [], 0, self.peers[peer])
+            n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers[peer])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError:
-            n = len(hdr) + len(payload)  # e.g. ECONNREFUSED from an earlier ICMP: count as lost
+            # e.g. ECONNREFUSED from an earlier ICMP: count as lost
+            n = len(hdr) + len(payload) + len(tag)
         self.datagrams["data"] += 1
         self.bytes_sent += n
         self.bucket.consume(n)
@@ -210,7 +236,9 @@ class Engine:
             b = self.peer_buckets[peer] = TokenBucket(self.peer_rate_bps)
         return b
 
-    def send_ctrl(self, peer: int, msg: bytes, copies: int = 1) -> None:
+    def send_ctrl(self, peer: int, body: bytes, copies: int = 1) -> None:
+        """Send a control message (header + payload; sealed here) ``copies`` times."""
+        msg = self.sealer.seal(body)
         conn = self.tcp.get(peer) if self.control == "tcp" else None
         if conn is not None:
             conn.send(msg)
@@ -231,9 +259,10 @@ class Engine:
             if self.peer_rate_bps is not None:
                 self.peer_bucket(peer).consume(len(msg))
 
-    def send_raw(self, msg: bytes, addr) -> None:
+    def send_raw(self, body: bytes, addr) -> None:
+        """Send one message (header + payload; sealed here) to an address, not a rank."""
         try:
-            self.sock.sendto(msg, addr)
+            self.sock.sendto(self.sealer.seal(body), addr)
         except OSError:
             pass
 
@@ -258,9 +287,10 @@ class Engine:
     def replay_early(self) -> None:
         """Feed messages that arrived for this round before it started."""
         early, self.early = self.early, []
+        self.early_size = 0
         now = time.monotonic()
-        for data, tcp_peer in early:
-            self.handle(memoryview(data), len(data), None, tcp_peer, now)
+        for data, addr, tcp_peer in early:
+            self.handle(memoryview(data), len(data), addr, tcp_peer, now)
 
     def sender_active(self, s: OutTransfer) -> None:
         if s not in self.active:
@@ -283,7 +313,14 @@ class Engine:
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:
-        """Dispatch one datagram/frame. Never raises on bad input: counts it."""
+        """Dispatch one datagram/frame. Never raises on bad input: counts it.
+
+        Order matters: the MAC is checked before a single field is believed, and
+        only then the header is parsed and the sender's identity checked.
+        """
+        if not self.sealer.verify(buf, n):
+            self.counters.unauthenticated += 1
+            return
         try:
             h = wire.unpack_header(buf, n)
         except wire.MalformedDatagram:
@@ -292,15 +329,15 @@ class Engine:
         t = h.type
         if t == MsgType.HELLO or t == MsgType.WELCOME:
             if self.join_handler is not None:
-                try:
-                    self.join_handler(h, bytes(buf[HEADER_SIZE:n]), addr, tcp_peer)
-                except (ValueError, KeyError, TypeError):
-                    self.counters.malformed += 1
+                self.join_handler(h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length]), addr,
+                                  tcp_peer)
             else:
                 self.counters.foreign += 1
             return
         if h.session != self.session or h.src not in self.peers or self.current_conn is not None \
-                or (tcp_peer is not None and tcp_peer != h.src):
+                or (tcp_peer is not None and tcp_peer != h.src) \
+                or (self.sealer.key is None and addr is not None and addr != self.peers[h.src]):
+            # Without a key, the pinned address is the only proof of who is talking.
             self.counters.foreign += 1
             return
         if self.pending_finals:
@@ -308,8 +345,10 @@ class Engine:
         if h.round != self.round:
             if h.round < self.round:
                 self._handle_stale(h, buf, n, now)
-            elif h.round == self.round + 1 and len(self.early) < self.early_cap:
-                self.early.append((bytes(buf[:n]), tcp_peer))
+            elif h.round == self.round + 1 and len(self.early) < self.early_cap \
+                    and self.early_size + n <= self.early_bytes:
+                self.early.append((bytes(buf[:n]), addr, tcp_peer))
+                self.early_size += n
             else:
                 self.counters.early_dropped += 1
             return
@@ -333,7 +372,7 @@ class Engine:
             if s is None:
                 self.counters.foreign += 1
             else:
-                s.on_reply(h, buf[HEADER_SIZE:n], now)
+                s.on_reply(h, buf[HEADER_SIZE:HEADER_SIZE + h.length], now)
                 if s.state == SENDING:
                     self.sender_active(s)
         elif t == MsgType.FINAL:
@@ -341,7 +380,7 @@ class Engine:
             if r is None or r.kind != PULL:
                 self.counters.foreign += 1
             else:
-                r.on_final(h, buf[HEADER_SIZE:n])
+                r.on_final(h, buf[HEADER_SIZE:HEADER_SIZE + h.length])
         elif t == MsgType.DONE:
             entry = self.pending_finals.pop((h.src, h.part, h.round), None)
             if entry is None:
@@ -365,13 +404,15 @@ class Engine:
             key = (h.src, h.part, h.round)
             if h.index and h.index <= self.acked_finals.get(key, 0):
                 return
+            if key in self.acked_finals:
+                self.loss_timeout(h.src)  # a repeat: our DONE was lost
             self.acked_finals[key] = h.index
-            if len(self.acked_finals) > 4096:
-                for k in [k for k in self.acked_finals if k[2] < h.round]:
+            if len(self.acked_finals) > 4096:  # bounded: forget the oldest rounds
+                for k in sorted(self.acked_finals, key=lambda k: k[2])[:3072]:
                     del self.acked_finals[k]
             done = wire.pack_header(MsgType.DONE, src=self.rank, part=h.part, session=self.session,
                                     round=h.round, flags=h.flags & Flag.PULL, copies=h.copies)
-            self.send_ctrl(h.src, done, min(max(h.copies, self.copies(h.src)), self.max_copies))
+            self.send_ctrl(h.src, done, self.reply_copies(h.src, h.copies))
             self.counters.stale += 1
             return
         if t == MsgType.PROBE and h.round == self.round - 1:
@@ -398,26 +439,62 @@ class Engine:
     def _read_tcp(self, conn: TcpControl, now: float) -> None:
         try:
             for frame in conn.read_frames():
-                # an unbound connection may only say HELLO (which binds it to a rank)
-                self.current_conn = conn if conn.peer is None else None
-                self.handle(memoryview(frame), len(frame), None, conn.peer, now)
+                if conn.peer is None:
+                    # An unbound connection gets one frame: a HELLO that binds it to a rank.
+                    self.current_conn = conn
+                    self.handle(memoryview(frame), len(frame), None, None, now)
+                    if conn.peer is None:
+                        conn.close()
+                        break
+                else:
+                    self.current_conn = None
+                    self.handle(memoryview(frame), len(frame), None, conn.peer, now)
         finally:
             self.current_conn = None
+        if conn.peer is not None:
+            self.unbound.pop(conn, None)
+        if conn.malformed:
+            conn.malformed = False
+            self.counters.malformed += 1
         if conn.closed:
-            try:
-                self.sel.unregister(conn.sock)
-            except (KeyError, ValueError):
-                pass
-            if conn.peer is None or self.tcp.get(conn.peer) is not conn:
-                return
+            self._forget_conn(conn)
+
+    def _forget_conn(self, conn: TcpControl) -> None:
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self.unbound.pop(conn, None)
+        if conn.peer is not None and self.tcp.get(conn.peer) is conn:
             # Normal after a peer's last round; an error only if this round still needs
             # the peer (``run_until``'s ``check`` raises PeerClosed then).
             self.closed_peers.add(conn.peer)
             for key in [k for k in self.pending_finals if k[0] == conn.peer]:
                 del self.pending_finals[key]
 
-    def register_tcp(self, conn: TcpControl) -> None:
+    def register_tcp(self, conn: TcpControl, max_unbound: int | None = None) -> None:
+        """Watch ``conn``; one without a rank must bind itself within ``hello_timeout``.
+
+        At most ``max_unbound`` unbound connections are kept: a flood of idle
+        connects closes the oldest instead of holding a descriptor each.
+        """
         self.sel.register(conn.sock, selectors.EVENT_READ, conn)
+        if conn.peer is None:
+            self.unbound[conn] = time.monotonic() + self.hello_timeout
+            while max_unbound is not None and len(self.unbound) > max_unbound:
+                oldest = next(iter(self.unbound))
+                oldest.close()
+                self._forget_conn(oldest)
+                self.counters.foreign += 1
+
+    def _expire_unbound(self, now: float) -> float:
+        """Close unbound TCP connections past their deadline; return the next deadline."""
+        for conn, t in list(self.unbound.items()):
+            if now >= t:
+                conn.close()
+                self._forget_conn(conn)
+                self.counters.foreign += 1
+        return min(self.unbound.values(), default=math.inf)
 
     def poll(self, timeout: float) -> None:
         """Wait up to ``timeout`` for input and handle everything that arrived.
@@ -439,7 +516,7 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------
     def _fire_timers(self, now: float) -> float:
-        nxt = math.inf
+        nxt = self._expire_unbound(now) if self.unbound else math.inf
         for s in self.senders.values():
             if s.state == PROBING:
                 nxt = min(nxt, s.on_timer(now))

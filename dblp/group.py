@@ -16,8 +16,9 @@ import numpy as np
 
 from . import wire
 from .engine import Engine
+from .errors import TransportError
 from .framing import TcpControl
-from .join import Rendezvous, _msg, join_aggregator, new_session_id
+from .join import Rendezvous, _msg, join_aggregator, new_nonce, new_session_id
 from .config import TransportConfig, merge
 from .rounds import grad_norm, make_layout, max_passes, run_round
 from .server import DEFAULT_PORT, _mean_srtt, policy_phase
@@ -72,7 +73,8 @@ class TransportGroup:
                      if mode == "sharded" and rate_bps and self.world_size > 2 else None)
         self.engine = Engine(self.rank, bind=(bind_host, bind_port), control=control,
                              rate_bps=rate_bps, peer_rate_bps=peer_rate, session=session_id or 0,
-                             fault_rx_drop=fault_rx_drop)
+                             key=cfg.key, early_bytes=cfg.early_bytes,
+                             hello_timeout=cfg.hello_timeout, fault_rx_drop=fault_rx_drop)
         self.round = -1
         self.numel: int | None = None
         self.residual: np.ndarray | None = None
@@ -129,28 +131,30 @@ class TransportGroup:
             rv.run(self.join_timeout)
             self.numel = numel
             return
-        w = join_aggregator(eng, master, self.server_rank, {"rank": self.rank, "numel": numel,
-                                                            "mode": self.mode},
-                            self.join_timeout, self.session_id)
-        if int(w.get("numel", numel)) != numel:
+        hello = {"rank": self.rank, "numel": numel, "mode": self.mode, "nonce": new_nonce()}
+        w = join_aggregator(eng, master, self.server_rank, hello, self.join_timeout,
+                            self.session_id)
+        if w["numel"] != numel:
             raise ValueError(f"tensor of {numel} elements, but the job uses {w['numel']}")
-        if w.get("mode", self.mode) != self.mode:
-            raise ValueError(f"mode={self.mode!r} but the aggregator runs {w.get('mode')!r}")
-        eng.session = int(w["_session"])
+        if w["mode"] != self.mode:
+            raise ValueError(f"mode={self.mode!r} but the aggregator runs {w['mode']!r}")
+        eng.session = w["session"]
         eng.join_handler = None
-        self.bound_ppm = int(w.get("bound_ppm", self.bound_ppm))
+        self.bound_ppm = w["bound_ppm"]
         self.phase = w.get("phase", self.phase)
-        self.policy_name = w.get("policy", self.policy_name)
+        self.policy_name = w["policy"]
         if self.mode == "sharded":
+            if set(w.get("peers", {})) != set(range(self.world_size)):
+                raise TransportError("the rendezvous sent an incomplete address table")
             for r, a in w["peers"].items():
-                if int(r) != self.rank:
-                    eng.peers[int(r)] = (a[0], int(a[1]))
+                if r != self.rank:
+                    eng.peers[r] = a
             eng.peers[0] = master
         if self.control == "tcp":
             sock = socket.create_connection(master, timeout=self.join_timeout)
             conn = TcpControl(sock, peer=self.server_rank)
-            conn.send(_msg(MsgType.HELLO, {"rank": self.rank, "numel": numel}, src=self.rank,
-                           session=eng.session))
+            conn.send(eng.sealer.seal(_msg(MsgType.HELLO, hello, src=self.rank,
+                                           session=eng.session)))
             eng.tcp[self.server_rank] = conn
             eng.register_tcp(conn)
         self.numel = numel

@@ -190,7 +190,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
             eng.add_sender(s)
             push_senders.append(s)
             r = InTransfer(eng, PULL, part.index, part.owner, result[sl], bound_ppm,
-                           add=False, freeze=False, trust_header_bound=True)
+                           add=False, freeze=False)
             eng.add_receiver(r)
             pull_receivers.append(r)
     eng.replay_early()

@@ -56,7 +56,9 @@ class ParameterServer:
         self.listen = None
         for attempt in range(20):
             self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
-                                 control=control, rate_bps=rate_bps, fault_rx_drop=fault_rx_drop)
+                                 control=control, rate_bps=rate_bps, key=cfg.key,
+                                 early_bytes=cfg.early_bytes, hello_timeout=cfg.hello_timeout,
+                                 fault_rx_drop=fault_rx_drop)
             self.port = self.engine.address[1]
             if control != "tcp":
                 break

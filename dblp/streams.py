@@ -271,18 +271,18 @@ class InTransfer:
         "eng", "kind", "part", "peer", "round", "flags",
         # where chunks land: accumulate (aggregator) or copy (replica)
         "out", "out_u8", "nbytes", "count", "add", "freeze",
-        # the bound and how many chunks it lets go missing
-        "bound_ppm", "allowed", "trust_header_bound",
+        # the bound (ours, never a datagram's) and how many chunks it lets go missing
+        "bound_ppm", "allowed",
         # what arrived
         "have", "n_have", "max_pass", "t_first",
-        # STOP and its repeats, probe replies
-        "stopped", "t_stop", "last_stop_t", "last_probe",
+        # STOP and its repeats, probe replies (and what we held when we answered)
+        "stopped", "t_stop", "last_stop_t", "last_probe", "have_at_probe",
         # FINAL (pull streams): the zero-filled set, next bound and phase, last id acked
         "final", "final_next_bound", "final_flags", "last_final",
     )
 
     def __init__(self, eng: "Engine", kind: int, part: int, peer: int, out: np.ndarray,
-                 bound_ppm: int, *, add: bool, freeze: bool, trust_header_bound: bool = False):
+                 bound_ppm: int, *, add: bool, freeze: bool):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
         self.out = out
@@ -291,7 +291,6 @@ class InTransfer:
         self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
         self.add = add
         self.freeze = freeze
-        self.trust_header_bound = trust_header_bound
         self.bound_ppm = bound_ppm
         self.allowed = wire.allowed_missing(self.count, bound_ppm)
         self.have = np.zeros(self.count, bool)
@@ -302,6 +301,7 @@ class InTransfer:
         self.final: np.ndarray | None = None
         self.last_stop_t = -math.inf
         self.last_probe = 0  # highest probe id answered: copies of one probe get one reply
+        self.have_at_probe = -1  # chunks held when we last answered a probe
         self.last_final = 0  # highest FINAL transmission id acknowledged
         self.final_next_bound = 0
         self.final_flags = 0
@@ -321,10 +321,7 @@ class InTransfer:
                                round=self.round, index=probe_id, count=self.count,
                                length=(self.count + 7) // 8, bound=self.bound_ppm,
                                flags=self.flags, copies=copies) + pack_bitmap(self.have)
-        # The requester sized ``copies`` for its path to us; our own estimate (from our
-        # data to that peer) covers the path this reply takes: use the larger.
-        copies = max(copies, eng.copies(self.peer))
-        eng.send_ctrl(self.peer, msg, min(max(1, copies), eng.max_copies))
+        eng.send_ctrl(self.peer, msg, eng.reply_copies(self.peer, copies))
 
     def on_data(self, h: wire.Header, buf, n: int, now: float) -> None:
         c = h.index
@@ -352,9 +349,6 @@ class InTransfer:
         self.n_have += 1
         if h.aux > self.max_pass:
             self.max_pass = h.aux
-        if self.trust_header_bound and h.bound != self.bound_ppm:
-            self.bound_ppm = h.bound
-            self.allowed = wire.allowed_missing(self.count, h.bound)
         if not self.stopped and self.count - self.n_have <= self.allowed:
             self.stopped = True
             self.last_stop_t = self.t_stop = now
@@ -382,7 +376,16 @@ class InTransfer:
             # Another copy (or an older probe): its probe id was answered already, with
             # ``copies`` replies. Answering every copy again would send copies^2 replies.
             return
+        # Our own loss estimate sizes our replies (a request cannot amplify), so feed it
+        # what the receiving side sees: the loss of a whole first pass, and a probe
+        # repeated without any data in between (our answer, or the probe, was lost).
+        if self.last_probe == 0:
+            if not self.stopped and self.max_pass <= 1:
+                self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
+        elif self.n_have == self.have_at_probe:
+            self.eng.loss_timeout(self.peer)
         self.last_probe = h.index
+        self.have_at_probe = self.n_have
         self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
 
     def on_final(self, h: wire.Header, payload) -> None:
@@ -407,11 +410,13 @@ class InTransfer:
                 push.overtaken()
         if h.index and h.index <= self.last_final:
             return  # another copy of a FINAL transmission we acknowledged already
+        if self.last_final:
+            self.eng.loss_timeout(self.peer)  # a retransmission: our DONE was lost
         self.last_final = h.index
         eng = self.eng
         done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,
                                 round=h.round, flags=self.flags, copies=h.copies)
-        eng.send_ctrl(self.peer, done, min(max(h.copies, eng.copies(self.peer)), eng.max_copies))
+        eng.send_ctrl(self.peer, done, eng.reply_copies(self.peer, h.copies))
 
     def describe(self) -> str:
         what = "pull" if self.kind == PULL else "push"
