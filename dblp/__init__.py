@@ -2,31 +2,39 @@
 
 Public API (stable; workloads and the harness code against these names)
 -----------------------------------------------------------------------
+Settings: one frozen, typed, validated object (``dblp.config``)::
+
+    cfg = dblp.TransportConfig(policy="dblp" | "static" | "reliable", p=0.008,   # static
+                               p_low=0.008, p_high=None (= p_low + 0.40), threshold=0.5,
+                               check_every=10 | "epoch", rounds_per_epoch=None, norm="mean",
+                               control="udp" | "tcp", mode="ps" | "sharded",
+                               missing="zero" | "mean" | "error_feedback",
+                               rate_bps=None, round_timeout=30.0, join_timeout=120.0,
+                               idle_timeout=600.0, hello_timeout=5.0, early_bytes=8 MiB,
+                               session_id=None, secret=None (hex; authenticates every message))
+    # a bad value raises ValueError naming the setting and its range
+    cfg.write(run_dir / dblp.CONFIG_FILE); cfg = dblp.TransportConfig.read(path)  # JSON, 0600
+    cfg.to_json() / dblp.TransportConfig.from_json(text)   # "schema": 1; others refused
+    cfg = dblp.TransportConfig.from_env()   # $DBLP_CONFIG file, DBLP_<SETTING>, $DBLP_SECRET
+    dblp.POLICIES, dblp.CONTROLS, dblp.MODES, dblp.MISSING   # the registries of names
+
 Policies (only the aggregator consults them; its decision reaches everyone)::
 
-    dblp.POLICIES                      # {"reliable", "static", "dblp"} -> class
+    cfg.make_policy()                  # the configured policy, fresh
     dblp.make_policy("static", p=0.008)
-    dblp.make_policy("dblp", p_low=0.008, p_high=None (= p_low + 0.40),
-                     threshold=0.5, check_every=10 | "epoch", rounds_per_epoch=None)
-    # bad knobs raise ValueError naming the knob
+    dblp.make_policy("dblp", p_low=0.008, p_high=None, threshold=0.5, check_every=10)
 
 Parameter-server mode (N workers + 1 server; the paper's setup)::
 
-    srv = dblp.ParameterServer(host="0.0.0.0", port=47474, world_size=N, policy="dblp",
-                               session_id=None (random 64-bit), control="udp" | "tcp",
-                               missing="zero" | "mean" | "error_feedback",
-                               rate_bps=None (pacing, bits/s on the wire), round_timeout=30.0,
-                               join_timeout=120.0, idle_timeout=600.0, **policy_knobs)
+    srv = dblp.ParameterServer(host="0.0.0.0", port=47474, world_size=N, config=cfg)
+    # keyword settings still work and override cfg: ParameterServer(..., policy="static", p=0.02)
     stats_list = srv.serve(rounds, on_round_start=f(round), on_round_end=f(round, stats))
     srv.close()
 
-    group = dblp.TransportGroup(rank, world_size, master_addr, master_port=47474,
-                                mode="ps" | "sharded", policy="dblp", session_id=None,
-                                control="udp" | "tcp", missing="zero", rate_bps=None,
-                                round_timeout=30.0, join_timeout=120.0)
+    group = dblp.TransportGroup(rank, world_size, master_addr, master_port=47474, config=cfg)
     #   sharded + rate_bps: each destination is capped at rate_bps / (world_size - 1)
     group = dblp.TransportGroup.from_env(**overrides)   # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-    #   (+ optional DBLP_MODE, DBLP_POLICY, DBLP_CONTROL, DBLP_MISSING, DBLP_RATE_BPS, DBLP_SESSION_ID)
+    #   + TransportConfig.from_env for the settings
     stats = group.allreduce_(flat_tensor)   # torch or numpy, in place -> mean; returns RoundStats
     stats.as_dict()  # round, rank, role, mode, control, latency_s, bound, phase, next_bound,
                      # chunks, bytes_sent, chunks_sent, retransmitted, missing_at_stop,
@@ -58,6 +66,7 @@ takes the union U of chunks any member lacks, repairs until |U| <= P x chunks,
 and sends FINAL(U); every replica (the aggregator's included) zero-fills exactly
 U, so all apply a bit-identical aggregate.
 """
+from .config import CONFIG_FILE, CONTROLS, MISSING, MODES, TransportConfig
 from .errors import PeerClosed, PeerTimeout, TransportError
 from .group import TransportGroup, ddp_comm_hook
 from .policy import POLICIES, PhaseAwareBound, ReliablePolicy, StaticBound, make_policy
@@ -65,6 +74,7 @@ from .server import DEFAULT_PORT, ParameterServer
 from .stats import Counters, RoundStats
 
 __all__ = [
+    "TransportConfig", "CONFIG_FILE", "CONTROLS", "MODES", "MISSING",
     "POLICIES", "make_policy", "ReliablePolicy", "StaticBound", "PhaseAwareBound",
     "ParameterServer", "TransportGroup", "ddp_comm_hook", "RoundStats", "Counters",
     "TransportError", "PeerTimeout", "PeerClosed", "DEFAULT_PORT",

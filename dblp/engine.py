@@ -1,10 +1,7 @@
 """The I/O engine: one UDP socket (+ optional TCP control), pacing, timers, dispatch.
 
-Everything a participant does in a round is a set of streams in one engine:
-``OutTransfer`` (sender state machine: paced pass, PROBE, resend exactly what a
-BITMAP lists, until STOP) and ``InTransfer`` (receiver state machine: accept
-chunks, STOP as soon as the missing fraction is within the bound, answer PROBEs).
-A stream is keyed by (kind, part, peer) where kind is PUSH or PULL. The engine
+Everything a participant does in a round is a set of streams in one engine
+(``dblp.streams``: ``OutTransfer`` sends, ``InTransfer`` receives). The engine
 runs single-threaded and non-blocking: ``run_until`` interleaves receiving,
 pacing and timers until a condition holds or the round deadline passes, which
 raises ``PeerTimeout`` naming what was still missing.
@@ -15,9 +12,16 @@ follows a per-peer loss estimate that every BITMAP *and* STOP updates (fast up,
 down within a few rounds); each probe id and each FINAL transmission is answered
 once, whatever number of copies arrives; a STOP is repeated at most once per RTT.
 
-Anything that does not belong to the current round of this session is counted
-and dropped (``Counters``); messages of the next round are kept in a bounded
-buffer and replayed when that round starts; never does a stray datagram raise.
+Hostile input: with a job secret every message must carry a valid MAC
+(``wire.Sealer``), checked before anything is parsed; without one, a message
+claiming a rank must come from that rank's address, pinned at join. Anything
+that does not belong to the current round of this session is counted and
+dropped (``Counters``); messages of the next round are kept in a buffer capped
+in bytes and replayed when that round starts; reply redundancy is clamped to
+what our own loss estimate justifies (a request cannot amplify); a TCP control
+connection that does not bind itself with a valid HELLO within
+``hello_timeout`` is closed. No datagram and no TCP byte sequence raises out
+of ``handle``.
 """
 from __future__ import annotations
 
@@ -30,431 +34,82 @@ import time
 import numpy as np
 
 from . import wire
-from .errors import PeerClosed, PeerTimeout, TransportError
+from .config import default_of
+from .errors import PeerClosed, PeerTimeout
+from .framing import TcpControl
 from .pacing import RttEstimator, TokenBucket
 from .stats import Counters
-from .wire import CHUNK_BYTES, HEADER_SIZE, Flag, MsgType
+from .streams import (DONE, PROBING, PULL, PUSH, SENDING, InTransfer, OutTransfer,
+                      copies_for_loss, pack_bitmap, stream_order, unpack_bitmap)
+from .wire import HEADER_SIZE, Flag, MsgType
 
-PUSH, PULL = 0, 1
-SENDING, PROBING, DONE = "sending", "probing", "done"
+# The stream machinery is re-exported: callers see one engine API.
+__all__ = ["Engine", "TcpControl", "InTransfer", "OutTransfer", "PUSH", "PULL", "SENDING",
+           "PROBING", "DONE", "copies_for_loss", "pack_bitmap", "unpack_bitmap", "stream_order"]
+
 _DATA = int(MsgType.DATA)
-_FRAME = struct.Struct("!H")
 _INDEX = struct.Struct("!I")
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
 
 
-def copies_for_loss(p: float, max_copies: int) -> int:
-    """Control redundancy so one control message gets through with ~98 %."""
-    if p <= 0.01:
-        return 1
-    if p >= 0.999:
-        return max_copies
-    return max(1, min(max_copies, math.ceil(math.log(0.02) / math.log(p))))
-
-
-def stream_order(session: int, round: int, kind: int, part: int, src: int, count: int) -> np.ndarray:
-    """The per-round seeded permutation of chunk indices of one stream.
-
-    Early stops then drop a different random subset every round instead of
-    always the tail of the model (the prototype's fixed order).
-    """
-    rng = np.random.default_rng([session & 0xFFFFFFFF, session >> 32, round, kind, part, src])
-    return rng.permutation(count).astype(np.int64)
-
-
-def pack_bitmap(held: np.ndarray) -> bytes:
-    return np.packbits(held.astype(np.uint8)).tobytes()
-
-
-def unpack_bitmap(payload, count: int) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(payload, np.uint8), count=count).astype(bool)
-
-
-class TcpControl:
-    """A TCP control connection (TCP_NODELAY), frames = 2-byte length + message."""
-
-    def __init__(self, sock: socket.socket, peer: int | None = None):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(True)
-        self.sock = sock
-        self.peer = peer
-        self.rx = bytearray()
-        self.closed = False
-
-    def send(self, msg: bytes) -> None:
-        try:
-            self.sock.sendall(_FRAME.pack(len(msg)) + msg)
-        except OSError as exc:
-            self.closed = True
-            raise PeerClosed(f"control connection to peer {self.peer} failed: {exc}") from exc
-
-    def read_frames(self) -> list[bytes]:
-        try:
-            data = self.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return []
-        except OSError:
-            data = b""
-        if not data:
-            self.closed = True
-            return []
-        self.rx += data
-        frames = []
-        while len(self.rx) >= 2:
-            (n,) = _FRAME.unpack_from(self.rx, 0)
-            if len(self.rx) < 2 + n:
-                break
-            frames.append(bytes(self.rx[2:2 + n]))
-            del self.rx[:2 + n]
-        return frames
-
-    def close(self) -> None:
-        self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-class OutTransfer:
-    """Sender of one stream: paced passes, PROBE, resend what BITMAP lists, until STOP."""
-
-    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, data: np.ndarray,
-                 bound_ppm: int, flags: int = 0):
-        self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
-        self.round = eng.round
-        data = np.ascontiguousarray(data, dtype="<f4")
-        self.data = data
-        self.raw = memoryview(data.view(np.uint8))
-        self.nbytes = data.nbytes
-        self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
-        if self.count > wire.MAX_PART_CHUNKS:
-            raise TransportError(f"stream of {self.count} chunks exceeds MAX_PART_CHUNKS")
-        self.bound_ppm = bound_ppm
-        self.flags = flags | (Flag.PULL if kind == PULL else 0)
-        self.order = stream_order(eng.session, self.round, kind, part, eng.rank, self.count)
-        self.queue = self.order
-        self.pos = 0
-        self.state = SENDING
-        self.passes = 1
-        self.chunks_sent = 0
-        self.retransmitted = 0
-        self.probes = 0
-        self.held: np.ndarray | None = None  # receiver's bitmap at STOP (or last BITMAP)
-        self.required: np.ndarray | None = None  # repair mode: chunks that must arrive
-        self.t_done = None
-        self.probe_id = 0
-        self.probe_first = 1
-        self.probe_times: dict[int, float] = {}
-        self.next_probe_t = math.inf
-        self.backoff = 1.0
-        self.sent_at = np.full(self.count, math.inf)  # when each chunk last left (loss samples)
-        if self.nbytes == 0:
-            self.state = DONE
-            self.held = np.ones(self.count, bool)
-
-    # -- sending ---------------------------------------------------------------
-    def has_pending(self) -> bool:
-        return self.state == SENDING and self.pos < len(self.queue)
-
-    def send_next(self, now: float) -> int:
-        """Send the next chunk of the pass; returns bytes sent (0 if socket full)."""
-        c = int(self.queue[self.pos])
-        start = c * CHUNK_BYTES
-        end = min(start + CHUNK_BYTES, self.nbytes)
-        eng = self.eng
-        hdr = wire.pack_header(_DATA, src=eng.rank, part=self.part, session=eng.session,
-                               round=self.round, index=c, count=self.count, length=end - start,
-                               bound=self.bound_ppm, aux=self.passes, flags=self.flags,
-                               copies=eng.copies(self.peer))
-        n = eng.send_data(hdr, self.raw[start:end], self.peer)
-        if n == 0:
-            return 0
-        self.sent_at[c] = now
-        self.pos += 1
-        self.chunks_sent += 1
-        if self.passes > 1:
-            self.retransmitted += 1
-        if self.pos >= len(self.queue):
-            self.state = PROBING
-            self.probe_first = self.probe_id + 1
-            self.backoff = 1.0
-            self._send_probe(now)
-        return n
-
-    def _send_probe(self, now: float) -> None:
-        eng = self.eng
-        now = time.monotonic()  # the loop's ``now`` may predate a batch of sends
-        self.probe_id += 1
-        self.probe_times[self.probe_id] = now
-        copies = eng.copies(self.peer)
-        msg = wire.pack_header(MsgType.PROBE, src=eng.rank, part=self.part, session=eng.session,
-                               round=self.round, index=self.probe_id, count=self.count,
-                               bound=self.bound_ppm, flags=self.flags, copies=copies)
-        eng.send_ctrl(self.peer, msg, copies)
-        self.probes += 1
-        rto = eng.rto(self.peer)
-        self.next_probe_t = now + rto * self.backoff if rto < math.inf else math.inf
-
-    def on_timer(self, now: float) -> float:
-        if self.state != PROBING:
-            return math.inf
-        if now >= self.next_probe_t:
-            # No reply: the probe or its answer was lost. Treat it as evidence of loss so
-            # the next probe (and the peer's reply) go out with more copies.
-            self.eng.loss_timeout(self.peer)
-            self.backoff = min(4.0, self.backoff * 1.5)
-            self._send_probe(now)
-        return self.next_probe_t
-
-    # -- replies ---------------------------------------------------------------
-    def on_reply(self, h: wire.Header, payload, now: float) -> None:
-        if self.state == DONE or h.count != self.count:
-            if h.count != self.count:
-                self.eng.counters.malformed += 1
-            return
-        held = unpack_bitmap(payload, self.count)
-        sent_at = self.probe_times.get(h.index)
-        if sent_at is not None and h.index >= self.probe_first:
-            self.eng.rtt_sample(self.peer, now - sent_at)
-            self.probe_times.clear()
-        answers_probe = self.state == PROBING and h.index >= self.probe_first
-        if h.type == MsgType.STOP and self.required is None:
-            self.held = held
-            self._loss_sample_at_stop(held, now, answers_probe)
-            self._finish()
-            return
-        if not answers_probe:
-            return  # a reply to an older probe, or an unsolicited STOP during repair
-        if h.type == MsgType.BITMAP and self.required is None:
-            last = self.queue
-            if len(last):
-                self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[last])) / len(last))
-        self.held = held
-        missing = ~held
-        if self.required is not None:
-            missing &= self.required
-        if not missing.any():
-            if self.required is not None or h.type == MsgType.STOP:
-                self._finish()
-            else:
-                # BITMAP with nothing missing: the receiver holds all; probe again for STOP.
-                self.next_probe_t = now
-            return
-        self.queue = self.order[missing[self.order]]
-        self.pos = 0
-        self.passes += 1
-        self.state = SENDING
-
-    def _loss_sample_at_stop(self, held: np.ndarray, now: float, answers_probe: bool) -> None:
-        """A STOP carries a bitmap too: sample the loss of this pass from it.
-
-        Without this, loss-free rounds (STOP, never a BITMAP) never lower the
-        estimate a burst raised, and control stays at burst redundancy for good.
-        Only chunks of the current pass that had time to arrive count: all of them
-        if the STOP answers a probe sent after the pass, else those sent at least
-        an RTO before the STOP arrived.
-        """
-        if self.passes > 1 and not answers_probe:
-            return  # early STOP during a resend pass: too few chunks to judge
-        sent = self.queue[:self.pos]
-        if not answers_probe:
-            sent = sent[self.sent_at[sent] <= now - self.eng.rto(self.peer)]
-        if len(sent) >= 8 or (answers_probe and len(sent)):
-            self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[sent])) / len(sent))
-
-    def _finish(self) -> None:
-        self.t_done = time.monotonic()
-        self.state = DONE
-        self.next_probe_t = math.inf
-        self.eng.sender_done(self)
-
-    def repair(self, chunks: np.ndarray) -> None:
-        """Pull repair: deliver exactly ``chunks`` (a bool mask) even after STOP."""
-        self.required = chunks.copy()
-        missing = chunks & ~(self.held if self.held is not None else np.zeros(self.count, bool))
-        self.queue = self.order[missing[self.order]]
-        self.pos = 0
-        self.passes += 1
-        self.state = SENDING if len(self.queue) else PROBING
-        if self.state == PROBING:
-            self.probe_first = self.probe_id + 1
-            self._send_probe(time.monotonic())
-        self.eng.sender_active(self)
-
-    def describe(self) -> str:
-        what = "pull" if self.kind == PULL else "push"
-        held = "?" if self.held is None else int(self.held.sum())
-        return (f"{what} part {self.part} to rank {self.peer}: {self.state}, pass {self.passes}, "
-                f"receiver held {held}/{self.count} chunks")
-
-
-class InTransfer:
-    """Receiver of one stream: STOP as soon as missing <= bound, checked per chunk.
-
-    ``add=True`` accumulates chunks into ``out`` (aggregator side); otherwise
-    chunks are copied. ``freeze=True`` (push streams) ignores chunks after STOP,
-    so what the aggregate contains is exactly what the STOP bitmap told the
-    sender (error feedback relies on it). Pull streams keep accepting until
-    the FINAL message says which chunks every replica zero-fills.
-    """
-
-    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, out: np.ndarray,
-                 bound_ppm: int, *, add: bool, freeze: bool, trust_header_bound: bool = False):
-        self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
-        self.round = eng.round
-        self.out = out
-        self.nbytes = out.nbytes
-        self.out_u8 = memoryview(out.view(np.uint8)) if not add else None
-        self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
-        self.add = add
-        self.freeze = freeze
-        self.trust_header_bound = trust_header_bound
-        self.bound_ppm = bound_ppm
-        self.allowed = wire.allowed_missing(self.count, bound_ppm)
-        self.have = np.zeros(self.count, bool)
-        self.n_have = 0
-        self.max_pass = 0
-        self.t_first = self.t_stop = None  # monotonic times, for latency breakdowns
-        self.stopped = False
-        self.final: np.ndarray | None = None
-        self.last_stop_t = -math.inf
-        self.last_probe = 0  # highest probe id answered: copies of one probe get one reply
-        self.last_final = 0  # highest FINAL transmission id acknowledged
-        self.flags = Flag.PULL if kind == PULL else 0
-        if self.nbytes == 0:
-            self.have[:] = True
-            self.n_have = self.count
-            self.stopped = True
-
-    @property
-    def satisfied(self) -> bool:
-        return self.stopped
-
-    def _reply(self, type_: int, copies: int, probe_id: int = 0) -> None:
-        eng = self.eng
-        msg = wire.pack_header(type_, src=eng.rank, part=self.part, session=eng.session,
-                               round=self.round, index=probe_id, count=self.count,
-                               length=(self.count + 7) // 8, bound=self.bound_ppm,
-                               flags=self.flags, copies=copies) + pack_bitmap(self.have)
-        # The requester sized ``copies`` for its path to us; our own estimate (from our
-        # data to that peer) covers the path this reply takes: use the larger.
-        copies = max(copies, eng.copies(self.peer))
-        eng.send_ctrl(self.peer, msg, min(max(1, copies), eng.max_copies))
-
-    def on_data(self, h: wire.Header, buf, n: int, now: float) -> None:
-        c = h.index
-        start = c * CHUNK_BYTES
-        if h.count != self.count or h.length != min(CHUNK_BYTES, self.nbytes - start):
-            self.eng.counters.malformed += 1
-            return
-        if (self.stopped and self.freeze) or self.final is not None:
-            self.eng.counters.late += 1
-            self._repeat_stop(h, now)
-            return
-        if self.have[c]:
-            self.eng.counters.duplicates += 1
-            if self.stopped:
-                self._repeat_stop(h, now)
-            return
-        if self.add:
-            e0 = start // 4
-            self.out[e0:e0 + h.length // 4] += np.frombuffer(buf, "<f4", h.length // 4, HEADER_SIZE)
-        else:
-            self.out_u8[start:start + h.length] = buf[HEADER_SIZE:HEADER_SIZE + h.length]
-        if not self.n_have:
-            self.t_first = now
-        self.have[c] = True
-        self.n_have += 1
-        if h.aux > self.max_pass:
-            self.max_pass = h.aux
-        if self.trust_header_bound and h.bound != self.bound_ppm:
-            self.bound_ppm = h.bound
-            self.allowed = wire.allowed_missing(self.count, h.bound)
-        if not self.stopped and self.count - self.n_have <= self.allowed:
-            self.stopped = True
-            self.last_stop_t = self.t_stop = now
-            self._reply(MsgType.STOP, h.copies)
-            self.eng.progress = True
-
-    def _repeat_stop(self, h: wire.Header, now: float) -> None:
-        """The sender keeps sending: our STOP was lost; repeat it, once per RTT.
-
-        Chunks already in flight when the sender got the STOP arrive for up to one
-        RTT after it; repeating the STOP for each of them (times ``copies``) only
-        floods the reverse path, so repeats wait at least a smoothed RTT.
-        """
-        if self.eng.control == "tcp" and self.peer in self.eng.tcp:
-            return  # TCP delivers the first STOP; repeats would only queue behind it
-        if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_interval(self.peer):
-            self.last_stop_t = now
-            self._reply(MsgType.STOP, h.copies)
-
-    def on_probe(self, h: wire.Header, now: float) -> None:
-        if h.count != self.count:
-            self.eng.counters.malformed += 1
-            return
-        if h.index <= self.last_probe:
-            # Another copy (or an older probe): its probe id was answered already, with
-            # ``copies`` replies. Answering every copy again would send copies^2 replies.
-            return
-        self.last_probe = h.index
-        self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
-
-    def on_final(self, h: wire.Header, payload) -> None:
-        if h.count != self.count:
-            self.eng.counters.malformed += 1
-            return
-        if self.final is None:
-            dropped = unpack_bitmap(payload, self.count)
-            # Zero-fill what every replica zero-fills; anything else we lack
-            # (cannot happen with an honest aggregator) is zeroed and counted.
-            zero = dropped | ~self.have
-            if (~self.have & ~dropped).any():
-                self.eng.counters.malformed += 1
-            if zero.any():
-                self.out[np.repeat(zero, CHUNK_BYTES // 4)[:self.out.size]] = 0
-            self.final = dropped
-            self.final_next_bound = h.aux
-            self.final_flags = h.flags
-            self.eng.progress = True
-        if h.index and h.index <= self.last_final:
-            return  # another copy of a FINAL transmission we acknowledged already
-        self.last_final = h.index
-        eng = self.eng
-        done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,
-                                round=h.round, flags=self.flags, copies=h.copies)
-        eng.send_ctrl(self.peer, done, min(max(h.copies, eng.copies(self.peer)), eng.max_copies))
-
-    def describe(self) -> str:
-        what = "pull" if self.kind == PULL else "push"
-        return (f"{what} part {self.part} from rank {self.peer}: {self.n_have}/{self.count} chunks"
-                f" (may miss {self.allowed}), {'stopped' if self.stopped else 'receiving'}"
-                + (", waiting for FINAL" if self.kind == PULL and self.final is None else ""))
-
-
 class Engine:
-    """One participant's sockets, pacing, RTT state and the streams of its round."""
+    """One participant's sockets, pacing, RTT state and the streams of its round.
+
+    State is grouped by role (as in PyTorch's ``PowerSGDState``); ``__slots__``
+    keeps a typo from silently creating a new field.
+    """
+
+    __slots__ = (
+        # identity of this participant in its job, and the MAC that proves it
+        "rank", "session", "control", "sealer",
+        # sockets and the receive buffer
+        "sock", "sel", "buf", "mv",
+        # pacing: one bucket for the link, optional buckets per destination
+        "bucket", "peer_rate_bps", "peer_buckets",
+        # what we know of each peer: address, TCP control, RTT and loss estimates
+        "peers", "tcp", "closed_peers", "rtts", "loss", "_rtt_args",
+        # control tunables
+        "max_copies", "stop_repeat_s",
+        # the current round: its streams and the round-robin sending order
+        "round", "seen_round", "senders", "receivers", "prev_receivers", "active", "_rr",
+        "progress",
+        # FINAL retransmission (aggregator) and acknowledgement (member) bookkeeping
+        "pending_finals", "acked_finals",
+        # messages of the next round, kept until it starts (capped in entries and bytes)
+        "early", "early_cap", "early_bytes", "early_size",
+        # joining: handlers the rendezvous installs, TCP conns not yet bound to a rank
+        # (closed at their deadline), the unbound TCP conn being read
+        "join_handler", "tcp_accept_handler", "unbound", "hello_timeout", "current_conn",
+        # accounting: anomalies, bytes and datagrams sent
+        "counters", "bytes_sent", "datagrams",
+        # fault injection for tests without root: drop this fraction of received datagrams
+        "fault_rx_drop", "_fault_rng",
+    )
 
     def __init__(self, rank: int, *, bind: tuple[str, int] = ("0.0.0.0", 0), session: int = 0,
                  control: str = "udp", rate_bps: float | None = None,
                  peer_rate_bps: float | None = None, sock_buf: int = 8 << 20,
                  max_copies: int = 16, initial_rto: float = 0.02, min_rto: float = 0.002,
                  max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
+                 early_bytes: int = default_of("early_bytes"), key: bytes | None = None,
+                 hello_timeout: float = default_of("hello_timeout"),
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
         if control not in ("udp", "tcp"):
             raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
         if not 0.0 <= fault_rx_drop < 1.0:
             raise ValueError(f"fault_rx_drop must be in [0, 1), got {fault_rx_drop!r}")
-        # Fault injection for tests without root: drop this fraction of received datagrams.
-        self.fault_rx_drop = fault_rx_drop
-        self._fault_rng = np.random.default_rng(fault_seed)
+        # Optional cap per destination (sharded mode): when the transfers to
+        # the other peers finish, the last one must not take the whole rate,
+        # or N-1 senders together offer N-1 times the line rate to one
+        # downlink. One bucket per peer, made on first use.
+        if peer_rate_bps is not None and not peer_rate_bps > 0:
+            raise ValueError(f"peer_rate_bps must be positive or None, got {peer_rate_bps!r}")
+        # identity
         self.rank = rank
         self.session = session
         self.control = control
-        self.max_copies = max_copies
-        self.stop_repeat_s = stop_repeat_s
-        self._rtt_args = (initial_rto, min_rto, max_rto)
+        self.sealer = wire.Sealer(key)
+        # sockets
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):
             try:
@@ -465,41 +120,52 @@ class Engine:
         self.sock.setblocking(False)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
+        self.buf = bytearray(65536)
+        self.mv = memoryview(self.buf)
+        # pacing
         self.bucket = TokenBucket(rate_bps)
-        # Optional cap per destination (sharded mode): when the transfers to
-        # the other peers finish, the last one must not take the whole rate,
-        # or N-1 senders together offer N-1 times the line rate to one
-        # downlink. One bucket per peer, made on first use.
-        if peer_rate_bps is not None and not peer_rate_bps > 0:
-            raise ValueError(f"peer_rate_bps must be positive or None, got {peer_rate_bps!r}")
         self.peer_rate_bps = peer_rate_bps
         self.peer_buckets: dict[int, TokenBucket] = {}
+        # peers
         self.peers: dict[int, tuple[str, int]] = {}
         self.tcp: dict[int, TcpControl] = {}
+        self.closed_peers: set[int] = set()  # peers whose TCP control connection closed
         self.rtts: dict[int, RttEstimator] = {}
         self.loss: dict[int, float] = {}
-        self.counters = Counters()
+        self._rtt_args = (initial_rto, min_rto, max_rto)
+        # control tunables
+        self.max_copies = max_copies
+        self.stop_repeat_s = stop_repeat_s
+        # the current round
         self.round = -1
         self.seen_round = False
         self.senders: dict[tuple[int, int, int], OutTransfer] = {}
         self.receivers: dict[tuple[int, int, int], InTransfer] = {}
         self.prev_receivers: dict[tuple[int, int, int], InTransfer] = {}
         self.active: list[OutTransfer] = []
-        self.pending_finals: dict[tuple[int, int, int], list] = {}  # (peer, part, round) -> [msg, t, backoff, t0, id]
-        self.acked_finals: dict[tuple[int, int, int], int] = {}  # stale FINALs answered: last id
-        self.early: list[tuple[bytes, int | None]] = []
-        self.early_cap = early_cap
-        self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
-        self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
-        self.closed_peers: set[int] = set()  # peers whose TCP control connection closed
-        self.tcp_accept_handler = None
-        self.bytes_sent = 0
-        # Datagrams (or TCP frames) sent, by kind: control must stay a small fraction.
-        self.datagrams = {"data": 0, "control": 0}
-        self.progress = False
         self._rr = 0
-        self.buf = bytearray(65536)
-        self.mv = memoryview(self.buf)
+        self.progress = False
+        # FINAL bookkeeping: (peer, part, round) -> [msg, t_next, backoff, t0, id]
+        self.pending_finals: dict[tuple[int, int, int], list] = {}
+        self.acked_finals: dict[tuple[int, int, int], int] = {}  # stale FINALs answered: last id
+        # next-round buffer
+        self.early: list[tuple[bytes, tuple[str, int] | None, int | None]] = []
+        self.early_cap = early_cap
+        self.early_bytes = early_bytes
+        self.early_size = 0
+        # joining
+        self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
+        self.tcp_accept_handler = None
+        self.unbound: dict[TcpControl, float] = {}  # conn -> when it is closed unless bound
+        self.hello_timeout = hello_timeout
+        self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
+        # accounting; datagrams (or TCP frames) by kind: control must stay a small fraction
+        self.counters = Counters()
+        self.bytes_sent = 0
+        self.datagrams = {"data": 0, "control": 0}
+        # fault injection
+        self.fault_rx_drop = fault_rx_drop
+        self._fault_rng = np.random.default_rng(fault_seed)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -539,14 +205,24 @@ class Engine:
             return 1
         return copies_for_loss(self.loss.get(peer, 0.0), self.max_copies)
 
+    def reply_copies(self, peer: int, requested: int) -> int:
+        """Copies of a reply: what the peer asked for, clamped to what our estimate justifies.
+
+        The reply takes the path our own data to that peer takes, so our estimate
+        covers it; a request for more cannot turn one datagram into many.
+        """
+        return max(1, min(requested, self.copies(peer)))
+
     # -- output ---------------------------------------------------------------------
     def send_data(self, hdr: bytes, payload, peer: int) -> int:
+        tag = self.sealer.tag(hdr, payload)
         try:
-            n = self.sock.sendmsg([hdr, payload], [], 0, self.peers[peer])
+            n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers[peer])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError:
-            n = len(hdr) + len(payload)  # e.g. ECONNREFUSED from an earlier ICMP: count as lost
+            # e.g. ECONNREFUSED from an earlier ICMP: count as lost
+            n = len(hdr) + len(payload) + len(tag)
         self.datagrams["data"] += 1
         self.bytes_sent += n
         self.bucket.consume(n)
@@ -560,7 +236,9 @@ class Engine:
             b = self.peer_buckets[peer] = TokenBucket(self.peer_rate_bps)
         return b
 
-    def send_ctrl(self, peer: int, msg: bytes, copies: int = 1) -> None:
+    def send_ctrl(self, peer: int, body: bytes, copies: int = 1) -> None:
+        """Send a control message (header + payload; sealed here) ``copies`` times."""
+        msg = self.sealer.seal(body)
         conn = self.tcp.get(peer) if self.control == "tcp" else None
         if conn is not None:
             conn.send(msg)
@@ -581,9 +259,10 @@ class Engine:
             if self.peer_rate_bps is not None:
                 self.peer_bucket(peer).consume(len(msg))
 
-    def send_raw(self, msg: bytes, addr) -> None:
+    def send_raw(self, body: bytes, addr) -> None:
+        """Send one message (header + payload; sealed here) to an address, not a rank."""
         try:
-            self.sock.sendto(msg, addr)
+            self.sock.sendto(self.sealer.seal(body), addr)
         except OSError:
             pass
 
@@ -608,9 +287,10 @@ class Engine:
     def replay_early(self) -> None:
         """Feed messages that arrived for this round before it started."""
         early, self.early = self.early, []
+        self.early_size = 0
         now = time.monotonic()
-        for data, tcp_peer in early:
-            self.handle(memoryview(data), len(data), None, tcp_peer, now)
+        for data, addr, tcp_peer in early:
+            self.handle(memoryview(data), len(data), addr, tcp_peer, now)
 
     def sender_active(self, s: OutTransfer) -> None:
         if s not in self.active:
@@ -633,7 +313,14 @@ class Engine:
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:
-        """Dispatch one datagram/frame. Never raises on bad input: counts it."""
+        """Dispatch one datagram/frame. Never raises on bad input: counts it.
+
+        Order matters: the MAC is checked before a single field is believed, and
+        only then the header is parsed and the sender's identity checked.
+        """
+        if not self.sealer.verify(buf, n):
+            self.counters.unauthenticated += 1
+            return
         try:
             h = wire.unpack_header(buf, n)
         except wire.MalformedDatagram:
@@ -642,15 +329,15 @@ class Engine:
         t = h.type
         if t == MsgType.HELLO or t == MsgType.WELCOME:
             if self.join_handler is not None:
-                try:
-                    self.join_handler(h, bytes(buf[HEADER_SIZE:n]), addr, tcp_peer)
-                except (ValueError, KeyError, TypeError):
-                    self.counters.malformed += 1
+                self.join_handler(h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length]), addr,
+                                  tcp_peer)
             else:
                 self.counters.foreign += 1
             return
         if h.session != self.session or h.src not in self.peers or self.current_conn is not None \
-                or (tcp_peer is not None and tcp_peer != h.src):
+                or (tcp_peer is not None and tcp_peer != h.src) \
+                or (self.sealer.key is None and addr is not None and addr != self.peers[h.src]):
+            # Without a key, the pinned address is the only proof of who is talking.
             self.counters.foreign += 1
             return
         if self.pending_finals:
@@ -658,8 +345,10 @@ class Engine:
         if h.round != self.round:
             if h.round < self.round:
                 self._handle_stale(h, buf, n, now)
-            elif h.round == self.round + 1 and len(self.early) < self.early_cap:
-                self.early.append((bytes(buf[:n]), tcp_peer))
+            elif h.round == self.round + 1 and len(self.early) < self.early_cap \
+                    and self.early_size + n <= self.early_bytes:
+                self.early.append((bytes(buf[:n]), addr, tcp_peer))
+                self.early_size += n
             else:
                 self.counters.early_dropped += 1
             return
@@ -683,7 +372,7 @@ class Engine:
             if s is None:
                 self.counters.foreign += 1
             else:
-                s.on_reply(h, buf[HEADER_SIZE:n], now)
+                s.on_reply(h, buf[HEADER_SIZE:HEADER_SIZE + h.length], now)
                 if s.state == SENDING:
                     self.sender_active(s)
         elif t == MsgType.FINAL:
@@ -691,7 +380,7 @@ class Engine:
             if r is None or r.kind != PULL:
                 self.counters.foreign += 1
             else:
-                r.on_final(h, buf[HEADER_SIZE:n])
+                r.on_final(h, buf[HEADER_SIZE:HEADER_SIZE + h.length])
         elif t == MsgType.DONE:
             entry = self.pending_finals.pop((h.src, h.part, h.round), None)
             if entry is None:
@@ -715,13 +404,15 @@ class Engine:
             key = (h.src, h.part, h.round)
             if h.index and h.index <= self.acked_finals.get(key, 0):
                 return
+            if key in self.acked_finals:
+                self.loss_timeout(h.src)  # a repeat: our DONE was lost
             self.acked_finals[key] = h.index
-            if len(self.acked_finals) > 4096:
-                for k in [k for k in self.acked_finals if k[2] < h.round]:
+            if len(self.acked_finals) > 4096:  # bounded: forget the oldest rounds
+                for k in sorted(self.acked_finals, key=lambda k: k[2])[:3072]:
                     del self.acked_finals[k]
             done = wire.pack_header(MsgType.DONE, src=self.rank, part=h.part, session=self.session,
                                     round=h.round, flags=h.flags & Flag.PULL, copies=h.copies)
-            self.send_ctrl(h.src, done, min(max(h.copies, self.copies(h.src)), self.max_copies))
+            self.send_ctrl(h.src, done, self.reply_copies(h.src, h.copies))
             self.counters.stale += 1
             return
         if t == MsgType.PROBE and h.round == self.round - 1:
@@ -748,26 +439,62 @@ class Engine:
     def _read_tcp(self, conn: TcpControl, now: float) -> None:
         try:
             for frame in conn.read_frames():
-                # an unbound connection may only say HELLO (which binds it to a rank)
-                self.current_conn = conn if conn.peer is None else None
-                self.handle(memoryview(frame), len(frame), None, conn.peer, now)
+                if conn.peer is None:
+                    # An unbound connection gets one frame: a HELLO that binds it to a rank.
+                    self.current_conn = conn
+                    self.handle(memoryview(frame), len(frame), None, None, now)
+                    if conn.peer is None:
+                        conn.close()
+                        break
+                else:
+                    self.current_conn = None
+                    self.handle(memoryview(frame), len(frame), None, conn.peer, now)
         finally:
             self.current_conn = None
+        if conn.peer is not None:
+            self.unbound.pop(conn, None)
+        if conn.malformed:
+            conn.malformed = False
+            self.counters.malformed += 1
         if conn.closed:
-            try:
-                self.sel.unregister(conn.sock)
-            except (KeyError, ValueError):
-                pass
-            if conn.peer is None or self.tcp.get(conn.peer) is not conn:
-                return
+            self._forget_conn(conn)
+
+    def _forget_conn(self, conn: TcpControl) -> None:
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self.unbound.pop(conn, None)
+        if conn.peer is not None and self.tcp.get(conn.peer) is conn:
             # Normal after a peer's last round; an error only if this round still needs
             # the peer (``run_until``'s ``check`` raises PeerClosed then).
             self.closed_peers.add(conn.peer)
             for key in [k for k in self.pending_finals if k[0] == conn.peer]:
                 del self.pending_finals[key]
 
-    def register_tcp(self, conn: TcpControl) -> None:
+    def register_tcp(self, conn: TcpControl, max_unbound: int | None = None) -> None:
+        """Watch ``conn``; one without a rank must bind itself within ``hello_timeout``.
+
+        At most ``max_unbound`` unbound connections are kept: a flood of idle
+        connects closes the oldest instead of holding a descriptor each.
+        """
         self.sel.register(conn.sock, selectors.EVENT_READ, conn)
+        if conn.peer is None:
+            self.unbound[conn] = time.monotonic() + self.hello_timeout
+            while max_unbound is not None and len(self.unbound) > max_unbound:
+                oldest = next(iter(self.unbound))
+                oldest.close()
+                self._forget_conn(oldest)
+                self.counters.foreign += 1
+
+    def _expire_unbound(self, now: float) -> float:
+        """Close unbound TCP connections past their deadline; return the next deadline."""
+        for conn, t in list(self.unbound.items()):
+            if now >= t:
+                conn.close()
+                self._forget_conn(conn)
+                self.counters.foreign += 1
+        return min(self.unbound.values(), default=math.inf)
 
     def poll(self, timeout: float) -> None:
         """Wait up to ``timeout`` for input and handle everything that arrived.
@@ -789,7 +516,7 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------
     def _fire_timers(self, now: float) -> float:
-        nxt = math.inf
+        nxt = self._expire_unbound(now) if self.unbound else math.inf
         for s in self.senders.values():
             if s.state == PROBING:
                 nxt = min(nxt, s.on_timer(now))
@@ -871,3 +598,4 @@ class Engine:
         except (OSError, ValueError, KeyError):
             pass
         self.sock.close()
+

@@ -15,11 +15,13 @@ import time
 import numpy as np
 
 from . import wire
-from .engine import Engine, TcpControl
-from .join import Rendezvous, _msg, join_aggregator, new_session_id
-from .policy import make_policy
+from .engine import Engine
+from .errors import TransportError
+from .framing import TcpControl
+from .join import Rendezvous, _msg, join_aggregator, new_nonce, new_session_id
+from .config import TransportConfig, merge
 from .rounds import grad_norm, make_layout, max_passes, run_round
-from .server import DEFAULT_PORT, _mean_srtt, check_common, policy_phase
+from .server import DEFAULT_PORT, _mean_srtt, policy_phase
 from .stats import RoundStats
 from .wire import MsgType
 
@@ -43,33 +45,26 @@ class TransportGroup:
     """
 
     def __init__(self, rank: int, world_size: int, master_addr: str = "127.0.0.1",
-                 master_port: int = DEFAULT_PORT, *, mode: str = "ps", policy="dblp",
-                 session_id: int | None = None, control: str = "udp", missing: str = "zero",
-                 rate_bps: float | None = None, round_timeout: float = 30.0,
-                 join_timeout: float = 120.0, bind_host: str = "0.0.0.0",
-                 fault_rx_drop: float = 0.0, **policy_knobs):
+                 master_port: int = DEFAULT_PORT, *, config: TransportConfig | None = None,
+                 bind_host: str = "0.0.0.0", fault_rx_drop: float = 0.0, **settings):
         self.world_size = _int_knob("world_size", world_size, 1, 65534)
         self.rank = _int_knob("rank", rank, 0, self.world_size - 1)
         self.master_port = _int_knob("master_port", master_port, 1, 65535)
-        if mode not in ("ps", "sharded"):
-            raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
-        if mode == "sharded" and control == "tcp":
+        cfg, self.policy = merge(config, settings)
+        if cfg.mode == "sharded" and cfg.control == "tcp":
             raise ValueError("control='tcp' is supported in mode='ps' only (the paper's design)")
-        check_common(control=control, missing=missing, rate_bps=rate_bps,
-                     round_timeout=round_timeout, join_timeout=join_timeout)
-        if session_id is not None and not (isinstance(session_id, int) and 0 < session_id < 2**64):
-            raise ValueError(f"session_id must be an int in [1, 2**64), got {session_id!r}")
         try:
             self.master_ip = socket.gethostbyname(master_addr)
         except (OSError, UnicodeError, TypeError):
             raise ValueError(f"master_addr {master_addr!r} does not resolve") from None
-        self.mode = mode
-        self.policy = make_policy(policy, **policy_knobs)
-        self.control = control
-        self.missing = missing
-        self.session_id = session_id
-        self.round_timeout = float(round_timeout)
-        self.join_timeout = float(join_timeout)
+        self.config = cfg
+        self.mode = mode = cfg.mode
+        self.control = control = cfg.control
+        self.missing = missing = cfg.missing
+        self.session_id = session_id = cfg.session_id
+        self.round_timeout = cfg.round_timeout
+        self.join_timeout = cfg.join_timeout
+        rate_bps = cfg.rate_bps
         self.server_rank = self.world_size if mode == "ps" else 0
         bind_port = self.master_port if (mode == "sharded" and self.rank == 0) else 0
         # Sharded: each of the N-1 peers may take 1/(N-1) of the rate, so the
@@ -78,7 +73,8 @@ class TransportGroup:
                      if mode == "sharded" and rate_bps and self.world_size > 2 else None)
         self.engine = Engine(self.rank, bind=(bind_host, bind_port), control=control,
                              rate_bps=rate_bps, peer_rate_bps=peer_rate, session=session_id or 0,
-                             fault_rx_drop=fault_rx_drop)
+                             key=cfg.key, early_bytes=cfg.early_bytes,
+                             hello_timeout=cfg.hello_timeout, fault_rx_drop=fault_rx_drop)
         self.round = -1
         self.numel: int | None = None
         self.residual: np.ndarray | None = None
@@ -93,14 +89,16 @@ class TransportGroup:
     def from_env(cls, env=None, **kwargs) -> "TransportGroup":
         """Build from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables).
 
-        Optional: DBLP_MODE, DBLP_POLICY, DBLP_CONTROL, DBLP_MISSING, DBLP_RATE_BPS,
-        DBLP_SESSION_ID (keyword arguments win over the environment).
+        Transport settings come from ``TransportConfig.from_env`` (``$DBLP_CONFIG``,
+        ``DBLP_<SETTING>``, the key in ``$DBLP_SECRET``); keyword arguments win
+        over the environment.
         """
         env = os.environ if env is None else env
         args = {}
         for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"),
                          ("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port")):
             if key in kwargs:
+                args[key] = kwargs.pop(key)
                 continue
             if var not in env:
                 if var == "MASTER_PORT":
@@ -110,19 +108,13 @@ class TransportGroup:
         for key in ("rank", "world_size", "master_port"):
             if key in args:
                 args[key] = _int_knob(key, args[key], 0, 65535)
-        # Optional transport knobs, so a launcher can configure without code changes.
-        for var, key, conv in (("DBLP_MODE", "mode", str), ("DBLP_POLICY", "policy", str),
-                               ("DBLP_CONTROL", "control", str), ("DBLP_MISSING", "missing", str),
-                               ("DBLP_RATE_BPS", "rate_bps", float),
-                               ("DBLP_SESSION_ID", "session_id", lambda v: int(v, 0))):
-            if var in env and key not in kwargs:
-                try:
-                    args[key] = conv(env[var])
-                except ValueError:
-                    raise ValueError(f"environment variable {var}={env[var]!r} is invalid "
-                                     f"for {key}") from None
-        args.update(kwargs)
-        return cls(**args)
+        for key in ("bind_host", "fault_rx_drop"):
+            if key in kwargs:
+                args[key] = kwargs.pop(key)
+        config = kwargs.pop("config", None)
+        if config is None:
+            config = TransportConfig.from_env(env)
+        return cls(config=config, **args, **kwargs)
 
     # -- joining ----------------------------------------------------------------------
     def _join(self, numel: int) -> None:
@@ -139,28 +131,30 @@ class TransportGroup:
             rv.run(self.join_timeout)
             self.numel = numel
             return
-        w = join_aggregator(eng, master, self.server_rank, {"rank": self.rank, "numel": numel,
-                                                            "mode": self.mode},
-                            self.join_timeout, self.session_id)
-        if int(w.get("numel", numel)) != numel:
+        hello = {"rank": self.rank, "numel": numel, "mode": self.mode, "nonce": new_nonce()}
+        w = join_aggregator(eng, master, self.server_rank, hello, self.join_timeout,
+                            self.session_id)
+        if w["numel"] != numel:
             raise ValueError(f"tensor of {numel} elements, but the job uses {w['numel']}")
-        if w.get("mode", self.mode) != self.mode:
-            raise ValueError(f"mode={self.mode!r} but the aggregator runs {w.get('mode')!r}")
-        eng.session = int(w["_session"])
+        if w["mode"] != self.mode:
+            raise ValueError(f"mode={self.mode!r} but the aggregator runs {w['mode']!r}")
+        eng.session = w["session"]
         eng.join_handler = None
-        self.bound_ppm = int(w.get("bound_ppm", self.bound_ppm))
+        self.bound_ppm = w["bound_ppm"]
         self.phase = w.get("phase", self.phase)
-        self.policy_name = w.get("policy", self.policy_name)
+        self.policy_name = w["policy"]
         if self.mode == "sharded":
+            if set(w.get("peers", {})) != set(range(self.world_size)):
+                raise TransportError("the rendezvous sent an incomplete address table")
             for r, a in w["peers"].items():
-                if int(r) != self.rank:
-                    eng.peers[int(r)] = (a[0], int(a[1]))
+                if r != self.rank:
+                    eng.peers[r] = a
             eng.peers[0] = master
         if self.control == "tcp":
             sock = socket.create_connection(master, timeout=self.join_timeout)
             conn = TcpControl(sock, peer=self.server_rank)
-            conn.send(_msg(MsgType.HELLO, {"rank": self.rank, "numel": numel}, src=self.rank,
-                           session=eng.session))
+            conn.send(eng.sealer.seal(_msg(MsgType.HELLO, hello, src=self.rank,
+                                           session=eng.session)))
             eng.tcp[self.server_rank] = conn
             eng.register_tcp(conn)
         self.numel = numel
@@ -190,7 +184,7 @@ class TransportGroup:
         t0 = time.monotonic()
         res = run_round(eng, self.parts, list(range(self.world_size)), contribution, self.result,
                         bound, self.missing, self.round_timeout,
-                        owner_residual=self.owner_residual)
+                        owner_residual=self.owner_residual, settle=True)
         t1 = time.monotonic()
         self.round = r
         self.last_result = res

@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import math
 
-
-def _check_fraction(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}") from None
-    if not (0.0 <= v < 1.0) or math.isnan(v):
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    return v
+from .config import check_setting, default_of
 
 
 class ReliablePolicy:
     """P = 0: every chunk must arrive (the transport's reliable mode)."""
 
     name = "reliable"
+    KNOBS: tuple[str, ...] = ()  # TransportConfig fields this policy takes
 
     def __init__(self):
         self.phase = "reliable"
@@ -43,9 +36,10 @@ class StaticBound:
     """A fixed bound P: the MLT-style baseline of the paper (default 0.8 %)."""
 
     name = "static"
+    KNOBS = ("p",)
 
-    def __init__(self, p: float = 0.008):
-        self.p = _check_fraction("p", p)
+    def __init__(self, p: float = default_of("p")):
+        self.p = check_setting("p", p)
         self.phase = "static"
 
     def bound(self, round: int) -> float:
@@ -76,33 +70,30 @@ class PhaseAwareBound:
     """
 
     name = "dblp"
+    KNOBS = ("p_low", "p_high", "threshold", "check_every", "rounds_per_epoch", "norm")
 
-    def __init__(self, p_low: float = 0.008, p_high: float | None = None, threshold: float = 0.5,
-                 check_every: int | str = 10, rounds_per_epoch: int | None = None,
-                 norm: str = "mean"):
-        self.p_low = _check_fraction("p_low", p_low)
-        self.p_high = _check_fraction("p_high", round(self.p_low + 0.40, 12) if p_high is None
-                                     else p_high)
+    def __init__(self, p_low: float = default_of("p_low"),
+                 p_high: float | None = default_of("p_high"),
+                 threshold: float = default_of("threshold"),
+                 check_every: int | str = default_of("check_every"),
+                 rounds_per_epoch: int | None = default_of("rounds_per_epoch"),
+                 norm: str = default_of("norm")):
+        self.p_low = check_setting("p_low", p_low)
+        self.p_high = check_setting("p_high", round(self.p_low + 0.40, 12) if p_high is None
+                                    else p_high)
         if self.p_high < self.p_low:
             raise ValueError(f"p_high ({self.p_high}) must be >= p_low ({self.p_low})")
-        try:
-            self.threshold = float(threshold)
-        except (TypeError, ValueError):
-            raise ValueError(f"threshold must be a positive number, got {threshold!r}") from None
-        if not self.threshold > 0 or math.isinf(self.threshold):
-            raise ValueError(f"threshold must be a positive finite number, got {threshold!r}")
+        self.threshold = check_setting("threshold", threshold)
+        check_every = check_setting("check_every", check_every)
+        rounds_per_epoch = check_setting("rounds_per_epoch", rounds_per_epoch)
         if check_every == "epoch":
-            if not isinstance(rounds_per_epoch, int) or isinstance(rounds_per_epoch, bool) \
-                    or rounds_per_epoch < 1:
-                raise ValueError("rounds_per_epoch must be a positive int when check_every='epoch',"
-                                 f" got {rounds_per_epoch!r}")
+            if rounds_per_epoch is None:
+                raise ValueError("rounds_per_epoch must be a positive int when check_every='epoch'"
+                                 " (steps per epoch of one worker's shard)")
             self.interval = rounds_per_epoch
-        elif isinstance(check_every, int) and not isinstance(check_every, bool) and check_every >= 1:
-            self.interval = check_every
         else:
-            raise ValueError(f"check_every must be a positive int or 'epoch', got {check_every!r}")
-        if norm not in ("mean", "last"):
-            raise ValueError(f"norm must be 'mean' or 'last', got {norm!r}")
+            self.interval = check_every
+        check_setting("norm", norm)
         self.norm = norm
         self._window: list[float] = []
         self.check_every = check_every

@@ -26,11 +26,13 @@ import time
 import numpy as np
 
 from . import wire
-from .engine import DONE, PULL, PUSH, Engine, InTransfer, OutTransfer, pack_bitmap
+from .engine import Engine
+from .streams import DONE, PULL, PUSH, InTransfer, OutTransfer, pack_bitmap
 from .wire import CHUNK_ELEMS, Flag, MsgType
 
-MISSING_MODES = ("zero", "mean", "error_feedback")
 PART_CHUNKS = wire.MAX_PART_CHUNKS  # chunks per part (a bitmap fits one datagram)
+#: FINAL transmissions an owner makes before it returns without the member's DONE.
+SETTLE_TRIES = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +148,20 @@ class RoundResult:
 def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: np.ndarray | None,
               result: np.ndarray, bound_ppm: int, missing: str, round_timeout: float,
               first_wait: float | None = None, owner_residual: dict | None = None,
-              decide=None) -> RoundResult:
+              decide=None, settle: bool = False) -> RoundResult:
     """Run round ``eng.round`` for this participant; the aggregate lands in ``result``.
 
     ``contribution`` is this rank's (error-compensated) gradient, None for a
     pure server. ``decide(result) -> (next_bound_ppm, critical)`` is called by
     a single-owner aggregator (PS server) once the applied aggregate is known;
     its answer travels in FINAL.
+
+    ``settle=True`` (members that own parts, i.e. sharded mode): return only once
+    every member acknowledged our FINALs (DONE), or after ``SETTLE_TRIES``
+    transmissions of each. The caller may block outside the transport between
+    rounds; a FINAL lost then would leave its member waiting until the deadline.
+    (The parameter server needs no settling: it stays in its loop, where the
+    FINAL timers keep running, until its last round is acknowledged.)
     """
     me = eng.rank
     n_members = len(members)
@@ -181,7 +190,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
             eng.add_sender(s)
             push_senders.append(s)
             r = InTransfer(eng, PULL, part.index, part.owner, result[sl], bound_ppm,
-                           add=False, freeze=False, trust_header_bound=True)
+                           add=False, freeze=False)
             eng.add_receiver(r)
             pull_receivers.append(r)
     eng.replay_early()
@@ -264,6 +273,16 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
         return peers
 
     eng.run_until(all_done, deadline, describe, needs)
+    if settle and owned:
+        rnd = eng.round
+
+        def settled() -> bool:
+            return all(e[4] >= SETTLE_TRIES for k, e in eng.pending_finals.items() if k[2] == rnd)
+
+        def unsettled() -> str:
+            return (f"rank {me}, round {rnd}: FINAL not acknowledged by ranks "
+                    f"{sorted(k[0] for k in eng.pending_finals if k[2] == rnd)}")
+        eng.run_until(settled, deadline, unsettled)
     res = RoundResult(push_senders, pull_receivers, push_receivers,
                       [i["pull"] for i in owned.values()])
     res.total_chunks = sum(p.chunks for p in parts)

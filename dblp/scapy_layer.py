@@ -2,16 +2,19 @@
 
 ``bind(port)`` binds it to UDP on that port (both directions), so
 ``rdpcap`` dissects captures of the transport; the payload after the header
-is ``Raw`` (chunk floats or a bitmap). Tests check that dissecting the
-packer's bytes gives back every field and that ``bytes(DBLP(...))`` equals
-``wire.pack(...)``.
+is ``Raw`` (chunk floats or a bitmap), ``length`` bytes long, and the trailer
+that ``wire.TRAILER_FIELDS`` declares (the MAC) follows as padding, read back
+with ``DBLP.trailer``. Building appends a zero trailer (an unauthenticated
+message: a real tag needs the job's secret). Tests check that dissecting the
+packer's bytes gives back every field and that ``bytes(DBLP(...) / payload)``
+equals ``wire.pack(...)``.
 """
 from __future__ import annotations
 
 from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, LongField,
                           ShortField, XShortField)
 from scapy.layers.inet import UDP
-from scapy.packet import Packet, bind_layers
+from scapy.packet import Packet, Padding, bind_layers
 
 from . import wire
 
@@ -42,11 +45,24 @@ class DBLP(Packet):
         if self.length is None:
             off = _offset_of("length")
             pkt = pkt[:off] + len(pay).to_bytes(2, "big") + pkt[off + 2:]
-        return pkt + pay
+        return pkt + pay + wire.ZERO_TAG
 
     def extract_padding(self, s: bytes):
         n = self.length or 0
         return s[:n], s[n:]
+
+    @property
+    def trailer(self) -> dict:
+        """The dissected trailer by ``wire.TRAILER_FIELDS`` name (empty if truncated)."""
+        pad = self.getlayer(Padding)
+        raw = bytes(pad.load) if pad is not None else b""
+        out, off = {}, 0
+        for name, size, _ in wire.TRAILER_FIELDS:
+            if len(raw) < off + size:
+                break
+            out[name] = raw[off:off + size]
+            off += size
+        return out
 
 
 def _offset_of(field: str) -> int:

@@ -9,24 +9,11 @@ import numpy as np
 from . import wire
 from .engine import Engine
 from .join import Rendezvous, new_session_id
-from .policy import make_policy
-from .rounds import MISSING_MODES, grad_norm, make_layout, max_passes, run_round
+from .config import TransportConfig, merge
+from .rounds import grad_norm, make_layout, max_passes, run_round
 from .stats import RoundStats
 
 DEFAULT_PORT = 47474
-
-
-def check_common(*, control, missing, rate_bps, round_timeout, join_timeout) -> None:
-    """Validate knobs shared by server and group; ValueError names the knob."""
-    if control not in ("udp", "tcp"):
-        raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
-    if missing not in MISSING_MODES:
-        raise ValueError(f"missing must be one of {MISSING_MODES}, got {missing!r}")
-    if rate_bps is not None and not (isinstance(rate_bps, (int, float)) and rate_bps > 0):
-        raise ValueError(f"rate_bps must be a positive number or None, got {rate_bps!r}")
-    for name, v in (("round_timeout", round_timeout), ("join_timeout", join_timeout)):
-        if not (isinstance(v, (int, float)) and v > 0):
-            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
 
 
 def policy_phase(policy) -> str:
@@ -44,31 +31,34 @@ class ParameterServer:
     """
 
     def __init__(self, host: str = "0.0.0.0", port: int = DEFAULT_PORT, world_size: int = 1,
-                 policy="dblp", session_id: int | None = None, control: str = "udp",
-                 missing: str = "zero", rate_bps: float | None = None, round_timeout: float = 30.0,
-                 join_timeout: float = 120.0, idle_timeout: float = 600.0,
-                 fault_rx_drop: float = 0.0, **policy_knobs):
+                 policy=None, *, config: TransportConfig | None = None,
+                 fault_rx_drop: float = 0.0, **settings):
         if not isinstance(world_size, int) or world_size < 1 or world_size > 65534:
             raise ValueError(f"world_size must be an int in [1, 65534], got {world_size!r}")
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
-        check_common(control=control, missing=missing, rate_bps=rate_bps,
-                     round_timeout=round_timeout, join_timeout=join_timeout)
-        if session_id is not None and not (isinstance(session_id, int) and 0 < session_id < 2**64):
-            raise ValueError(f"session_id must be an int in [1, 2**64), got {session_id!r}")
-        self.policy = make_policy(policy, **policy_knobs)
+        if policy is not None:
+            settings["policy"] = policy
+        cfg, self.policy = merge(config, settings)
+        if cfg.mode != "ps":
+            raise ValueError(f"mode={cfg.mode!r} has no parameter server (every rank aggregates "
+                             "a shard): start only TransportGroups, or use mode='ps'")
+        self.config = cfg
         self.world_size = world_size
-        self.control = control
-        self.missing = missing
-        self.round_timeout = float(round_timeout)
-        self.join_timeout = float(join_timeout)
-        self.idle_timeout = float(idle_timeout)
-        self.session_id = session_id or new_session_id()
+        self.control = cfg.control
+        self.missing = cfg.missing
+        self.round_timeout = cfg.round_timeout
+        self.join_timeout = cfg.join_timeout
+        self.idle_timeout = cfg.idle_timeout
+        self.session_id = cfg.session_id or new_session_id()
+        control, rate_bps = cfg.control, cfg.rate_bps
         self.rank = world_size
         self.listen = None
         for attempt in range(20):
             self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
-                                 control=control, rate_bps=rate_bps, fault_rx_drop=fault_rx_drop)
+                                 control=control, rate_bps=rate_bps, key=cfg.key,
+                                 early_bytes=cfg.early_bytes, hello_timeout=cfg.hello_timeout,
+                                 fault_rx_drop=fault_rx_drop)
             self.port = self.engine.address[1]
             if control != "tcp":
                 break
@@ -90,7 +80,7 @@ class ParameterServer:
         self.rendezvous = None
         self.parts = None
         self.result = None
-        self.residual: dict | None = {} if missing == "error_feedback" else None
+        self.residual: dict | None = {} if cfg.missing == "error_feedback" else None
         self.history: list[RoundStats] = []
 
     @property

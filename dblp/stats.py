@@ -8,8 +8,9 @@ import dataclasses
 class Counters:
     """Datagrams the transport ignored, by reason. Never fatal, always counted."""
 
+    unauthenticated: int = 0  # MAC missing or wrong (the job has a secret)
     malformed: int = 0  # not a DBLP message, bad field, truncated
-    foreign: int = 0  # another session id, unknown peer or stream
+    foreign: int = 0  # another session, unknown peer, address or stream; refused joins and conns
     stale: int = 0  # an earlier round
     duplicates: int = 0  # a chunk already held
     late: int = 0  # data after the receiver froze its result (push STOP)

@@ -1,10 +1,16 @@
 """The DBLP wire format: the single declaration the packer and the scapy layer share.
 
 Every message, data or control, is one UDP datagram (or one length-prefixed
-frame on the optional TCP control connection) that starts with the same fixed
-40-byte header, network byte order. ``HEADER_FIELDS`` is the only place the
-layout is written down: ``pack``/``unpack`` below and ``dblp.scapy_layer.DBLP``
-are both generated from it, and the tests check one against the other.
+frame on the optional TCP control connection): the same fixed 40-byte header
+(network byte order), ``length`` bytes of payload, and a 16-byte trailer.
+``HEADER_FIELDS`` and ``TRAILER_FIELDS`` are the only places the layout is
+written down: ``pack``/``unpack`` below and ``dblp.scapy_layer.DBLP`` are both
+generated from them, and the tests check one against the other.
+
+The trailer is a keyed BLAKE2b-128 MAC over header and payload with the job's
+secret (``Sealer``); a job without a secret sends zeros there and checks
+nothing. The secret itself never travels. A receiver with a secret drops
+(and counts) every message whose tag does not verify, before parsing it.
 
 Payload per message type:
 
@@ -24,17 +30,19 @@ Payload per message type:
 * DONE: empty acknowledgement of FINAL.
 * HELLO / WELCOME: small JSON objects for joining (numel, address table).
 
-Data datagrams never exceed ``MAX_DATAGRAM`` (1472) bytes of UDP payload, so
-they fit a 1500-byte MTU without IP fragmentation.
+No message exceeds ``MAX_DATAGRAM`` (1472) bytes of UDP payload, so each fits
+a 1500-byte MTU without IP fragmentation; a receiver rejects anything longer.
 """
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import struct
 from typing import NamedTuple
 
 MAGIC = 0xDB1B
-VERSION = 1
+VERSION = 2  # 2: the MAC trailer
 MAX_DATAGRAM = 1472  # 1500 MTU - 20 IPv4 - 8 UDP
 PPM = 1_000_000  # bounds travel as parts per million (integers: all peers agree exactly)
 
@@ -78,10 +86,17 @@ HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("aux", "I", "DATA: pass number; FINAL: next round's bound, ppm"),
 )
 
+# (name, bytes, description) -- THE declaration of what follows the payload.
+TRAILER_FIELDS: tuple[tuple[str, int, str], ...] = (
+    ("tag", 16, "keyed BLAKE2b-128 of header + payload with the job's secret; zeros without one"),
+)
+
 HEADER_FORMAT = "!" + "".join(code for _, code, _ in HEADER_FIELDS)
 _HEADER = struct.Struct(HEADER_FORMAT)
 HEADER_SIZE = _HEADER.size
-MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE
+TAG_SIZE = sum(size for _, size, _ in TRAILER_FIELDS)
+ZERO_TAG = bytes(TAG_SIZE)
+MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
 CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
 CHUNK_BYTES = CHUNK_ELEMS * 4
 MAX_PART_CHUNKS = MAX_PAYLOAD * 8  # a bitmap must fit one datagram
@@ -130,12 +145,56 @@ def pack_header(type: int, *, src: int = 0, part: int = 0, session: int = 0, rou
                         int(aux))
 
 
-def pack(type: int, payload: bytes = b"", **fields) -> bytes:
-    """Pack header + payload; ``length`` is filled in from the payload."""
+def pack_body(type: int, payload: bytes = b"", **fields) -> bytes:
+    """Header + payload without the trailer (``Sealer.seal`` adds it); ``length`` filled in."""
     payload = bytes(payload)
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes exceeds MAX_PAYLOAD={MAX_PAYLOAD}")
     return pack_header(type, length=len(payload), **fields) + payload
+
+
+def pack(type: int, payload: bytes = b"", *, key: bytes | None = None, **fields) -> bytes:
+    """A whole message: header + payload + trailer (tagged with ``key``, zeros without)."""
+    return Sealer(key).seal(pack_body(type, payload, **fields))
+
+
+class Sealer:
+    """Tags outgoing messages and verifies incoming ones with the job's secret.
+
+    Without a key every tag is zeros and every message verifies: the job is
+    open to anyone who can reach its port (closed networks, benchmarks).
+    """
+
+    __slots__ = ("key", "_mac")
+
+    def __init__(self, key: bytes | None):
+        if key is not None and not 16 <= len(key) <= 64:
+            raise ValueError(f"key must be 16 to 64 bytes, got {len(key)}")
+        self.key = key
+        # A keyed template: copying it skips re-hashing the key block per message.
+        self._mac = None if key is None else hashlib.blake2b(key=key, digest_size=TAG_SIZE)
+
+    def tag(self, *parts) -> bytes:
+        """The trailer for a message made of ``parts`` (header, payload: any buffers)."""
+        if self._mac is None:
+            return ZERO_TAG
+        m = self._mac.copy()
+        for p in parts:
+            m.update(p)
+        return m.digest()
+
+    def seal(self, body) -> bytes:
+        """``body`` (header + payload) followed by its trailer."""
+        return bytes(body) + self.tag(body)
+
+    def verify(self, buf, n: int) -> bool:
+        """Whether the first ``n`` bytes of ``buf`` end in the right tag (always without a key)."""
+        if self._mac is None:
+            return True
+        if n < HEADER_SIZE + TAG_SIZE:
+            return False
+        mv = memoryview(buf)
+        return hmac.compare_digest(self.tag(mv[:n - TAG_SIZE]), mv[n - TAG_SIZE:n])
 
 
 _TYPES = frozenset(int(t) for t in MsgType)
@@ -144,13 +203,16 @@ _TYPES = frozenset(int(t) for t in MsgType)
 def unpack_header(buf, nbytes: int | None = None) -> Header:
     """Decode and validate a header; raise MalformedDatagram on anything off.
 
-    ``nbytes`` is how many bytes of ``buf`` are valid (``recv_into`` style).
-    Checks: size, magic, version, type, declared length == actual payload,
-    chunk index < count for DATA, float alignment of DATA payloads.
+    ``nbytes`` is how many bytes of ``buf`` are valid (``recv_into`` style),
+    trailer included. Checks: size (at most one datagram), magic, version,
+    type, declared length == actual payload, chunk index < count for DATA, DATA
+    payloads whole float32s of at most one chunk. The tag is ``Sealer``'s job.
     """
     n = len(buf) if nbytes is None else nbytes
-    if n < HEADER_SIZE:
-        raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE}")
+    if n < HEADER_SIZE + TAG_SIZE:
+        raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE} + tag {TAG_SIZE}")
+    if n > MAX_DATAGRAM:
+        raise MalformedDatagram(f"{n} bytes exceed one datagram ({MAX_DATAGRAM})")
     h = Header._make(_HEADER.unpack_from(buf, 0))
     if h.magic != MAGIC:
         raise MalformedDatagram(f"bad magic 0x{h.magic:04x}")
@@ -158,13 +220,15 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
         raise MalformedDatagram(f"unsupported version {h.version}")
     if h.type not in _TYPES:
         raise MalformedDatagram(f"unknown type {h.type}")
-    if h.length != n - HEADER_SIZE:
-        raise MalformedDatagram(f"length field {h.length} != payload {n - HEADER_SIZE}")
+    if h.length != n - HEADER_SIZE - TAG_SIZE:
+        raise MalformedDatagram(f"length field {h.length} != payload "
+                                f"{n - HEADER_SIZE - TAG_SIZE}")
     if h.type == MsgType.DATA:
         if h.index >= h.count:
             raise MalformedDatagram(f"chunk index {h.index} >= count {h.count}")
-        if h.length % 4 or h.length == 0:
-            raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s")
+        if h.length % 4 or h.length == 0 or h.length > CHUNK_BYTES:
+            raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s "
+                                    f"of at most one chunk ({CHUNK_BYTES})")
     elif h.type in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
         if h.length != (h.count + 7) // 8:
             raise MalformedDatagram(f"bitmap of {h.length} bytes for {h.count} chunks")
@@ -174,7 +238,7 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
 
 
 def unpack(buf) -> tuple[Header, bytes]:
-    """Decode a whole datagram into (header, payload bytes)."""
+    """Decode a whole datagram into (header, payload bytes); the tag is not checked."""
     h = unpack_header(buf)
     return h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length])
 

@@ -2,7 +2,9 @@
 
 Only the policy name differs between the three arms; the server (parameter-
 server mode) decides each round's bound and the group reports it back, so the
-round log's ``bound``/``phase`` are what the transport actually used.
+round log's ``bound``/``phase`` are what the transport actually used. Every
+transport setting arrives in one ``dblp.TransportConfig`` (the run directory's
+``transport.json``), never as command-line strings.
 """
 from __future__ import annotations
 
@@ -10,39 +12,37 @@ import torch
 
 from .exchange import DBLP_ARMS, ExchangeResult
 
-MODES = ("ps", "sharded")
-CONTROLS = ("udp", "tcp")
-MISSING = ("zero", "mean", "error_feedback")
 
+def load_transport_config(arm: str, path: str | None):
+    """The arm's transport settings: ``path`` (a ``TransportConfig`` file) or the environment.
 
-def transport_options(args) -> dict:
-    """Transport knobs shared by worker and server, validated with the flag's name."""
-    if args.control not in CONTROLS:
-        raise SystemExit(f"--control must be one of {CONTROLS}, got {args.control!r}")
-    if args.missing not in MISSING:
-        raise SystemExit(f"--missing must be one of {MISSING}, got {args.missing!r}")
-    if args.rate_bps is not None and args.rate_bps <= 0:
-        raise SystemExit(f"--rate-bps must be > 0, got {args.rate_bps}")
-    return {"control": args.control, "missing": args.missing, "rate_bps": args.rate_bps}
+    Without a file the settings come from ``dblp.TransportConfig.from_env``
+    (``DBLP_<SETTING>`` and ``DBLP_SECRET``, torchrun style) with the arm's policy.
+    The file's policy must be the arm's: a mismatch is a launcher bug, not a choice.
+    """
+    from dblp import TransportConfig
+    try:
+        if path is None:
+            return TransportConfig.from_env(policy=arm)
+        cfg = TransportConfig.read(path)
+    except ValueError as exc:
+        raise SystemExit(f"--transport-config: {exc}") from None
+    if cfg.policy != arm:
+        raise SystemExit(f"--transport-config {path} has policy {cfg.policy!r} but --arm is {arm!r}")
+    return cfg
 
 
 class DblpExchange:
     """One TransportGroup per worker; ``allreduce_`` returns the transport's RoundStats."""
 
     def __init__(self, arm: str, rank: int, world_size: int, master_addr: str, master_port: int,
-                 knobs: dict, timeout_s: float, mode: str = "ps", control: str = "udp",
-                 missing: str = "zero", rate_bps: float | None = None, join_timeout_s: float = 120.0):
+                 config):
         if arm not in DBLP_ARMS:
             raise ValueError(f"arm {arm!r} is not carried by dblp; choose from {DBLP_ARMS}")
-        if mode not in MODES:
-            raise ValueError(f"--mode must be one of {MODES}, got {mode!r}")
         import dblp
 
         self.name = arm
-        self.group = dblp.TransportGroup(rank, world_size, master_addr, master_port, mode=mode,
-                                         policy=arm, control=control, missing=missing,
-                                         rate_bps=rate_bps, round_timeout=timeout_s,
-                                         join_timeout=max(join_timeout_s, timeout_s), **knobs)
+        self.group = dblp.TransportGroup(rank, world_size, master_addr, master_port, config=config)
 
     def allreduce_(self, flat: torch.Tensor) -> ExchangeResult:
         st = self.group.allreduce_(flat)

@@ -80,20 +80,3 @@ class GlooExchange:
             self.dist.destroy_process_group()
         except Exception:  # a dead peer can make teardown fail; nothing left to save
             pass
-
-
-def parse_knobs(items: list[str] | None) -> dict:
-    """``["p=0.02", "check_every=5"]`` -> ``{"p": 0.02, "check_every": 5}`` (numbers parsed)."""
-    knobs = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--knob expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        for conv in (int, float):
-            try:
-                v = conv(v)
-                break
-            except ValueError:
-                continue
-        knobs[k.strip()] = v
-    return knobs

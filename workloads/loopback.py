@@ -56,10 +56,31 @@ def _stop(procs):
             p.wait()
 
 
+def write_transport_config(arm: str, directory: str, **settings) -> str:
+    """The arm's ``transport.json`` with a fresh per-job secret and session; returns its path.
+
+    This is what a launcher does: whoever starts the job makes its key, and
+    every process of the job reads the same file.
+    """
+    import secrets
+
+    from dblp import CONFIG_FILE, TransportConfig
+    settings.setdefault("secret", secrets.token_hex(32))
+    settings.setdefault("session_id", secrets.randbits(63) | 1)
+    path = os.path.join(directory, CONFIG_FILE)
+    TransportConfig(policy=arm, **settings).write(path)
+    return path
+
+
 def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str = DEFAULT_MODEL,
             seed: int = 0, worker_args: list[str] | None = None, server_args: list[str] | None = None,
-            timeout_s: float = 600.0, python: str = sys.executable) -> dict:
-    """Train one arm on loopback; returns its summary (status, accuracy, times, exit codes)."""
+            timeout_s: float = 600.0, python: str = sys.executable,
+            transport: dict | None = None) -> dict:
+    """Train one arm on loopback; returns its summary (status, accuracy, times, exit codes).
+
+    ``transport``: settings of the dblp arms' ``TransportConfig`` (e.g.
+    ``{"round_timeout": 20.0}``), written to ``raw/<arm>/transport.json``.
+    """
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose from {ARMS}")
     raw = os.path.join(out, "raw", arm)
@@ -68,6 +89,8 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     base_env = dict(os.environ, WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
     common = ["--arm", arm, "--rounds", str(rounds), "--model", model, "--seed", str(seed)]
+    if arm in DBLP_ARMS:
+        common += ["--transport-config", write_transport_config(arm, raw, **(transport or {}))]
     procs, names, errs = [], [], []
     t0 = time.perf_counter()
     try:

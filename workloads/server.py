@@ -9,8 +9,9 @@ server for them is an error.
 
 Configured by arguments and the torchrun-style environment: WORLD_SIZE is the
 number of workers, MASTER_PORT the port to listen on (UDP data, and TCP when
-``--control tcp``). Writes the raw-log events that ``workloads.runlog.EVENTS``
-declares to ``--log``.
+the config's control is tcp). Every transport setting comes from
+``--transport-config`` (a ``dblp.TransportConfig`` file). Writes the raw-log
+events that ``workloads.runlog.EVENTS`` declares to ``--log``.
 """
 from __future__ import annotations
 
@@ -21,11 +22,10 @@ import time
 
 from . import exchange as ex
 from .control import RoundAnnouncer
-from .dblp_exchange import transport_options
+from .dblp_exchange import load_transport_config
 from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, num_params
 from .runlog import RunLog
-from .worker import DBLP_DEFAULT_PORT as DEFAULT_PORT, DEFAULT_ROUNDS, DEFAULT_TIMEOUT_S, _env_int
-
+from .worker import DBLP_DEFAULT_PORT as DEFAULT_PORT, DEFAULT_ROUNDS, _env_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,18 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="address to bind")
     p.add_argument("--port", type=int, default=None, help=f"default: $MASTER_PORT, else {DEFAULT_PORT}")
     p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/server.jsonl)")
-    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
-                   help="policy knob (repeatable): static p=0.008; dblp p_low=, p_high=, threshold=, "
-                        "check_every=10|epoch")
-    p.add_argument("--control", default="udp", help="control path: udp | tcp (the paper's)")
-    p.add_argument("--missing", default="zero", help="missing chunks: zero | mean | error_feedback")
-    p.add_argument("--rate-bps", type=float, default=None, help="pacing rate on the wire, bits/s")
-    p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
-                   help="a round with no progress for this long fails (dead worker)")
-    p.add_argument("--join-timeout-s", type=float, default=120.0, help="wait this long for workers to join")
-    p.add_argument("--idle-timeout-s", type=float, default=600.0,
-                   help="max wait for a round's first push (workers compute or evaluate in between)")
-    # Only for the start line and check_every=epoch: the server never builds batches.
+    p.add_argument("--transport-config", default=None, metavar="PATH",
+                   help="a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) with every "
+                        "transport setting; default: DBLP_* environment variables")
+    # Only for the start line and the epoch column: the server never builds batches.
     p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=None)
@@ -78,13 +70,7 @@ def main(argv=None) -> int:
     port = args.port if args.port is not None else _env_int("MASTER_PORT", DEFAULT_PORT)
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
-    try:
-        knobs = ex.parse_knobs(args.knob)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    topts = transport_options(args)
-    if knobs.get("check_every") == "epoch" and "rounds_per_epoch" not in knobs:
-        knobs["rounds_per_epoch"] = rounds_per_epoch(args.model, world, args.batch_size)
+    cfg = load_transport_config(args.arm, args.transport_config)
     rpe = rounds_per_epoch(args.model, world, args.batch_size)
 
     import dblp
@@ -94,9 +80,7 @@ def main(argv=None) -> int:
     model = build_model(args.model, args.seed)
     t0 = time.perf_counter()
     try:
-        srv = dblp.ParameterServer(args.host, port, world, policy=args.arm,
-                                   round_timeout=args.timeout_s, join_timeout=args.join_timeout_s,
-                                   idle_timeout=args.idle_timeout_s, **topts, **knobs)
+        srv = dblp.ParameterServer(args.host, port, world, config=cfg)
     except (ValueError, OSError) as exc:
         log.write("end", status="error", train_time_s=0.0, error=f"{type(exc).__name__}: {exc}")
         print(f"workloads.server: cannot start: {exc}", file=sys.stderr)
@@ -106,7 +90,8 @@ def main(argv=None) -> int:
           f"(gradient {grad_bytes(model)} bytes)", file=sys.stderr, flush=True)
     log.write("start", model=args.model, params=num_params(model), grad_bytes=grad_bytes(model),
               world_size=world, seed=args.seed, t_ns=time.time_ns(), rounds=args.rounds,
-              port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), **topts)
+              port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), control=cfg.control,
+              missing=cfg.missing, rate_bps=cfg.rate_bps, transport=cfg.public_dict())
     announcer = RoundAnnouncer(ex.arm_label(args))
     starts: dict[int, int] = {}
 

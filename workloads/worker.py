@@ -62,19 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gloo: rank 0's address; dblp arms: the server's. Default: $MASTER_ADDR")
     p.add_argument("--master-port", type=int, default=None,
                    help=f"default: $MASTER_PORT; dblp arms fall back to {DBLP_DEFAULT_PORT}")
-    p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
-                   help="give up (status error) when peers are silent this long")
-    p.add_argument("--knob", action="append", default=[], metavar="KEY=VALUE",
-                   help="transport policy knob for the dblp arms (repeatable), e.g. p=0.008")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help=f"gloo arm: give up when peers are silent this long (default "
+                        f"{DEFAULT_TIMEOUT_S:g}); dblp arms: round_timeout in --transport-config")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (hosts share cores)")
-    g = p.add_argument_group("dblp transport (arms reliable, static, dblp)")
-    g.add_argument("--mode", choices=("ps", "sharded"), default="ps",
-                   help="ps: a server at MASTER_ADDR:MASTER_PORT aggregates; sharded: no server")
-    g.add_argument("--control", default="udp", help="control path: udp | tcp (the paper's)")
-    g.add_argument("--missing", default="zero", help="missing chunks: zero | mean | error_feedback")
-    g.add_argument("--rate-bps", type=float, default=None, help="pacing rate on the wire, bits/s")
-    g.add_argument("--join-timeout-s", type=float, default=120.0,
-                   help="how long to wait for the server/peers to come up")
+    p.add_argument("--transport-config", default=None, metavar="PATH",
+                   help="dblp arms: a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) "
+                        "with every transport setting; default: DBLP_* environment variables")
     return p
 
 
@@ -92,8 +86,19 @@ def resolve(args) -> argparse.Namespace:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     if args.eval_every < 0:
         raise SystemExit(f"--eval-every must be >= 0, got {args.eval_every}")
-    if args.timeout_s <= 0:
-        raise SystemExit(f"--timeout-s must be > 0, got {args.timeout_s}")
+    if args.arm in ex.DBLP_ARMS:
+        if args.timeout_s is not None:
+            raise SystemExit("--timeout-s is for the gloo arm; dblp arms take round_timeout "
+                             "from --transport-config")
+        from .dblp_exchange import load_transport_config
+        args.transport = load_transport_config(args.arm, args.transport_config)
+    else:
+        if args.transport_config is not None:
+            raise SystemExit(f"--transport-config is for the dblp arms, not {args.arm!r}")
+        args.transport = None
+        args.timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
+        if args.timeout_s <= 0:
+            raise SystemExit(f"--timeout-s must be > 0, got {args.timeout_s}")
     if args.master_port is None and args.arm in ex.DBLP_ARMS:
         args.master_port = DBLP_DEFAULT_PORT          # the transport's well-known port
     if args.arm == "gloo" and args.master_port is None:
@@ -102,10 +107,6 @@ def resolve(args) -> argparse.Namespace:
     args.batch_size = args.batch_size or spec.batch_size
     if args.batch_size < 1:
         raise SystemExit(f"--batch-size must be >= 1, got {args.batch_size}")
-    try:
-        args.knobs = ex.parse_knobs(args.knob)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
     return args
 
 
@@ -115,10 +116,9 @@ def make_exchange(args):
     if args.arm == "gloo":
         return ex.GlooExchange(args.rank, args.world_size, args.master_addr, args.master_port,
                                args.timeout_s)
-    from .dblp_exchange import DblpExchange, transport_options
+    from .dblp_exchange import DblpExchange
     return DblpExchange(args.arm, args.rank, args.world_size, args.master_addr, args.master_port,
-                        args.knobs, args.timeout_s, mode=args.mode,
-                        join_timeout_s=args.join_timeout_s, **transport_options(args))
+                        args.transport)
 
 
 class _Flat:
@@ -167,7 +167,7 @@ def train(args, log: RunLog) -> dict:
               rounds=args.rounds, lr=opt.param_groups[0]["lr"], lr_schedule=args.lr_schedule,
               batch_size=args.batch_size)
     # Arms without a server announce rounds from worker rank 0.
-    serverless = args.arm in ("gloo", "local") or args.mode == "sharded"
+    serverless = args.transport is None or args.transport.mode == "sharded"
     announcer = RoundAnnouncer(ex.arm_label(args)) if (args.rank == 0 and serverless) else None
     evaluates = args.eval_ranks == "all" or args.rank == 0
     xch = make_exchange(args)

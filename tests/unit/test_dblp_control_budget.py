@@ -15,11 +15,11 @@ import pytest
 import dblp
 from dblp.pacing import WIRE_OVERHEAD
 from dblp.testing import expected_aggregate, gradients
-from dblp.wire import CHUNK_BYTES, HEADER_SIZE
+from dblp.wire import CHUNK_BYTES, HEADER_SIZE, TAG_SIZE
 
 pytestmark = pytest.mark.unit
 
-N, NUMEL = 3, 38_282  # the digits CNN's gradient: 107 chunks per stream
+N, NUMEL = 3, 38_282  # the digits CNN's gradient: 109 chunks per stream (1416 B each)
 SERVER_RATE = 40e6
 WORKER_RATE = SERVER_RATE / N  # fair share of the server's downlink, like the runner
 
@@ -28,7 +28,7 @@ def _paced_floor_s(numel: int) -> float:
     """Push at the worker's rate plus pull of N copies at the server's rate (wire bytes)."""
     nbytes = numel * 4
     chunks = -(-nbytes // CHUNK_BYTES)
-    wire_bytes = nbytes + chunks * (HEADER_SIZE + WIRE_OVERHEAD)
+    wire_bytes = nbytes + chunks * (HEADER_SIZE + TAG_SIZE + WIRE_OVERHEAD)
     return wire_bytes * 8 / WORKER_RATE + N * wire_bytes * 8 / SERVER_RATE
 
 
@@ -101,7 +101,7 @@ def test_control_stays_small_and_returns_after_a_burst(both_ways):
     results, srv_rows, grads = _job(rounds, p=0.008, burst_rounds=(burst,), both_ways=both_ways)
     wall = time.monotonic() - t0
     chunks = results[0][0][1].chunks
-    assert chunks == 107
+    assert chunks == 109
     # Exact promised aggregate and identical replicas in every round, the burst's included.
     for r in range(rounds):
         exp = expected_aggregate(grads, {w: results[w] for w in range(N)}, r, N)
@@ -110,7 +110,7 @@ def test_control_stays_small_and_returns_after_a_burst(both_ways):
         np.testing.assert_allclose(results[0][r][0], exp, rtol=1e-5, atol=1e-6)
     # The burst was real: the pushes needed many passes.
     assert max(results[w][burst][1].passes_push for w in range(N)) >= 4
-    # Loss-free rounds: a handful of control datagrams per stream, against 107 data chunks.
+    # Loss-free rounds: a handful of control datagrams per stream, against 109 data chunks.
     quiet = range(1, burst)
     per_worker = [results[w][r][3]["control"] for w in range(N) for r in quiet]
     assert max(per_worker) <= 12, per_worker  # PROBE, 2 STOPs (push) + 2 STOPs, DONE (pull)

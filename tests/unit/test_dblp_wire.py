@@ -5,6 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scapy.packet import Raw
+
 from dblp import wire
 from dblp.scapy_layer import DBLP, bind
 from dblp.wire import MalformedDatagram, MsgType
@@ -35,7 +37,7 @@ def messages(draw):
 
 def test_header_is_declared_once_and_fits_the_mtu():
     assert wire.HEADER_SIZE == struct.calcsize(wire.HEADER_FORMAT) == 40
-    assert wire.HEADER_SIZE + wire.CHUNK_BYTES <= wire.MAX_DATAGRAM == 1472
+    assert wire.HEADER_SIZE + wire.CHUNK_BYTES + wire.TAG_SIZE <= wire.MAX_DATAGRAM == 1472
     assert [f.name for f in DBLP.fields_desc] == list(wire.FIELD_NAMES)
     assert (wire.MAX_PART_CHUNKS + 7) // 8 <= wire.MAX_PAYLOAD
 
@@ -53,7 +55,8 @@ def test_packer_and_scapy_agree(msg):
     d = DBLP(raw)
     for name in wire.FIELD_NAMES:
         assert int(getattr(d, name)) == getattr(h, name), name
-    assert bytes(d.payload) == payload
+    assert (bytes(d[Raw].load) if d.haslayer(Raw) else b"") == payload
+    assert d.trailer == {"tag": wire.ZERO_TAG}  # the declared trailer, zeros without a key
     # ... and builds the same bytes from the same fields
     built = DBLP(**{k: v for k, v in f.items()}, type=int(t)) / payload
     assert bytes(built) == raw

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from workloads import worker
-from workloads.loopback import free_port, read_jsonl, run_arm
+from workloads.loopback import free_port, read_jsonl, run_arm, write_transport_config
 
 ROUND_KEYS = {"event", "arm", "role", "rank", "round", "epoch", "t_start_ns", "t_end_ns",
               "compute_s", "comm_s", "bound", "phase", "loss", "stats"}
@@ -77,8 +77,9 @@ def test_bad_knobs_are_named():
     import dblp
     a = worker.resolve(worker.build_parser().parse_args(["--arm", "static", "--world-size", "3"]))
     assert a.master_port == dblp.DEFAULT_PORT           # the transport's well-known port
-    with pytest.raises(SystemExit, match="--knob"):
-        worker.resolve(worker.build_parser().parse_args(["--arm", "local", "--knob", "p"]))
+    with pytest.raises(SystemExit, match="--transport-config"):
+        worker.resolve(worker.build_parser().parse_args(["--arm", "local", "--transport-config",
+                                                          "x.json"]))
 
 
 @pytest.mark.unit
@@ -124,8 +125,8 @@ def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, mon
     rounds = 50
     try:
         res = run_arm(arm, str(tmp_path), workers=3, rounds=rounds, timeout_s=180,
-                      worker_args=["--eval-every", "25", "--eval-ranks", "all", "--timeout-s", "20"],
-                      server_args=["--timeout-s", "20"])
+                      worker_args=["--eval-every", "25", "--eval-ranks", "all"],
+                      transport={"round_timeout": 20.0})
     finally:
         lis.close()
     raw = tmp_path / "raw" / arm
@@ -158,15 +159,16 @@ def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, mon
 def test_dblp_worker_and_server_report_a_dead_worker(tmp_path):
     port = free_port()
     env0 = dict(os.environ, WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cfg = write_transport_config("static", str(tmp_path), round_timeout=4.0)
     srv = subprocess.Popen([sys.executable, "-m", "workloads.server", "--arm", "static",
-                            "--rounds", "100000", "--timeout-s", "4", "--host", "127.0.0.1",
+                            "--rounds", "100000", "--transport-config", cfg, "--host", "127.0.0.1",
                             "--log", str(tmp_path / "server.jsonl")], env=env0,
                            stderr=subprocess.PIPE, text=True)
     procs = [srv]
     for rank in range(3):
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "workloads.worker", "--arm", "static", "--rounds", "100000",
-             "--timeout-s", "4", "--log", str(tmp_path / f"w{rank}.jsonl")],
+             "--transport-config", cfg, "--log", str(tmp_path / f"w{rank}.jsonl")],
             env=dict(env0, RANK=str(rank)), stderr=subprocess.PIPE, text=True))
     try:
         deadline = time.monotonic() + 90

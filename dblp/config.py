@@ -1,0 +1,328 @@
+"""The transport's settings: one typed, validated, serializable home for every knob.
+
+A setting crosses a process boundary only inside a ``TransportConfig`` written
+as JSON (``write``/``read``), never as a command-line string parsed again, so
+it has one type, one range (declared beside the field) and one default.
+``from_env`` reads the same fields from ``DBLP_*`` variables for torchrun-style
+launchers. The names a setting may take live in registries here (``CONTROLS``,
+``MODES``, ``MISSING``, ``NORMS``) and in ``dblp.policy.POLICIES``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Mapping
+
+#: Version of the JSON layout ``to_json`` writes; ``from_json`` refuses others.
+SCHEMA = 1
+#: The file name a launcher writes into a run directory (one per arm).
+CONFIG_FILE = "transport.json"
+#: Environment variable carrying the per-job secret (hex) for ``from_env``.
+SECRET_ENV = "DBLP_SECRET"
+#: Environment variable naming a config file ``from_env`` starts from.
+CONFIG_ENV = "DBLP_CONFIG"
+
+CONTROLS = ("udp", "tcp")  # control path: UDP with own timers, or TCP (the paper's)
+MODES = ("ps", "sharded")  # one parameter server, or every rank aggregates a shard
+MISSING = ("zero", "mean", "error_feedback")  # what an aggregate does with missing chunks
+NORMS = ("mean", "last")  # phase detection: mean norm over a check interval, or the last one
+
+SECRET_BYTES = (16, 64)  # accepted secret sizes: 128 to 512 bits
+
+
+def _choices(registry: str):
+    """Late lookup of a registry, so user registrations after import are honoured."""
+    if registry == "POLICIES":
+        from .policy import POLICIES
+        return tuple(POLICIES)
+    return globals()[registry]
+
+
+def _setting(default, kind: str, doc: str, *, lo=None, hi=None, lo_open=False, hi_open=False,
+             choices: str | None = None, optional: bool = False, repr: bool = True) -> Any:
+    """A dataclass field with its range (or registry of names) declared beside it."""
+    meta = {"kind": kind, "doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open,
+            "hi_open": hi_open, "choices": choices, "optional": optional}
+    return dataclasses.field(default=default, metadata=meta, repr=repr)
+
+
+def _range_text(m: Mapping) -> str:
+    lo = "(" if m["lo_open"] else "["
+    hi = ")" if m["hi_open"] else "]"
+    a = "-inf" if m["lo"] is None else f"{m['lo']!r}"
+    b = "inf" if m["hi"] is None else f"{m['hi']!r}"
+    return f"{lo}{a}, {b}{hi}"
+
+
+def _check(name: str, value, m: Mapping):
+    """Validate one value against its declaration; return it normalized (ints -> floats)."""
+    kind = m["kind"]
+    if value is None:
+        if m["optional"]:
+            return None
+        raise ValueError(f"{name} must be set ({m['doc']})")
+    if m["choices"] is not None:
+        names = _choices(m["choices"])
+        if value not in names:
+            raise ValueError(f"{name} must be one of {list(names)}, got {value!r}")
+        return value
+    if kind == "hex":
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a hex string, got {type(value).__name__}")
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            raise ValueError(f"{name} must be hex digits (e.g. secrets.token_hex(32)), "
+                             "got non-hex characters") from None
+        lo, hi = SECRET_BYTES
+        if not lo <= len(raw) <= hi:
+            raise ValueError(f"{name} must be {lo} to {hi} bytes ({2 * lo} to {2 * hi} hex "
+                             f"digits), got {len(raw)} bytes; make one with "
+                             "secrets.token_hex(32)")
+        return raw.hex()
+    if kind == "int_or_epoch" and value == "epoch":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        want = "an int" if kind in ("int", "int_or_epoch") else "a number"
+        extra = " or 'epoch'" if kind == "int_or_epoch" else ""
+        raise ValueError(f"{name} must be {want}{extra} in {_range_text(m)}, got {value!r}")
+    if kind in ("int", "int_or_epoch"):
+        if isinstance(value, float):
+            raise ValueError(f"{name} must be an int in {_range_text(m)}, got {value!r}")
+    else:
+        value = float(value)
+        if math.isnan(value):
+            raise ValueError(f"{name} must be a number in {_range_text(m)}, got nan")
+    lo, hi = m["lo"], m["hi"]
+    if (lo is not None and (value < lo or (m["lo_open"] and value == lo))) or \
+            (hi is not None and (value > hi or (m["hi_open"] and value == hi))) or \
+            (isinstance(value, float) and math.isinf(value)):
+        raise ValueError(f"{name} must be in {_range_text(m)}, got {value!r}")
+    return value
+
+
+def default_of(name: str):
+    """The one default of setting ``name`` (policies use it for their keyword defaults)."""
+    return TransportConfig.__dataclass_fields__[name].default
+
+
+def check_setting(name: str, value):
+    """Validate ``value`` for the setting ``name`` by its declaration in ``TransportConfig``.
+
+    Policies call this for their knobs, so a knob built directly
+    (``make_policy``) and one read from a config file share one range.
+    """
+    return _check(name, value, _FIELDS[name].metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportConfig:
+    """Every setting of one job's transport, validated once on construction.
+
+    Build it with keywords (unknown names are a TypeError), from a file
+    (``read``), from JSON (``from_json``) or from ``DBLP_*`` variables
+    (``from_env``). ``dataclasses.replace(cfg, p=0.02)`` re-validates.
+    """
+
+    # -- loss-bound policy (only the aggregator's matters in PS mode) --------------------
+    policy: str = _setting("dblp", "str", "loss-bound policy", choices="POLICIES")
+    p: float = _setting(0.008, "float", "static bound P", lo=0.0, hi=1.0, hi_open=True)
+    p_low: float = _setting(0.008, "float", "dblp: bound in critical phases", lo=0.0, hi=1.0,
+                            hi_open=True)
+    p_high: float | None = _setting(None, "float", "dblp: bound otherwise (None = p_low + 0.40)",
+                                    lo=0.0, hi=1.0, hi_open=True, optional=True)
+    threshold: float = _setting(0.5, "float", "dblp: relative norm change that means critical",
+                                lo=0.0, lo_open=True)
+    check_every: int | str = _setting(10, "int_or_epoch", "dblp: rounds between phase checks",
+                                      lo=1)
+    rounds_per_epoch: int | None = _setting(None, "int", "dblp: rounds of one epoch "
+                                            "(needed by check_every='epoch')", lo=1, optional=True)
+    norm: str = _setting("mean", "str", "dblp: norm compared at a check", choices="NORMS")
+    # -- paths and aggregation ---------------------------------------------------------
+    control: str = _setting("udp", "str", "control path", choices="CONTROLS")
+    mode: str = _setting("ps", "str", "aggregation topology", choices="MODES")
+    missing: str = _setting("zero", "str", "missing-chunk policy", choices="MISSING")
+    # -- pacing and timers -------------------------------------------------------------
+    rate_bps: float | None = _setting(None, "float", "pacing rate on the wire, bits/s "
+                                      "(None = unpaced)", lo=0.0, lo_open=True, optional=True)
+    round_timeout: float = _setting(30.0, "float", "seconds a round may take before PeerTimeout",
+                                    lo=0.0, lo_open=True, hi=86400.0)
+    join_timeout: float = _setting(120.0, "float", "seconds to wait for the job to assemble",
+                                   lo=0.0, lo_open=True, hi=86400.0)
+    idle_timeout: float = _setting(600.0, "float", "server: seconds to wait for a round's first "
+                                   "message (workers compute in between)", lo=0.0, lo_open=True,
+                                   hi=86400.0)
+    hello_timeout: float = _setting(5.0, "float", "seconds a TCP control connection may stay "
+                                    "without an authenticated HELLO", lo=0.0, lo_open=True,
+                                    hi=3600.0)
+    early_bytes: int = _setting(8 << 20, "int", "bytes of next-round messages buffered before "
+                                "that round starts", lo=0, hi=1 << 30)
+    # -- identity of the job -----------------------------------------------------------
+    session_id: int | None = _setting(None, "int", "64-bit job id (None = the aggregator "
+                                      "draws one)", lo=1, hi=2**64 - 1, optional=True)
+    secret: str | None = _setting(None, "hex", "per-job key (hex) that authenticates every "
+                                  "message; None = unauthenticated", optional=True, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = _check(f.name, getattr(self, f.name), f.metadata)
+            object.__setattr__(self, f.name, v)
+        # Cross-field rules live with the policy (p_high >= p_low, epoch needs its
+        # length): building it once here reports them before anything starts.
+        self.make_policy()
+
+    # -- what the settings build ------------------------------------------------------
+    def make_policy(self):
+        """A fresh policy object of ``policy`` with its knobs from this config."""
+        from .policy import POLICIES
+        cls = POLICIES[self.policy]
+        return cls(**{k: getattr(self, k) for k in getattr(cls, "KNOBS", ())})
+
+    @property
+    def key(self) -> bytes | None:
+        """The secret as bytes (the MAC key), or None when unauthenticated."""
+        return None if self.secret is None else bytes.fromhex(self.secret)
+
+    def public_dict(self) -> dict:
+        """The settings without the secret (for logs); ``authenticated`` says if one is set."""
+        d = dataclasses.asdict(self)
+        d["authenticated"] = d.pop("secret") is not None
+        return d
+
+    # -- serialization ------------------------------------------------------------------
+    def to_json(self) -> str:
+        """JSON with a ``schema`` version; ``from_json(to_json(c)) == c`` exactly."""
+        return json.dumps({"schema": SCHEMA, **dataclasses.asdict(self)}, indent=1,
+                          sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "TransportConfig":
+        """Parse ``to_json``'s output; unknown schema versions and keys are refused."""
+        try:
+            doc = json.loads(text, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"transport config is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError("transport config must be a JSON object")
+        schema = doc.pop("schema", None)
+        if schema != SCHEMA:
+            raise ValueError(f"transport config schema {schema!r} is not supported "
+                             f"(this dblp reads schema {SCHEMA})")
+        unknown = sorted(set(doc) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"transport config has unknown settings {unknown}; "
+                             f"known: {sorted(_FIELDS)}")
+        return cls(**doc)
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write ``to_json()`` to ``path`` (mode 0600: it may hold the secret)."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.to_json() + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, env: Mapping[str, str] | None = None
+             ) -> "TransportConfig":
+        """Read a file ``write`` made; a file without a secret takes ``$DBLP_SECRET``.
+
+        The launcher may keep the key out of the run directory and hand it to
+        each process in the environment instead; both set and different is an error.
+        """
+        try:
+            with open(path, "rb") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read transport config {os.fspath(path)!r}: "
+                             f"{exc.strerror}") from None
+        try:
+            cfg = cls.from_json(text)
+        except ValueError as exc:
+            raise ValueError(f"{os.fspath(path)}: {exc}") from None
+        return cfg._with_env_secret(os.environ if env is None else env)
+
+    def _with_env_secret(self, env: Mapping[str, str]) -> "TransportConfig":
+        s = env.get(SECRET_ENV)
+        if not s:
+            return self
+        if self.secret is None:
+            return dataclasses.replace(self, secret=s.strip().lower())
+        if s.strip().lower() != self.secret:
+            raise ValueError(f"${SECRET_ENV} differs from the secret in the transport config; "
+                             "set only one of them")
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "TransportConfig":
+        """Settings from ``$DBLP_CONFIG`` (a file), then ``DBLP_<FIELD>`` variables, then keywords.
+
+        ``DBLP_SECRET`` carries the key (hex), e.g. ``DBLP_POLICY=static DBLP_P=0.02``;
+        ``none`` clears an optional setting. A bad value names its variable.
+        """
+        env = os.environ if env is None else env
+        base = cls.read(env[CONFIG_ENV], env) if env.get(CONFIG_ENV) else cls()
+        values: dict = {}
+        for name, f in _FIELDS.items():
+            var = "DBLP_" + name.upper()
+            if var not in env or name in overrides:
+                continue
+            try:
+                values[name] = check_setting(name, _from_text(env[var], f.metadata))
+            except ValueError as exc:
+                raise ValueError(f"environment variable {var}={env[var]!r} is invalid: "
+                                 f"{exc}") from None
+        values.update(overrides)
+        return dataclasses.replace(base, **values)
+
+
+def merge(config: TransportConfig | None, settings: dict) -> tuple[TransportConfig, Any]:
+    """``config`` (or the defaults) with keyword ``settings`` applied -> (config, policy).
+
+    Lets ``ParameterServer``/``TransportGroup`` keep their keyword arguments
+    without a second set of defaults. ``policy`` may be a policy object (anything
+    with ``bound`` and ``observe``); it is used as is and its name recorded.
+    """
+    settings = dict(settings)
+    policy_obj = None
+    pol = settings.get("policy")
+    if pol is not None and not isinstance(pol, str):
+        if not (hasattr(pol, "bound") and hasattr(pol, "observe")):
+            raise ValueError(f"policy must be one of {list(_choices('POLICIES'))} or a policy "
+                             f"object, got {pol!r}")
+        policy_obj = settings.pop("policy")
+        if getattr(pol, "name", None) in _choices("POLICIES"):
+            settings["policy"] = pol.name
+    unknown = sorted(set(settings) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown transport setting(s) {unknown}; known: {sorted(_FIELDS)}")
+    cfg = config if config is not None else TransportConfig()
+    if not isinstance(cfg, TransportConfig):
+        raise ValueError(f"config must be a TransportConfig, got {type(cfg).__name__}")
+    if settings:
+        cfg = dataclasses.replace(cfg, **settings)
+    return cfg, (policy_obj if policy_obj is not None else cfg.make_policy())
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a valid setting value")
+
+
+def _from_text(text: str, m: Mapping):
+    """Convert an environment string by the field's declared kind."""
+    t = text.strip()
+    if m["optional"] and t.lower() in ("", "none"):
+        return None
+    kind = m["kind"]
+    if kind == "float":
+        return float(t)
+    if kind == "int" or (kind == "int_or_epoch" and t != "epoch"):
+        return int(t, 0)
+    return t.lower() if kind == "hex" else t
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TransportConfig)}
+SETTINGS = tuple(_FIELDS)  # every setting's name, in declaration order

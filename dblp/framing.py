@@ -1,0 +1,74 @@
+"""TCP control framing: the optional control path of the paper (2-byte length + message).
+
+A frame carries exactly what a UDP datagram would (header, payload, MAC
+trailer), so one dispatcher (``Engine.handle``) serves both paths. Reading is
+bounded: a declared frame length outside one message's possible sizes is a
+protocol error that closes the connection, so a connection never buffers
+more than one partial frame.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+
+from .errors import PeerClosed
+from .wire import HEADER_SIZE, MAX_DATAGRAM, TAG_SIZE
+
+_FRAME = struct.Struct("!H")
+_MIN_FRAME = HEADER_SIZE + TAG_SIZE
+
+
+class TcpControl:
+    """A TCP control connection (TCP_NODELAY), frames = 2-byte length + message.
+
+    ``peer`` is the rank it belongs to, None until a HELLO binds it.
+    """
+
+    def __init__(self, sock: socket.socket, peer: int | None = None):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(True)
+        self.sock = sock
+        self.peer = peer
+        self.rx = bytearray()
+        self.closed = False
+        self.malformed = False  # closed for a frame no peer of ours would send
+
+    def send(self, msg: bytes) -> None:
+        try:
+            self.sock.sendall(_FRAME.pack(len(msg)) + msg)
+        except OSError as exc:
+            self.closed = True
+            raise PeerClosed(f"control connection to peer {self.peer} failed: {exc}") from exc
+
+    def read_frames(self) -> list[bytes]:
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return []
+        self.rx += data
+        frames = []
+        while len(self.rx) >= 2:
+            (n,) = _FRAME.unpack_from(self.rx, 0)
+            if not _MIN_FRAME <= n <= MAX_DATAGRAM:
+                self.close()  # not our framing: nothing after this can be trusted
+                self.malformed = True
+                break
+            if len(self.rx) < 2 + n:
+                break
+            frames.append(bytes(self.rx[2:2 + n]))
+            del self.rx[:2 + n]
+        return frames
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+

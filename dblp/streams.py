@@ -1,0 +1,427 @@
+"""The two per-stream state machines of a round: ``OutTransfer`` (sender) and ``InTransfer`` (receiver).
+
+A stream is one part of the gradient travelling one way between two ranks,
+keyed by (kind, part, peer) with kind PUSH (member -> aggregator) or PULL
+(aggregator -> member). The sender paces a pass of chunks in a per-round
+seeded order, PROBEs, and resends exactly what the receiver's BITMAP lists
+until STOP; the receiver accepts chunks and says STOP as soon as the missing
+fraction is within the bound, checked after every chunk. Both talk to the
+network only through their ``Engine`` (sending, timers, estimates).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import wire
+from .errors import TransportError
+from .wire import CHUNK_BYTES, HEADER_SIZE, Flag, MsgType
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+PUSH, PULL = 0, 1
+SENDING, PROBING, DONE = "sending", "probing", "done"
+_DATA = int(MsgType.DATA)
+
+
+def copies_for_loss(p: float, max_copies: int) -> int:
+    """Control redundancy so one control message gets through with ~98 %."""
+    if p <= 0.01:
+        return 1
+    if p >= 0.999:
+        return max_copies
+    return max(1, min(max_copies, math.ceil(math.log(0.02) / math.log(p))))
+
+
+def stream_order(session: int, round: int, kind: int, part: int, src: int, count: int) -> np.ndarray:
+    """The per-round seeded permutation of chunk indices of one stream.
+
+    Early stops then drop a different random subset every round instead of
+    always the tail of the model (the prototype's fixed order).
+    """
+    rng = np.random.default_rng([session & 0xFFFFFFFF, session >> 32, round, kind, part, src])
+    return rng.permutation(count).astype(np.int64)
+
+
+def pack_bitmap(held: np.ndarray) -> bytes:
+    return np.packbits(held.astype(np.uint8)).tobytes()
+
+
+def unpack_bitmap(payload, count: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(payload, np.uint8), count=count).astype(bool)
+
+class OutTransfer:
+    """Sender of one stream: paced passes, PROBE, resend what BITMAP lists, until STOP."""
+
+    __slots__ = (
+        # which stream: owner engine, PUSH/PULL, part, destination, round, header flags
+        "eng", "kind", "part", "peer", "round", "flags",
+        # the payload and its chunking
+        "data", "raw", "nbytes", "count", "bound_ppm",
+        # the current pass: chunk order, what is left to send, where we are
+        "order", "queue", "pos", "state", "passes", "sent_at",
+        # what the receiver holds (its last bitmap) and, in repair, what must arrive
+        "held", "required",
+        # probing: ids, their send times (RTT samples), the probe timer and its backoff
+        "probe_id", "probe_first", "probe_times", "next_probe_t", "backoff",
+        # accounting for RoundStats
+        "chunks_sent", "retransmitted", "probes", "t_done",
+    )
+
+    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, data: np.ndarray,
+                 bound_ppm: int, flags: int = 0):
+        self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
+        self.round = eng.round
+        data = np.ascontiguousarray(data, dtype="<f4")
+        self.data = data
+        self.raw = memoryview(data.view(np.uint8))
+        self.nbytes = data.nbytes
+        self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
+        if self.count > wire.MAX_PART_CHUNKS:
+            raise TransportError(f"stream of {self.count} chunks exceeds MAX_PART_CHUNKS")
+        self.bound_ppm = bound_ppm
+        self.flags = flags | (Flag.PULL if kind == PULL else 0)
+        self.order = stream_order(eng.session, self.round, kind, part, eng.rank, self.count)
+        self.queue = self.order
+        self.pos = 0
+        self.state = SENDING
+        self.passes = 1
+        self.chunks_sent = 0
+        self.retransmitted = 0
+        self.probes = 0
+        self.held: np.ndarray | None = None  # receiver's bitmap at STOP (or last BITMAP)
+        self.required: np.ndarray | None = None  # repair mode: chunks that must arrive
+        self.t_done = None
+        self.probe_id = 0
+        self.probe_first = 1
+        self.probe_times: dict[int, float] = {}
+        self.next_probe_t = math.inf
+        self.backoff = 1.0
+        self.sent_at = np.full(self.count, math.inf)  # when each chunk last left (loss samples)
+        if self.nbytes == 0:
+            self.state = DONE
+            self.held = np.ones(self.count, bool)
+
+    # -- sending ---------------------------------------------------------------
+    def has_pending(self) -> bool:
+        return self.state == SENDING and self.pos < len(self.queue)
+
+    def send_next(self, now: float) -> int:
+        """Send the next chunk of the pass; returns bytes sent (0 if socket full)."""
+        c = int(self.queue[self.pos])
+        start = c * CHUNK_BYTES
+        end = min(start + CHUNK_BYTES, self.nbytes)
+        eng = self.eng
+        hdr = wire.pack_header(_DATA, src=eng.rank, part=self.part, session=eng.session,
+                               round=self.round, index=c, count=self.count, length=end - start,
+                               bound=self.bound_ppm, aux=self.passes, flags=self.flags,
+                               copies=eng.copies(self.peer))
+        n = eng.send_data(hdr, self.raw[start:end], self.peer)
+        if n == 0:
+            return 0
+        self.sent_at[c] = now
+        self.pos += 1
+        self.chunks_sent += 1
+        if self.passes > 1:
+            self.retransmitted += 1
+        if self.pos >= len(self.queue):
+            self.state = PROBING
+            self.probe_first = self.probe_id + 1
+            self.backoff = 1.0
+            self._send_probe(now)
+        return n
+
+    def _send_probe(self, now: float) -> None:
+        eng = self.eng
+        now = time.monotonic()  # the loop's ``now`` may predate a batch of sends
+        self.probe_id += 1
+        self.probe_times[self.probe_id] = now
+        copies = eng.copies(self.peer)
+        msg = wire.pack_header(MsgType.PROBE, src=eng.rank, part=self.part, session=eng.session,
+                               round=self.round, index=self.probe_id, count=self.count,
+                               bound=self.bound_ppm, flags=self.flags, copies=copies)
+        eng.send_ctrl(self.peer, msg, copies)
+        self.probes += 1
+        rto = eng.rto(self.peer)
+        self.next_probe_t = now + rto * self.backoff if rto < math.inf else math.inf
+
+    def on_timer(self, now: float) -> float:
+        if self.state != PROBING:
+            return math.inf
+        if now >= self.next_probe_t:
+            # No reply: the probe or its answer was lost. Treat it as evidence of loss so
+            # the next probe (and the peer's reply) go out with more copies.
+            self.eng.loss_timeout(self.peer)
+            self.backoff = min(4.0, self.backoff * 1.5)
+            self._send_probe(now)
+        return self.next_probe_t
+
+    # -- replies ---------------------------------------------------------------
+    def on_reply(self, h: wire.Header, payload, now: float) -> None:
+        if self.state == DONE or h.count != self.count:
+            if h.count != self.count:
+                self.eng.counters.malformed += 1
+            return
+        held = unpack_bitmap(payload, self.count)
+        sent_at = self.probe_times.get(h.index)
+        if sent_at is not None and h.index >= self.probe_first:
+            self.eng.rtt_sample(self.peer, now - sent_at)
+            self.probe_times.clear()
+        answers_probe = self.state == PROBING and h.index >= self.probe_first
+        if h.type == MsgType.STOP and self.required is None:
+            self.held = held
+            self._loss_sample_at_stop(held, now, answers_probe)
+            self._finish()
+            return
+        if not answers_probe:
+            return  # a reply to an older probe, or an unsolicited STOP during repair
+        if h.type == MsgType.BITMAP and self.required is None:
+            last = self.queue
+            if len(last):
+                self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[last])) / len(last))
+        self.held = held
+        missing = ~held
+        if self.required is not None:
+            missing &= self.required
+        if not missing.any():
+            if self.required is not None or h.type == MsgType.STOP:
+                self._finish()
+            else:
+                # BITMAP with nothing missing: the receiver holds all; probe again for STOP.
+                self.next_probe_t = now
+            return
+        self.queue = self.order[missing[self.order]]
+        self.pos = 0
+        self.passes += 1
+        self.state = SENDING
+
+    def _loss_sample_at_stop(self, held: np.ndarray, now: float, answers_probe: bool) -> None:
+        """A STOP carries a bitmap too: sample the loss of this pass from it.
+
+        Without this, loss-free rounds (STOP, never a BITMAP) never lower the
+        estimate a burst raised, and control stays at burst redundancy for good.
+        Only chunks of the current pass that had time to arrive count: all of them
+        if the STOP answers a probe sent after the pass, else those sent at least
+        an RTO before the STOP arrived.
+        """
+        if self.passes > 1 and not answers_probe:
+            return  # early STOP during a resend pass: too few chunks to judge
+        sent = self.queue[:self.pos]
+        if not answers_probe:
+            sent = sent[self.sent_at[sent] <= now - self.eng.rto(self.peer)]
+        if len(sent) >= 8 or (answers_probe and len(sent)):
+            self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[sent])) / len(sent))
+
+    def _finish(self) -> None:
+        self.t_done = time.monotonic()
+        self.state = DONE
+        self.next_probe_t = math.inf
+        self.eng.sender_done(self)
+
+    def overtaken(self) -> None:
+        """The owner's FINAL for this part arrived: the aggregate is fixed, our STOP is moot.
+
+        Waiting for a lost STOP would need the owner to answer probes, and the
+        owner may already have returned to its caller: that wait is how a round
+        used to hang until its deadline. Without any bitmap we assume all arrived
+        (error feedback then carries nothing rather than carrying twice).
+        """
+        if self.state == DONE:
+            return
+        if self.held is None:
+            self.held = np.ones(self.count, bool)
+        self._finish()
+
+    def repair(self, chunks: np.ndarray) -> None:
+        """Pull repair: deliver exactly ``chunks`` (a bool mask) even after STOP."""
+        self.required = chunks.copy()
+        missing = chunks & ~(self.held if self.held is not None else np.zeros(self.count, bool))
+        self.queue = self.order[missing[self.order]]
+        self.pos = 0
+        self.passes += 1
+        self.state = SENDING if len(self.queue) else PROBING
+        if self.state == PROBING:
+            self.probe_first = self.probe_id + 1
+            self._send_probe(time.monotonic())
+        self.eng.sender_active(self)
+
+    def describe(self) -> str:
+        what = "pull" if self.kind == PULL else "push"
+        held = "?" if self.held is None else int(self.held.sum())
+        return (f"{what} part {self.part} to rank {self.peer}: {self.state}, pass {self.passes}, "
+                f"receiver held {held}/{self.count} chunks")
+
+
+class InTransfer:
+    """Receiver of one stream: STOP as soon as missing <= bound, checked per chunk.
+
+    ``add=True`` accumulates chunks into ``out`` (aggregator side); otherwise
+    chunks are copied. ``freeze=True`` (push streams) ignores chunks after STOP,
+    so what the aggregate contains is exactly what the STOP bitmap told the
+    sender (error feedback relies on it). Pull streams keep accepting until
+    the FINAL message says which chunks every replica zero-fills.
+    """
+
+    __slots__ = (
+        # which stream: owner engine, PUSH/PULL, part, source, round, header flags
+        "eng", "kind", "part", "peer", "round", "flags",
+        # where chunks land: accumulate (aggregator) or copy (replica)
+        "out", "out_u8", "nbytes", "count", "add", "freeze",
+        # the bound (ours, never a datagram's) and how many chunks it lets go missing
+        "bound_ppm", "allowed",
+        # what arrived
+        "have", "n_have", "max_pass", "t_first",
+        # STOP and its repeats, probe replies (and what we held when we answered)
+        "stopped", "t_stop", "last_stop_t", "last_probe", "have_at_probe",
+        # FINAL (pull streams): the zero-filled set, next bound and phase, last id acked
+        "final", "final_next_bound", "final_flags", "last_final",
+    )
+
+    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, out: np.ndarray,
+                 bound_ppm: int, *, add: bool, freeze: bool):
+        self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
+        self.round = eng.round
+        self.out = out
+        self.nbytes = out.nbytes
+        self.out_u8 = memoryview(out.view(np.uint8)) if not add else None
+        self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
+        self.add = add
+        self.freeze = freeze
+        self.bound_ppm = bound_ppm
+        self.allowed = wire.allowed_missing(self.count, bound_ppm)
+        self.have = np.zeros(self.count, bool)
+        self.n_have = 0
+        self.max_pass = 0
+        self.t_first = self.t_stop = None  # monotonic times, for latency breakdowns
+        self.stopped = False
+        self.final: np.ndarray | None = None
+        self.last_stop_t = -math.inf
+        self.last_probe = 0  # highest probe id answered: copies of one probe get one reply
+        self.have_at_probe = -1  # chunks held when we last answered a probe
+        self.last_final = 0  # highest FINAL transmission id acknowledged
+        self.final_next_bound = 0
+        self.final_flags = 0
+        self.flags = Flag.PULL if kind == PULL else 0
+        if self.nbytes == 0:
+            self.have[:] = True
+            self.n_have = self.count
+            self.stopped = True
+
+    @property
+    def satisfied(self) -> bool:
+        return self.stopped
+
+    def _reply(self, type_: int, copies: int, probe_id: int = 0) -> None:
+        eng = self.eng
+        msg = wire.pack_header(type_, src=eng.rank, part=self.part, session=eng.session,
+                               round=self.round, index=probe_id, count=self.count,
+                               length=(self.count + 7) // 8, bound=self.bound_ppm,
+                               flags=self.flags, copies=copies) + pack_bitmap(self.have)
+        eng.send_ctrl(self.peer, msg, eng.reply_copies(self.peer, copies))
+
+    def on_data(self, h: wire.Header, buf, n: int, now: float) -> None:
+        c = h.index
+        start = c * CHUNK_BYTES
+        if h.count != self.count or h.length != min(CHUNK_BYTES, self.nbytes - start):
+            self.eng.counters.malformed += 1
+            return
+        if (self.stopped and self.freeze) or self.final is not None:
+            self.eng.counters.late += 1
+            self._repeat_stop(h, now)
+            return
+        if self.have[c]:
+            self.eng.counters.duplicates += 1
+            if self.stopped:
+                self._repeat_stop(h, now)
+            return
+        if self.add:
+            e0 = start // 4
+            self.out[e0:e0 + h.length // 4] += np.frombuffer(buf, "<f4", h.length // 4, HEADER_SIZE)
+        else:
+            self.out_u8[start:start + h.length] = buf[HEADER_SIZE:HEADER_SIZE + h.length]
+        if not self.n_have:
+            self.t_first = now
+        self.have[c] = True
+        self.n_have += 1
+        if h.aux > self.max_pass:
+            self.max_pass = h.aux
+        if not self.stopped and self.count - self.n_have <= self.allowed:
+            self.stopped = True
+            self.last_stop_t = self.t_stop = now
+            self._reply(MsgType.STOP, h.copies)
+            self.eng.progress = True
+
+    def _repeat_stop(self, h: wire.Header, now: float) -> None:
+        """The sender keeps sending: our STOP was lost; repeat it, once per RTT.
+
+        Chunks already in flight when the sender got the STOP arrive for up to one
+        RTT after it; repeating the STOP for each of them (times ``copies``) only
+        floods the reverse path, so repeats wait at least a smoothed RTT.
+        """
+        if self.eng.control == "tcp" and self.peer in self.eng.tcp:
+            return  # TCP delivers the first STOP; repeats would only queue behind it
+        if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_interval(self.peer):
+            self.last_stop_t = now
+            self._reply(MsgType.STOP, h.copies)
+
+    def on_probe(self, h: wire.Header, now: float) -> None:
+        if h.count != self.count:
+            self.eng.counters.malformed += 1
+            return
+        if h.index <= self.last_probe:
+            # Another copy (or an older probe): its probe id was answered already, with
+            # ``copies`` replies. Answering every copy again would send copies^2 replies.
+            return
+        # Our own loss estimate sizes our replies (a request cannot amplify), so feed it
+        # what the receiving side sees: the loss of a whole first pass, and a probe
+        # repeated without any data in between (our answer, or the probe, was lost).
+        if self.last_probe == 0:
+            if not self.stopped and self.max_pass <= 1:
+                self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
+        elif self.n_have == self.have_at_probe:
+            self.eng.loss_timeout(self.peer)
+        self.last_probe = h.index
+        self.have_at_probe = self.n_have
+        self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
+
+    def on_final(self, h: wire.Header, payload) -> None:
+        if h.count != self.count:
+            self.eng.counters.malformed += 1
+            return
+        if self.final is None:
+            dropped = unpack_bitmap(payload, self.count)
+            # Zero-fill what every replica zero-fills; anything else we lack
+            # (cannot happen with an honest aggregator) is zeroed and counted.
+            zero = dropped | ~self.have
+            if (~self.have & ~dropped).any():
+                self.eng.counters.malformed += 1
+            if zero.any():
+                self.out[np.repeat(zero, CHUNK_BYTES // 4)[:self.out.size]] = 0
+            self.final = dropped
+            self.final_next_bound = h.aux
+            self.final_flags = h.flags
+            self.eng.progress = True
+            push = self.eng.senders.get((PUSH, self.part, self.peer))
+            if push is not None:
+                push.overtaken()
+        if h.index and h.index <= self.last_final:
+            return  # another copy of a FINAL transmission we acknowledged already
+        if self.last_final:
+            self.eng.loss_timeout(self.peer)  # a retransmission: our DONE was lost
+        self.last_final = h.index
+        eng = self.eng
+        done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,
+                                round=h.round, flags=self.flags, copies=h.copies)
+        eng.send_ctrl(self.peer, done, eng.reply_copies(self.peer, h.copies))
+
+    def describe(self) -> str:
+        what = "pull" if self.kind == PULL else "push"
+        return (f"{what} part {self.part} from rank {self.peer}: {self.n_have}/{self.count} chunks"
+                f" (may miss {self.allowed}), {'stopped' if self.stopped else 'receiving'}"
+                + (", waiting for FINAL" if self.kind == PULL and self.final is None else ""))
+
+
