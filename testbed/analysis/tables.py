@@ -74,21 +74,18 @@ class RawRun:
 
 
 def arm_transport(arm: str, spec: dict | None = None) -> str:
-    """The transport an arm runs: spec.ARMS knows the names; else the prefix."""
-    try:
-        from testbed.config.spec import ARMS
-        if arm in ARMS:
-            return ARMS[arm][0]
-    except ImportError:  # pragma: no cover - spec module is part of the package
-        pass
+    """The transport an arm runs: the arms registry knows the names; else the prefix."""
+    from testbed.config.arms import ARMS
+    if arm in ARMS:
+        return ARMS[arm].transport
     return arm.split("-")[0]
 
 
 def arm_mode(arm: str) -> str | None:
-    """"ps" or "sharded" for the dblp transports (spec.ARMS), else None."""
-    from testbed.config.spec import ARMS
+    """"ps" or "sharded" for the dblp transports (the arms registry), else None."""
+    from testbed.config.arms import ARMS
     if arm in ARMS:
-        return ARMS[arm][2]
+        return ARMS[arm].mode
     return "sharded" if arm.endswith("-sharded") else None
 
 
