@@ -163,6 +163,10 @@ class ArmRun:
         self.workers = [server] + workers[1:] if self.serverless else list(workers)
         self.procs = ProcessGroup()
         self.captures = ProcessGroup()
+        self.port = DATA_PORT
+        # One job per arm: its own key and session, shared by its server and workers.
+        self.secret = secrets.token_hex(32)
+        self.session_id = secrets.randbits(63) | 1
 
     # -- argv builders: lists only, never a shell ---------------------------
     def _common_args(self) -> list[str]:
@@ -232,9 +236,6 @@ class ArmRun:
         return env
 
     def run(self) -> dict:
-        self.secret = secrets.token_hex(32)
-        self.session_id = secrets.randbits(63) | 1
-        self.port = DATA_PORT
         py = sys.executable
         try:
             self._start_captures()
