@@ -4,7 +4,8 @@ Emulation tests (markers ``emu`` and ``e2e``) need root and Open vSwitch. A
 developer without root sees them skipped. Where they must run, a missing
 emulator is a failure, never a skip: as root (the emulator was asked for),
 under ``CI=true``, and whenever ``DBLP_TESTBED_REQUIRE_EMU=1``, which
-``.ci/run`` sets, so CI cannot go green without them.
+``make test`` (the command ``.ci/run`` runs) sets, so CI cannot go green
+without them.
 
 ``machine_leftovers`` is the oracle the tear-down tests compare against: it
 reads the machine with the system's own tools (nft, ovs-vsctl, ip, ps) and

@@ -74,9 +74,11 @@ def test_unusable_out_is_one_line_exit_2_and_creates_nothing(tmp_path, where):
 
 @pytest.mark.unit
 def test_run_directories_of_runs_started_in_the_same_second_do_not_collide(tmp_path, monkeypatch):
+    """Another run takes each name between a look and a claim: no look may decide."""
     from testbed.run import rundir
 
-    monkeypatch.setattr(rundir, "RESULTS", tmp_path / "results", raising=False)
+    results = tmp_path / "results"
+    monkeypatch.setattr(rundir, "RESULTS", results, raising=False)
     monkeypatch.setattr(rundir, "ROOT", tmp_path)  # where the old code put results/
     spec = load(None, PRESETS["smoke"])
     real = rundir._dt.datetime
@@ -87,22 +89,25 @@ def test_run_directories_of_runs_started_in_the_same_second_do_not_collide(tmp_p
             return real(2030, 1, 2, 3, 4, 5, tzinfo=tz)
 
     monkeypatch.setattr(rundir._dt, "datetime", Frozen)
-    dirs = [rundir.new_run_dir(spec, None) for _ in range(3)]
-    assert len(set(dirs)) == 3
-    assert [d.name for d in dirs] == ["smoke-20300102T030405Z", "smoke-20300102T030405Z-2",
-                                      "smoke-20300102T030405Z-3"]
+    other = results / "smoke-20300102T030405Z"
+    (other / "raw").mkdir(parents=True)  # the other run, started in the same second
+    monkeypatch.setattr(pathlib.Path, "exists", lambda self: False)  # ... after we looked
+    dirs = [rundir.new_run_dir(spec, None) for _ in range(2)]
+    assert [d.name for d in dirs] == ["smoke-20300102T030405Z-2", "smoke-20300102T030405Z-3"]
     assert all((d / "raw").is_dir() and (d / "spec.toml").is_file() for d in dirs)
+    assert not (other / "spec.toml").is_file()  # the other run's directory is untouched
 
 
 @pytest.mark.unit
-def test_of_two_runs_given_the_same_empty_out_one_is_refused(tmp_path):
+def test_of_two_runs_given_the_same_empty_out_one_is_refused(tmp_path, monkeypatch):
+    """The first claims it between the second's look (empty) and its claim."""
     from testbed.run.rundir import RunDirError, new_run_dir
 
     spec = load(None, PRESETS["smoke"])
     out = tmp_path / "run"
     out.mkdir()
     assert new_run_dir(spec, str(out)) == out
-    (out / "spec.toml").unlink()  # the first run has claimed raw/ and nothing else yet
+    monkeypatch.setattr(pathlib.Path, "iterdir", lambda self: iter(()))  # it looked empty
     with pytest.raises(RunDirError):
         new_run_dir(spec, str(out))
 
