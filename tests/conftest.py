@@ -1,14 +1,25 @@
 """Shared pytest fixtures and the emulation-test policy.
 
-Emulation tests (marker ``emu``) need root and Open vSwitch. A developer
-without root sees them skipped; as root (which is how CI runs) a missing
-emulator is a failure, never a skip, so CI cannot go green without them.
+Emulation tests (markers ``emu`` and ``e2e``) need root and Open vSwitch. A
+developer without root sees them skipped. Where they must run, a missing
+emulator is a failure, never a skip: as root (the emulator was asked for),
+under ``CI=true``, and whenever ``DBLP_TESTBED_REQUIRE_EMU=1``, which
+``make test`` (the command ``.ci/run`` runs) sets, so CI cannot go green
+without them.
+
+``machine_leftovers`` is the oracle the tear-down tests compare against: it
+reads the machine with the system's own tools (nft, ovs-vsctl, ip, ps) and
+the project's naming convention, never through ``testbed``'s clean-up code,
+so a clean-up bug cannot hide its own leftovers.
 """
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
+
+REQUIRE_ENV = "DBLP_TESTBED_REQUIRE_EMU"
 
 
 def _emulator_problem():
@@ -24,12 +35,18 @@ def _emulator_problem():
     return None
 
 
+def emulation_required() -> bool:
+    """Whether a missing emulator must fail the suite instead of skipping tests."""
+    return os.environ.get("CI") == "true" or os.environ.get(REQUIRE_ENV) == "1"
+
+
 @pytest.fixture(scope="session")
 def emulator():
-    """Skip (non-root) or fail (root) when the emulator cannot run."""
+    """Skip (non-root developer) or fail (root, CI, .ci/run) when the emulator cannot run."""
     if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI must run as root: emulation tests cannot be skipped")
+        if emulation_required():
+            pytest.fail("emulation tests must run here but need root "
+                        f"(CI=true or {REQUIRE_ENV}=1); run as root")
         pytest.skip("emulation tests need root")
     problem = _emulator_problem()
     if problem:
@@ -42,6 +59,47 @@ def _emulation_gate(request):
     """Every ``emu``/``e2e`` test gets the emulator check first."""
     if request.node.get_closest_marker("emu") or request.node.get_closest_marker("e2e"):
         request.getfixturevalue("emulator")
+
+
+def _lines(argv) -> list[str]:
+    p = subprocess.run(argv, capture_output=True, text=True)
+    return p.stdout.splitlines()
+
+
+def machine_leftovers() -> dict:
+    """What a run of the project may leave behind, read from the machine itself.
+
+    - nftables tables named ``dtburst_*`` (the loss bursts' tables);
+    - OVS bridges named ``dt`` + letter + digits (the fabric's switches);
+    - root-namespace interfaces named ``dt*`` (switch ports, loss sinks);
+    - Mininet host shells (``bash ... mininet:<host>``);
+    - tcpdump processes writing a run's ``raw/*.pcap``;
+    - workload and controller processes (``-m workloads.``, ``-m controllers.``).
+    """
+    tables = [line.split()[2] for line in _lines(["nft", "list", "tables"])
+              if len(line.split()) == 3 and line.split()[2].startswith("dtburst_")]
+    bridges = [b for b in _lines(["ovs-vsctl", "--timeout=10", "list-br"])
+               if re.fullmatch(r"dt[a-z]\d+", b)]
+    links = [name for line in _lines(["ip", "-o", "link", "show"])
+             if len(line.split(":")) > 2
+             and (name := line.split(":")[1].strip().split("@")[0]).startswith("dt")]
+    procs = [line.strip() for line in _lines(["ps", "-ww", "-eo", "pid,args"])[1:]]
+    args = [p.split(None, 1)[1] if len(p.split(None, 1)) > 1 else "" for p in procs]
+    return {
+        "nft_tables": tables,
+        "bridges": bridges,
+        "links": links,
+        "host_shells": [p for p in procs if "bash" in p and re.search(r"mininet:\S+$", p)],
+        "tcpdump": [p for p, a in zip(procs, args, strict=True)
+                    if a and os.path.basename(a.split()[0]) == "tcpdump" and "/raw/" in a],
+        "processes": [p for p in procs if "-m workloads." in p or "-m controllers." in p],
+    }
+
+
+@pytest.fixture
+def leftovers():
+    """``machine_leftovers`` as a fixture: call it, expect every list empty."""
+    return machine_leftovers
 
 
 # The folder says what a test needs: tests/unit (no root, no network beyond

@@ -81,7 +81,9 @@ class RawRun:
 
 def arm_kind(arm: str) -> tuple[str, str | None, str | None]:
     """(transport, control path, mode) of an arm: the analysis's one use of the arms registry."""
-    return specmod.ARMS[arm]
+    from testbed.config.arms import ARMS
+    a = ARMS[arm]
+    return a.transport, a.control, a.mode
 
 
 def arm_transport(arm: str) -> str:

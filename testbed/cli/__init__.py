@@ -8,8 +8,8 @@ import sys
 
 import click
 
+from testbed.config.arms import ARMS
 from testbed.config.presets import PRESETS
-from testbed.config.spec import ARMS
 from testbed.errors import TestbedError
 
 
@@ -29,28 +29,45 @@ class _Main(click.Group):
             fail(str(exc), exc.exit_code)
 
 
+class _ArmList(click.ParamType):
+    """``A,B,...``: arm names of the registry (`testbed.config.arms.ARMS`), checked by the spec.
+
+    The spec validates the list (one line naming the field), so an unknown
+    arm fails the same way from ``--arms``, ``--set arms=`` and a spec file.
+    """
+
+    name = "A,B,..."
+
+    def get_metavar(self, param, ctx=None):
+        return "[" + "|".join(ARMS) + "],..."
+
+    def convert(self, value, param, ctx):
+        return value
+
+
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Emulated fat-tree testbed for bounded-loss gradient transports."""
 
 
 @main.command()
-@click.argument("spec_file", required=False, type=click.Path(dir_okay=False))
+# Paths are checked by the spec loader and `check_out`, one line each.
+@click.argument("spec_file", required=False, type=click.Path())
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default=None,
               help="Base preset (default: 'default'); SPEC_FILE fields override it.")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
+@click.option("--out", type=click.Path(), default=None,
               help="Run directory (must not exist or be empty). Default: results/NAME-TIME.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.FIELD=VALUE",
               help="Override any spec field, e.g. --set training.rounds=50 (repeatable).")
-@click.option("--arms", default=None, metavar="A,B,...",
-              help=f"Arms to run, from: {', '.join(ARMS)}.")
+@click.option("--arms", type=_ArmList(), default=None,
+              help="Arms to run, comma-separated.")
 @click.option("--rounds", type=int, default=None, help="Training rounds per arm.")
 @click.option("--seed", type=int, default=None, help="Seed for data, model and bursts.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
 def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
     """Run an experiment: fabric, controller, bursts, every arm, report."""
     from testbed.config import spec as specmod
-    from testbed.run.rundir import RunDirError
+    from testbed.run.rundir import check_out
 
     overrides = list(overrides)
     if arms is not None:
@@ -59,18 +76,13 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
         overrides.append(f"training.rounds={rounds}")
     if seed is not None:
         overrides.append(f"seed={seed}")
-    try:
-        spec = specmod.load(spec_file, PRESETS[preset or "default"], overrides)
-    except specmod.SpecError as exc:
-        fail(str(exc))
+    spec = specmod.load(spec_file, PRESETS[preset or "default"], overrides)
     if dry_run:
         click.echo(spec.to_toml(), nl=False)
         return
+    check_out(out)  # before anything is built or created
     from testbed.run.runner import run_experiment
-    try:
-        status = run_experiment(spec, out)
-    except RunDirError as exc:
-        fail(str(exc))
+    status = run_experiment(spec, out)
     sys.exit(0 if status == "ok" else 1)
 
 

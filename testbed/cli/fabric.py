@@ -171,16 +171,28 @@ def net_cli(topo, k, bw, queue, out):
 
 @click.command()
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
+@click.option("--force", is_flag=True,
+              help="Also tear down a live run's fabric (its recorded processes, bridges, tables).")
 @click.option("--json", "as_json", is_flag=True)
-def clean(dry_run, as_json):
-    """Remove only the project's leftovers (bridges dt*, their veths, host shells, nft tables)."""
+def clean(dry_run, force, as_json):
+    """Remove the project's leftovers: what dead runs recorded, and dt* bridges, veths, tables.
+
+    A live run is left alone unless --force; processes are stopped only by
+    the PIDs a run recorded, never by name.
+    """
     from testbed.emulation import cleanup
-    rep = cleanup.leftovers() if dry_run else cleanup.clean()
+    rep = cleanup.leftovers() if dry_run else cleanup.clean(force=force)
     if as_json:
         click.echo(json.dumps(rep))
-    else:
-        for k, v in rep.items():
-            click.echo(f"{'would remove' if dry_run else 'removed'} {k}: {len(v)} {v[:10] if v else ''}")
+        return
+    live = rep.pop("live")
+    for k, v in rep.items():
+        verb = "found (never stopped by name)" if k == "host_shells" else \
+            "would remove" if dry_run else "removed"
+        click.echo(f"{verb} {k}: {len(v)} {v[:10] if v else ''}")
+    for what in live:
+        click.echo(f"left alone: live {what} (and any dt* name it may own); "
+                   "use --force to tear it down")
 
 
 @click.command()

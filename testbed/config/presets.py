@@ -10,10 +10,10 @@ in well under a minute per arm.
 
 # The paper's network: 3 workers + 1 server on one switch, 20 Mbit/s links.
 PAPER_STAR = {"topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
-              "placement": {"workers": 3, "strategy": "packed"}}
+              "placement": {"workers": 3}}
 # The default fabric: k=4 fat-tree, server and workers in different pods.
 FAT_TREE = {"topology": {"kind": "fattree", "k": 4, "bw_mbps": 20.0, "queue_pkts": 100},
-            "placement": {"workers": 4, "strategy": "spread"}}
+            "placement": {"workers": 4}}
 
 
 def loss_burst(at_round: int, p: float) -> dict:

@@ -7,40 +7,39 @@ else. Every error names the field and says how to fix it.
 """
 from __future__ import annotations
 
-from testbed.errors import InputError
 import copy
 import dataclasses
 import math
 import re
 import tomllib
+from collections.abc import Callable, Sequence
 from typing import Any
 
-# Arms: name -> (transport, control path, mode). `transport` is what the
-# workload runs; control and mode only matter for the dblp transports. "ps":
-# the workers push to an aggregation server and pull the average back (the
-# paper's design); "sharded": no server, each worker aggregates 1/N of the
-# gradient, the like-for-like peer of gloo's all-reduce (every link carries
-# a share, no link carries everything).
-ARMS = {
-    "local": ("local", None, None),
-    "gloo": ("gloo", None, None),
-    "reliable": ("reliable", "udp", "ps"),
-    "static": ("static", "udp", "ps"),
-    "dblp": ("dblp", "udp", "ps"),
-    "reliable-tcp": ("reliable", "tcp", "ps"),
-    "static-tcp": ("static", "tcp", "ps"),
-    "dblp-tcp": ("dblp", "tcp", "ps"),
-    "reliable-sharded": ("reliable", "udp", "sharded"),
-    "static-sharded": ("static", "udp", "sharded"),
-    "dblp-sharded": ("dblp", "udp", "sharded"),
-}
+import tomli_w
+
+from testbed.config.arms import ARMS
+from testbed.errors import InputError
+
 TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
-MODELS = ("digits_cnn", "digits_resnet", "transformer_lm")
-BURST_KINDS = ("loss", "police", "congest")
-MISSING_MODES = ("zero", "mean", "error_feedback")
+# The workloads' registries, copied so the spec validates without importing
+# torch (pinned against workloads.models and workloads.data by unit tests):
+# model name -> (task, its per-worker batch size when training.batch_size is 0).
+MODELS = {"digits_cnn": ("digits", 32), "digits_resnet": ("digits", 32),
+          "transformer_lm": ("lm", 16)}
 LR_SCHEDULES = ("constant", "cosine")
+#: Training examples of the digits task (1,797 minus the 20 % test split);
+#: a worker's shard is this divided by the workers, rounded down.
+DIGITS_TRAIN_EXAMPLES = 1437
+BURST_KINDS = ("loss", "police", "congest")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
+#: A link must drain its full drop-tail queue within this long. dblp's
+#: retransmission timer never waits longer than 1 s (its maximum RTO) and
+#: TCP's minimum RTO is 200 ms: on a slower link a full queue holds a sender's
+#: data past its own timer, every round pays spurious retransmissions, and
+#: the run measures the emulated queue instead of the transport.
+MAX_QUEUE_DRAIN_S = 1.0
+MTU_BYTES = 1500
 
 
 class SpecError(InputError):
@@ -51,69 +50,141 @@ class SpecError(InputError):
         super().__init__(f"spec field '{field}': {problem}; {fix}")
 
 
-# The schema: section -> field -> (type, default). Defaults here are the
-# `default` preset's; presets override some of them.
-SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One spec field: its type, default and allowed values, and how to fix a bad one.
+
+    Every range lives here, beside its field, and `validate` derives the
+    checks from these declarations. A transport field names the
+    ``dblp.TransportConfig`` setting it becomes (`transport`): its range is
+    that setting's, declared once in ``dblp.config``.
+    """
+
+    type: Any
+    default: Any
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    unset: Any = None          # a value outside the range meaning "not set here" (0: a default)
+    choices: Callable[[], Sequence[str]] | None = None  # a registry, read when checking
+    min_items: int = 0         # lists: at least this many, each listed once
+    pattern: re.Pattern | None = None
+    transport: str | None = None
+    fix: str = ""
+
+    def check(self, field: str, value) -> None:
+        if self.unset is not None and value == self.unset and type(value) is not bool:
+            return
+        if self.pattern is not None and not self.pattern.match(value):
+            raise SpecError(field, f"{value!r} is not a plain name", self.fix)
+        if isinstance(value, list):
+            if len(value) < self.min_items:
+                raise SpecError(field, "is empty", self.fix)
+            if len(set(map(repr, value))) != len(value):
+                raise SpecError(field, "a value is listed twice", "list each one once")
+        if self.choices is not None:
+            names = tuple(self.choices())
+            for v in value if isinstance(value, list) else [value]:
+                if v not in names:
+                    raise SpecError(field, f"unknown value {v!r}", f"choose from: {', '.join(names)}")
+        if self.transport is not None:
+            from dblp.config import check_setting
+            try:
+                check_setting(self.transport, value)
+            except ValueError as exc:
+                raise SpecError(field, str(exc),
+                                self.fix or f"see dblp.TransportConfig.{self.transport}") from None
+        if self.lo is not None or self.hi is not None:
+            lo = -math.inf if self.lo is None else self.lo
+            hi = math.inf if self.hi is None else self.hi
+            _in(field, value, lo, hi, self.fix or f"use a value in {_range(self)}",
+                self.lo_open, self.hi_open)
+
+
+def _range(s: Setting) -> str:
+    return f"{'(' if s.lo_open else '['}{s.lo}, {s.hi}{')' if s.hi_open else ']'}"
+
+
+_NUMBER = (int, float)
+# The schema: section -> field -> Setting. Defaults here are the `default`
+# preset's; presets override some of them. The "" section is the top level.
+SCHEMA: dict[str, dict[str, Setting]] = {
     "": {
-        "name": (str, "default"),
-        "seed": (int, 1),
-        "arms": (list, ["gloo", "static", "dblp"]),
-        "description": (str, ""),
+        "name": Setting(str, "default", pattern=NAME_RE,
+                        fix="use letters, digits, '.', '_' or '-' (no spaces, slashes or shell "
+                            "characters)"),
+        "seed": Setting(int, 1, lo=0, hi=2**31 - 1, fix="use a seed between 0 and 2147483647"),
+        "arms": Setting(list, ["gloo", "static", "dblp"], choices=lambda: ARMS, min_items=1,
+                        fix="list at least one arm (`dblp-testbed run --help` lists them)"),
+        "description": Setting(str, ""),
     },
     "topology": {
-        "kind": (str, "fattree"),
-        "k": (int, 4),
-        "leaves": (int, 4),
-        "spines": (int, 2),
-        "hosts_per_leaf": (int, 2),
-        "bw_mbps": ((int, float), 20.0),
-        "queue_pkts": (int, 100),
+        "kind": Setting(str, "fattree", choices=lambda: TOPOLOGY_KINDS),
+        # A fat-tree's k must also be even (checked with the kind).
+        "k": Setting(int, 4, lo=4, hi=8, fix="set topology.k to 4, 6 or 8"),
+        "leaves": Setting(int, 4, lo=2, hi=16, fix="use 2..16 leaves"),
+        "spines": Setting(int, 2, lo=1, hi=8, fix="use 1..8 spines"),
+        "hosts_per_leaf": Setting(int, 2, lo=1, hi=8, fix="use 1..8 hosts per leaf"),
+        # Also at least the rate that drains a full queue in MAX_QUEUE_DRAIN_S.
+        "bw_mbps": Setting(_NUMBER, 20.0, lo=0, hi=1000, lo_open=True,
+                           fix="use a rate in (0, 1000] Mbit/s"),
+        "queue_pkts": Setting(int, 100, lo=2, hi=1000, fix="use a queue of 2..1000 packets"),
     },
     "placement": {
-        "workers": (int, 4),
-        # "spread": server and workers in different pods where the topology
-        # has pods; "packed": fill hosts in order.
-        "strategy": (str, "spread"),
+        # Also at most the topology's hosts minus the server (checked with the topology).
+        "workers": Setting(int, 4, lo=1, hi=64, fix="use 1..64 workers"),
     },
     "training": {
-        "model": (str, "digits_cnn"),
-        "rounds": (int, 300),
-        "batch_size": (int, 0),      # 0: the model's own default
-        "lr": ((int, float), 0.0),   # 0: the model's own default
-        "lr_schedule": (str, "constant"),  # or "cosine": decay to zero over the rounds
-        "eval_every": (int, 50),
+        "model": Setting(str, "digits_cnn", choices=lambda: MODELS),
+        "rounds": Setting(int, 300, lo=1, hi=100_000, fix="use 1..100000 rounds"),
+        # Also at most a worker's shard of the training set (checked with the workers).
+        "batch_size": Setting(int, 0, lo=1, hi=4096, unset=0,
+                              fix="use 0 (the model's default) or a batch of 1..4096"),
+        "lr": Setting(_NUMBER, 0.0, lo=0, hi=10, lo_open=True, unset=0,
+                      fix="use 0 (the model's default) or a rate in (0, 10]"),
+        # "cosine": decay to zero over the rounds.
+        "lr_schedule": Setting(str, "constant", choices=lambda: LR_SCHEDULES),
+        "eval_every": Setting(int, 50, lo=1, hi=100_000, fix="evaluate every 1..100000 rounds"),
     },
     "transport": {
-        "missing": (str, "zero"),
-        "p_static": ((int, float), 0.008),
-        "p_low": ((int, float), 0.008),
-        "p_high": ((int, float), 0.408),
-        "threshold": ((int, float), 0.5),
-        "check_every": (int, 10),
-        "rate_mbps": ((int, float), 0.0),  # 0: pace at the link rate
-        "round_deadline_s": ((int, float), 30.0),
+        "missing": Setting(str, "zero", transport="missing"),
+        "p_static": Setting(_NUMBER, 0.008, transport="p", fix="use a loss bound in [0, 1)"),
+        "p_low": Setting(_NUMBER, 0.008, transport="p_low", fix="use a loss bound in [0, 1)"),
+        "p_high": Setting(_NUMBER, 0.408, transport="p_high",
+                          fix="use a loss bound in [0, 1), at least p_low"),
+        "threshold": Setting(_NUMBER, 0.5, transport="threshold", fix="use a positive threshold"),
+        "check_every": Setting(int, 10, transport="check_every",
+                               fix="check the phase every 1 or more rounds"),
+        # 0: each sender paces at its fair share of the link (the runner's rule).
+        "rate_mbps": Setting(_NUMBER, 0.0, lo=0, hi=10_000, lo_open=True, unset=0,
+                             fix="use 0 (the link's fair share) or a rate in (0, 10000] Mbit/s"),
+        "round_deadline_s": Setting(_NUMBER, 30.0, transport="round_timeout",
+                                    fix="use a deadline in seconds, e.g. 30"),
     },
     "burst_every": {
         # Generator: bursts hitting a seeded random `fraction` of rounds
         # (after `start_round`), or every `every` rounds when every > 0.
-        "fraction": ((int, float), 0.03),
-        "every": (int, 0),
-        "start_round": (int, 10),
-        "rounds": (int, 1),
+        "fraction": Setting(_NUMBER, 0.03),
+        "every": Setting(int, 0),
+        "start_round": Setting(int, 10),
+        "rounds": Setting(int, 1),
         # A round-length burst also ends after max_ms (see controllers/bursts.py).
-        "max_ms": ((int, float), 3000.0),
-        "kind": (str, "loss"),
-        "target": (str, "server-downlink"),
-        "p": ((int, float), 0.8),
-        "enabled": (bool, True),
+        "max_ms": Setting(_NUMBER, 3000.0),
+        "kind": Setting(str, "loss"),
+        "target": Setting(str, "server-downlink"),
+        "p": Setting(_NUMBER, 0.8),
+        "enabled": Setting(bool, True),
     },
     "capture": {
-        "enabled": (bool, True),
-        "hosts": (list, ["server", "worker0"]),
-        "snaplen": (int, 96),
+        "enabled": Setting(bool, True),
+        # Roles; each must exist with the placement (checked with the workers).
+        "hosts": Setting(list, ["server", "worker0"]),
+        "snaplen": Setting(int, 96, lo=64, hi=65535, fix="use a snap length of 64..65535 bytes"),
     },
     "limits": {
-        "arm_timeout_s": ((int, float), 600.0),
+        "arm_timeout_s": Setting(_NUMBER, 600.0, lo=1, hi=86_400,
+                                 fix="use an arm timeout of 1..86400 s"),
     },
 }
 BURST_FIELDS = {
@@ -152,7 +223,7 @@ class Spec:
 
 
 def defaults() -> dict:
-    data = {sec: {k: copy.deepcopy(v[1]) for k, v in fields.items()}
+    data = {sec: {k: copy.deepcopy(v.default) for k, v in fields.items()}
             for sec, fields in SCHEMA.items()}
     data["bursts"] = []
     return data
@@ -191,10 +262,10 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
                 if fkey not in SCHEMA[key]:
                     raise SpecError(f"{key}.{fkey}", "unknown field",
                                     f"remove it; known fields: {', '.join(SCHEMA[key])}")
-                _check_type(f"{key}.{fkey}", fval, SCHEMA[key][fkey][0])
+                _check_type(f"{key}.{fkey}", fval, SCHEMA[key][fkey].type)
                 out[key][fkey] = fval
         elif key in SCHEMA[""]:
-            _check_type(key, value, SCHEMA[""][key][0])
+            _check_type(key, value, SCHEMA[""][key].type)
             out[""][key] = value
         else:
             known = [k for k in SCHEMA if k] + list(SCHEMA[""]) + ["bursts"]
@@ -237,9 +308,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for text in overrides:
         section, field, value = parse_override(text)
         name = f"{section}.{field}" if section else field
-        if SCHEMA[section][field][0] is list and isinstance(value, str):
+        if SCHEMA[section][field].type is list and isinstance(value, str):
             value = [v for v in value.split(",") if v]
-        _check_type(name, value, SCHEMA[section][field][0])
+        _check_type(name, value, SCHEMA[section][field].type)
         out[section][field] = value
     return out
 
@@ -253,69 +324,36 @@ def _in(field, value, lo, hi, fix, lo_open=False, hi_open=False):
 
 
 def validate(data: dict) -> Spec:
-    """Check every value's range and the fields' consistency."""
-    top, topo, place = data[""], data["topology"], data["placement"]
-    train, tr, gen, cap = data["training"], data["transport"], data["burst_every"], data["capture"]
-    if not NAME_RE.match(top["name"]):
-        raise SpecError("name", f"{top['name']!r} is not a plain name",
-                        "use letters, digits, '.', '_' or '-' (no spaces, slashes or shell characters)")
-    _in("seed", top["seed"], 0, 2**31 - 1, "use a seed between 0 and 2147483647")
-    if not top["arms"]:
-        raise SpecError("arms", "no arms", f"list at least one of: {', '.join(ARMS)}")
-    for a in top["arms"]:
-        if a not in ARMS:
-            raise SpecError("arms", f"unknown arm {a!r}", f"choose from: {', '.join(ARMS)}")
-    if len(set(top["arms"])) != len(top["arms"]):
-        raise SpecError("arms", "an arm is listed twice", "list each arm once")
-
-    if topo["kind"] not in TOPOLOGY_KINDS:
-        raise SpecError("topology.kind", f"unknown topology {topo['kind']!r}",
-                        f"choose from: {', '.join(TOPOLOGY_KINDS)}")
-    if topo["kind"] == "fattree" and (topo["k"] % 2 or not 4 <= topo["k"] <= 8):
+    """Check every value against its declaration, then the fields' consistency."""
+    for section, settings in SCHEMA.items():
+        for key, setting in settings.items():
+            setting.check(f"{section}.{key}" if section else key, data[section][key])
+    topo, place, train = data["topology"], data["placement"], data["training"]
+    gen, cap = data["burst_every"], data["capture"]
+    if topo["kind"] == "fattree" and topo["k"] % 2:
         raise SpecError("topology.k", f"{topo['k']} is not an even number in 4..8",
                         "set topology.k to 4, 6 or 8")
-    _in("topology.leaves", topo["leaves"], 2, 16, "use 2..16 leaves")
-    _in("topology.spines", topo["spines"], 1, 8, "use 1..8 spines")
-    _in("topology.hosts_per_leaf", topo["hosts_per_leaf"], 1, 8, "use 1..8 hosts per leaf")
-    _in("topology.bw_mbps", topo["bw_mbps"], 0, 1000, "use a rate in (0, 1000] Mbit/s", lo_open=True)
-    _in("topology.queue_pkts", topo["queue_pkts"], 2, 1000, "use a queue of 2..1000 packets")
-
+    min_bw = topo["queue_pkts"] * MTU_BYTES * 8 / MAX_QUEUE_DRAIN_S / 1e6
+    if topo["bw_mbps"] < min_bw:
+        raise SpecError("topology.bw_mbps", f"{topo['bw_mbps']} Mbit/s takes longer than "
+                        f"{MAX_QUEUE_DRAIN_S:g} s to drain a full {topo['queue_pkts']}-packet "
+                        "queue, longer than the transports' retransmission timers",
+                        f"use at least {min_bw:g} Mbit/s, or a shorter topology.queue_pkts")
     hosts = {"fattree": topo["k"] ** 3 // 4, "star": 65,
              "leafspine": topo["leaves"] * topo["hosts_per_leaf"]}[topo["kind"]]
-    _in("placement.workers", place["workers"], 1, 64, "use 1..64 workers")
     if place["workers"] + 1 > hosts:
         raise SpecError("placement.workers", f"{place['workers']} workers + 1 server need "
                         f"{place['workers'] + 1} hosts but the topology has {hosts}",
                         "use fewer workers or a larger topology")
-    if place["strategy"] not in ("spread", "packed"):
-        raise SpecError("placement.strategy", f"unknown strategy {place['strategy']!r}",
-                        "use 'spread' or 'packed'")
-
-    if train["model"] not in MODELS:
-        raise SpecError("training.model", f"unknown model {train['model']!r}",
-                        f"choose from: {', '.join(MODELS)}")
-    _in("training.rounds", train["rounds"], 1, 100_000, "use 1..100000 rounds")
-    _in("training.batch_size", train["batch_size"], 0, 4096,
-        "use 0 (the model's default) or a batch of 1..4096")
-    _in("training.lr", train["lr"], 0, 10, "use 0 (the model's default) or a rate in (0, 10]")
-    if train["lr_schedule"] not in LR_SCHEDULES:
-        raise SpecError("training.lr_schedule", f"unknown schedule {train['lr_schedule']!r}",
-                        f"choose from: {', '.join(LR_SCHEDULES)}")
-    _in("training.eval_every", train["eval_every"], 1, 100_000, "evaluate every 1..100000 rounds")
-
-    if tr["missing"] not in MISSING_MODES:
-        raise SpecError("transport.missing", f"unknown mode {tr['missing']!r}",
-                        f"choose from: {', '.join(MISSING_MODES)}")
-    for f in ("p_static", "p_low", "p_high"):
-        _in(f"transport.{f}", tr[f], 0, 1, "use a loss bound in [0, 1)", hi_open=True)
-    if tr["p_high"] < tr["p_low"]:
-        raise SpecError("transport.p_high", f"{tr['p_high']} is below p_low {tr['p_low']}",
-                        "set p_high >= p_low")
-    _in("transport.threshold", tr["threshold"], 0, 10, "use a threshold in (0, 10]", lo_open=True)
-    _in("transport.check_every", tr["check_every"], 1, 100_000, "check every 1..100000 rounds")
-    _in("transport.rate_mbps", tr["rate_mbps"], 0, 10_000, "use 0 (link rate) or a rate in Mbit/s")
-    _in("transport.round_deadline_s", tr["round_deadline_s"], 0.1, 3600,
-        "use a deadline of 0.1..3600 s")
+    task, default_batch = MODELS[train["model"]]
+    batch = train["batch_size"] or default_batch
+    if task == "digits" and batch > DIGITS_TRAIN_EXAMPLES // place["workers"]:
+        shard = DIGITS_TRAIN_EXAMPLES // place["workers"]
+        raise SpecError("training.batch_size", f"a batch of {batch} is larger than a worker's "
+                        f"shard ({DIGITS_TRAIN_EXAMPLES} examples / {place['workers']} workers = "
+                        f"{shard})", f"use a batch of at most {shard} or fewer workers")
+    # The transport's cross-field rules (p_high >= p_low) are the policy's own.
+    transport_config(data["transport"], ARMS["dblp"])
 
     if gen["kind"] not in BURST_KINDS:
         raise SpecError("burst_every.kind", f"unknown kind {gen['kind']!r}",
@@ -368,10 +406,31 @@ def validate(data: dict) -> Spec:
         if h.startswith("worker") and int(h[6:]) >= place["workers"]:
             raise SpecError(f"capture.hosts[{i}]", f"{h} does not exist",
                             f"use worker0..worker{place['workers'] - 1}")
-    _in("capture.snaplen", cap["snaplen"], 64, 65535, "use a snap length of 64..65535 bytes")
-    _in("limits.arm_timeout_s", data["limits"]["arm_timeout_s"], 1, 86_400,
-        "use an arm timeout of 1..86400 s")
     return Spec(data)
+
+
+def transport_config(transport: dict, arm, rate_bps: float | None = None):
+    """The spec's transport section as the ``dblp.TransportConfig`` one arm's processes read.
+
+    The one mapping from spec fields to transport settings (each field's
+    ``Setting.transport``); the runner writes the result into the run
+    directory. A value the transport refuses is a `SpecError` naming the
+    spec field.
+    """
+    from dblp.config import TransportConfig, default_of
+
+    fields = {s.transport: key for key, s in SCHEMA["transport"].items() if s.transport}
+    settings = {name: transport[key] for name, key in fields.items()}
+    # A round may legitimately take as long as the deadline; joining must not time out first.
+    settings["join_timeout"] = max(default_of("join_timeout"), settings["round_timeout"])
+    try:
+        return TransportConfig(policy=arm.transport, control=arm.control, mode=arm.mode,
+                               rate_bps=rate_bps, **settings)
+    except ValueError as exc:
+        # dblp's messages start with the setting they are about.
+        key = fields.get(str(exc).split(" ", 1)[0], "")
+        raise SpecError(f"transport.{key}" if key else "transport", str(exc),
+                        "see dblp.TransportConfig for each setting's range") from None
 
 
 def _check_target(field: str, target: str, topo: dict, workers: int):
@@ -412,39 +471,39 @@ def load(path: str | None, preset: dict | None = None, overrides: list[str] = ()
     if preset:
         data = merge(data, preset, origin="preset")
     if path:
-        try:
-            with open(path, "rb") as fh:
-                doc = tomllib.load(fh)
-        except FileNotFoundError:
-            raise SpecError("SPEC", f"file {path} not found", "give the path of a TOML spec")
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError("SPEC", f"{path} is not valid TOML ({exc})", "fix the TOML syntax")
-        data = merge(data, doc)
+        data = merge(data, _read_toml(path))
     data = apply_overrides(data, list(overrides))
     return validate(data)
 
 
-# -- a small TOML writer (tomllib only reads) --------------------------------
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {v!r} as TOML")
+def _read_toml(path: str) -> dict:
+    """The spec file's TOML document; any unreadable file is a `SpecError`."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise SpecError("SPEC", f"file {path} not found", "give the path of a TOML spec") from None
+    except OSError as exc:
+        raise SpecError("SPEC", f"cannot read {path} ({exc.strerror})",
+                        "give the path of a readable TOML file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError("SPEC", f"{path} is not UTF-8 text (byte {exc.start} is "
+                        f"{raw[exc.start:exc.start + 1]!r})", "give a TOML text file") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError("SPEC", f"{path} is not valid TOML ({exc})", "fix the TOML syntax") from None
 
 
 def dumps_toml(data: dict) -> str:
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data[""].items()]
-    for sec in SCHEMA:
-        if sec:
-            lines += ["", f"[{sec}]"] + [f"{k} = {_toml_value(v)}" for k, v in data[sec].items()]
-    for b in data.get("bursts", []):
-        lines += ["", "[[bursts]]"] + [f"{k} = {_toml_value(v)}" for k, v in b.items()]
-    return "\n".join(lines) + "\n"
+    """The resolved spec as TOML that `tomllib` reads back to the same data.
+
+    Written by tomli-w, so any string (control characters, newlines, quotes)
+    and any key is escaped as TOML requires.
+    """
+    doc = dict(data[""])
+    doc.update({sec: data[sec] for sec in SCHEMA if sec})
+    doc["bursts"] = data.get("bursts", [])
+    return tomli_w.dumps(doc)

@@ -19,10 +19,8 @@ Use (the orchestrator's API)::
         p = fab.popen("h000", ["python", "-m", "workloads.server", ...],
                       env={...}, stdout=f, stderr=subprocess.STDOUT)   # subprocess.Popen
         fab.run("h100", ["ping", "-c1", fab.ip("h000")], timeout=5)  # CompletedProcess
-        fab.popen_on("h000")(argv, **kw)  # a Popen-like callable bound to one host
         fab.control({"op": "status"})    # one request on the controller's socket
         fab.control_socket               # path; put it in DBLP_CONTROL_SOCKET
-        fab.env()                        # {"DBLP_CONTROL_SOCKET": ...} for host processes
         fab.net                          # the Mininet object (CLI, debugging)
 
 Commands run in a host's network (and mount) namespace through ``mnexec -a
@@ -42,6 +40,14 @@ switches; wait until every switch is connected and its routes are confirmed
 by a barrier. ``__exit__`` (also on exceptions, Ctrl-C and failed start-up)
 stops helper processes, the controller and Mininet, then removes any
 remaining bridge, veth, nftables table or host shell this fabric recorded.
+
+One fabric per machine: ``__enter__`` claims the machine
+(``cleanup.claim_machine``) and a second fabric is refused with a
+``MachineError`` naming the live one, because Mininet names interfaces and
+bridges machine-wide. Names that are the fabric's own still carry its tag
+(six hex digits of its id): the loss sink ``dtz<tag>-eth0/1`` and the
+controller's nftables tables ``dtburst_<tag>_*``, so clean-up of one fabric
+can never remove another's.
 """
 from __future__ import annotations
 
@@ -59,8 +65,6 @@ from topologies import TopoGraph
 from testbed.emulation import capabilities
 from testbed.emulation import cleanup
 from testbed import REPO_ROOT
-
-OFP_PORT_BASE = 6653
 
 
 @dataclass
@@ -190,7 +194,11 @@ class Fabric:
         if len(self.control_socket.encode()) > 100:
             # AF_UNIX paths are limited to 108 bytes
             self.control_socket = f"/tmp/dblp-testbed-{os.getpid()}-{uuid.uuid4().hex[:6]}.sock"
-        self.id = f"fabric-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tag = uuid.uuid4().hex[:6]
+        self.id = f"fabric-{os.getpid()}-{self.tag}"
+        self.nft_prefix = cleanup.nft_prefix(self.tag)
+        self.loss_sink, self._sink_peer = cleanup.sink_pair(self.tag)
+        self._machine = None  # the machine lock, held from start to stop
         self.net = None
         self.controller = None
         self.startup_s = None
@@ -223,10 +231,16 @@ class Fabric:
         self.datapath = ("kernel" if rep["kernel_datapath"] else "user") \
             if self.datapath_req == "auto" else self.datapath_req
         os.makedirs(self.raw_dir, exist_ok=True)
+        state = {"id": self.id, "pid": os.getpid(), "owner": cleanup.owner_record(),
+                 "run_dir": self.run_dir, "bridges": self.topo.switches(),
+                 "hosts": self.topo.hosts(), "processes": [], "links": [self.loss_sink],
+                 "nft_prefix": self.nft_prefix, "files": [self.control_socket]}
+        self._machine = cleanup.claim_machine(state)
+        self._state = state
         # Leftovers of a fabric whose process died (SIGKILL, power loss): its
         # state file names them exactly, so they can go without asking.
         for old in cleanup.read_states():
-            if old.get("pid") and not os.path.exists(f"/proc/{old['pid']}"):
+            if old.get("id") != self.id and not cleanup.is_live(old):
                 self.log(f"removing leftovers of dead fabric {old.get('id')}")
                 cleanup.clean(only_state=old)
         # A stale bridge of ours from a crashed run would make add-br fail.
@@ -234,10 +248,6 @@ class Fabric:
         if stale:
             raise RuntimeError(f"project bridges from an earlier run still exist ({', '.join(stale[:5])}"
                                f"...): run `dblp-testbed clean` first")
-        self._state = {"id": self.id, "pid": os.getpid(), "bridges": self.topo.switches(),
-                       "hosts": self.topo.hosts(), "processes": [],
-                       "files": [self.control_socket]}
-        self._save_state()
 
         from mininet.link import Link
         from mininet.net import Mininet
@@ -258,8 +268,7 @@ class Fabric:
             self._hosts[h.name] = HostHandle(h.name, self.topo.host_info[h.name].ip,
                                              self.topo.host_info[h.name].mac,
                                              self.topo.host_intf(h.name), h.pid)
-            self._state["processes"].append({"pid": h.pid, "expect": f"mininet:{h.name}"})
-        self._save_state()
+        self._record_shells()
         self.timings["build_s"] = time.monotonic() - self._t0
 
         self._make_loss_sink()
@@ -274,19 +283,30 @@ class Fabric:
         self.log(f"{self.topo.name}: {len(self.topo.switches())} switches, {len(self.topo.hosts())} "
                  f"hosts routed in {self.startup_s:.1f} s ({self.datapath} datapath)")
 
+    def _record_shells(self):
+        """Record every Mininet shell this process started: hosts, switches, the controller node.
+
+        Found as this process's own children tagged ``mininet:<node>``, so a
+        shell made by a build that was interrupted half-way is recorded too.
+        """
+        known = {r["pid"] for r in self._state["processes"]}
+        nodes = [] if self.net is None else self.net.hosts + self.net.switches + self.net.controllers
+        shells = [(n.pid, f"mininet:{n.name}") for n in nodes if getattr(n, "pid", None)]
+        shells += [(pid, cl.rsplit(" ", 1)[-1]) for pid, cl in cleanup.own_children()]
+        for pid, tag in shells:
+            if tag.startswith("mininet:") and pid not in known:
+                known.add(pid)
+                self._state["processes"].append(cleanup.record(pid, tag))
+        self._save_state()
+
     def _make_loss_sink(self):
         """The veth pair `loss` bursts forward their victims into (controllers.mechanisms)."""
-        from controllers.mechanisms import SINK_PAIR
-        a, b = SINK_PAIR
-        self._state["bridges"].append(a.split("-")[0])  # recognised by clean-up via its name
-        self._save_state()
-        subprocess.run(["ip", "link", "del", a], capture_output=True)
+        a, b = self.loss_sink, self._sink_peer
         for argv in (["ip", "link", "add", a, "type", "veth", "peer", "name", b],
                      ["ip", "link", "set", a, "up"], ["ip", "link", "set", b, "up"]):
             p = subprocess.run(argv, capture_output=True, text=True)
             if p.returncode:
                 raise RuntimeError(f"{' '.join(argv)}: {p.stderr.strip()}")
-        self.loss_sink = a
 
     def _shape_switch_ports(self):
         """After the switches started: adding a port to userspace OVS resets its qdisc."""
@@ -331,6 +351,7 @@ class Fabric:
                "bw_mbps": self.bw_mbps, "queue_pkts": self.queue_pkts,
                "host_pids": {n: h.pid for n, h in self._hosts.items()},
                "bursts": self.bursts, "roles": self.roles, "loss_sink": self.loss_sink,
+               "nft_prefix": self.nft_prefix,
                "monitor_s": self.monitor_s, "python": sys.executable}
         cfg_path = os.path.join(self.raw_dir, "fabric.json")
         with open(cfg_path, "w") as f:
@@ -344,8 +365,8 @@ class Fabric:
             [sys.executable, "-m", "controllers.run", "--config", cfg_path],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=root)
         log.close()
-        self._state["processes"].insert(0, {"pid": self.controller.pid, "expect": "controllers.run",
-                                            "group": True})
+        self._state["processes"].insert(0, cleanup.record(self.controller.pid, "controllers.run",
+                                                          group=True))
         self._save_state()
 
     def _wait_routed(self):
@@ -400,6 +421,7 @@ class Fabric:
                     self.controller.wait()
                 except ProcessLookupError:
                     pass
+            self._record_shells()
             if self.net is not None:
                 try:
                     self.net.stop()
@@ -408,6 +430,8 @@ class Fabric:
             cleanup.clean(only_state=self._state)
             self._state = None
         finally:
+            cleanup.release_machine(self._machine)
+            self._machine = None
             if old is not None:
                 signal.signal(signal.SIGINT, old)
 
@@ -442,9 +466,6 @@ class Fabric:
     def place(self, n_workers):
         return self.topo.place(n_workers)
 
-    def env(self) -> dict:
-        return {"DBLP_CONTROL_SOCKET": self.control_socket}
-
     def popen(self, host, argv, **kw) -> subprocess.Popen:
         """Start ``argv`` (a list) inside a host's namespaces; tracked for teardown."""
         if isinstance(argv, (str, bytes)):
@@ -456,14 +477,9 @@ class Fabric:
         p = subprocess.Popen(["mnexec", "-a", str(self.host(host).pid)] + list(argv), **kw)
         self._popens.append(p)
         if self._state is not None:
-            self._state["processes"].append({"pid": p.pid, "expect": argv[0], "group": True})
+            self._state["processes"].append(cleanup.record(p.pid, argv[0], group=True))
             self._save_state()
         return p
-
-    def popen_on(self, host):
-        """A ``subprocess.Popen``-like callable bound to one host (for ProcessGroup)."""
-        self.host(host)
-        return lambda argv, **kw: self.popen(host, argv, **kw)
 
     def run(self, host, argv, timeout=None, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` in a host to completion (text output captured by default)."""
@@ -477,5 +493,3 @@ class Fabric:
     def control(self, request: dict, timeout: float = 10.0) -> dict:
         return control_request(self.control_socket, request, timeout)
 
-    def switch_intf(self, switch, port) -> str:
-        return f"{switch}-eth{port}"

@@ -14,6 +14,7 @@ import os
 import pathlib
 import platform
 import subprocess
+import tempfile
 import time
 
 from testbed import REPO_ROOT
@@ -21,29 +22,86 @@ from testbed.config.spec import Spec
 from testbed.errors import InputError
 from workloads import runlog
 
+RESULTS = REPO_ROOT / "results"
 
 
 class RunDirError(InputError):
     """The run directory cannot be created as asked."""
 
 
-def new_run_dir(spec: Spec, out: str | None) -> pathlib.Path:
-    """Claim a fresh directory; refuse to reuse one that holds anything."""
+def check_out(out: str | None) -> pathlib.Path | None:
+    """Refuse an ``--out`` that cannot become a fresh run directory, creating nothing.
+
+    Called before anything else happens, so a bad path costs one line and
+    leaves the machine as it was: it must be an empty directory or a path
+    whose nearest existing parent is a directory this user may write in.
+    """
     if out is None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        base = REPO_ROOT / "results" / f"{spec.name}-{stamp}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-    else:
-        path = pathlib.Path(out).resolve()
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        return None
+    path = pathlib.Path(out).resolve()
+    if path.exists():
+        if not path.is_dir():
+            raise RunDirError(f"--out {out}: exists and is not a directory; "
+                              "runs are never overwritten, choose a new directory")
+        if any(path.iterdir()):
             raise RunDirError(f"--out {out}: exists and is not empty; "
                               "runs are never overwritten, choose a new directory")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "raw").mkdir()
-    (path / "spec.toml").write_text(spec.to_toml())
+        parent = path
+    else:
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise RunDirError(f"--out {out}: {parent} is a file, not a directory; "
+                              "choose a path under a directory")
+    try:  # the kernel's answer, which permission bits alone do not give (root, read-only mounts)
+        os.rmdir(tempfile.mkdtemp(prefix=".dblp-testbed-probe-", dir=parent))
+    except OSError as exc:
+        raise RunDirError(f"--out {out}: cannot create anything in {parent} ({exc.strerror}); "
+                          "choose a directory you can write in") from None
+    return path
+
+
+def new_run_dir(spec: Spec, out: str | None) -> pathlib.Path:
+    """Claim a fresh directory atomically; refuse to reuse one that holds anything.
+
+    Without ``--out`` the name is ``results/NAME-TIME``; a run started in the
+    same second (another process, or this one again) takes ``NAME-TIME-2``
+    and so on: ``mkdir`` either creates the directory or fails, so two runs
+    can never claim the same one. With ``--out``, creating ``raw/`` is the
+    claim: of two runs given the same empty directory, one is refused.
+    """
+    try:
+        if out is None:
+            stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            path, n = RESULTS / f"{spec.name}-{stamp}", 1
+            while True:
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    n += 1
+                    path = RESULTS / f"{spec.name}-{stamp}-{n}"
+        else:
+            path = check_out(out)
+            path.mkdir(parents=True, exist_ok=True)
+        try:
+            (path / "raw").mkdir()
+        except FileExistsError:
+            raise RunDirError(f"--out {out}: another run claimed it first; "
+                              "choose a new directory") from None
+        write_spec(path, spec)
+    except OSError as exc:
+        raise RunDirError(f"cannot create the run directory ({exc.strerror}: {exc.filename}); "
+                          "choose another --out") from None
+    return path
+
+
+def write_spec(run_dir: pathlib.Path, spec: Spec) -> pathlib.Path:
+    """``spec.toml``: the resolved spec, written so that it always parses again."""
+    path = run_dir / "spec.toml"
+    path.write_text(spec.to_toml(), encoding="utf-8")
     return path
 
 

@@ -9,6 +9,7 @@ down, the manifest says how the run ended and `raw/` keeps what was measured.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -20,11 +21,13 @@ import time
 
 import click
 
+from testbed.config.arms import get as get_arm
+from testbed.config.spec import Spec, transport_config
+from testbed.errors import MachineError
 from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
 from testbed.run.rundir import Manifest, new_run_dir
-from testbed.config.spec import ARMS, Spec
 
 DATA_PORT = 47474
 
@@ -46,13 +49,20 @@ def _raise_interrupted(signum, frame):
 
 
 def run_experiment(spec: Spec, out: str | None) -> str:
-    """Run every arm of `spec`; return the run's status ("ok" or a failure)."""
-    from testbed.emulation import capabilities
+    """Run every arm of `spec`; return the run's status ("ok" or a failure).
 
+    Nothing is created before the machine is known to be able to run it:
+    a missing emulator piece or another live run is a `MachineError`.
+    """
+    from testbed.emulation import capabilities, cleanup
+
+    live = cleanup.live_fabric()
+    if live is not None:
+        raise MachineError(f"another run is live on this machine: {cleanup.describe(live)}; "
+                           "wait for it to finish (Mininet names interfaces machine-wide)")
     caps = capabilities.check()
     if caps["problems"]:
-        click.echo(f"dblp-testbed: error: cannot emulate here: {caps['problems'][0]}", err=True)
-        return "error"
+        raise MachineError(f"cannot emulate here: {caps['problems'][0]}")
     run_dir = new_run_dir(spec, out)
     manifest = Manifest(run_dir, spec, caps)
     click.echo(f"run directory: {run_dir}", err=True)
@@ -89,8 +99,8 @@ def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
 
 def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
                    schedule: list[dict]) -> str:
-    from testbed.emulation.fabric import Fabric
     from testbed.config.spec import build_topology
+    from testbed.emulation.fabric import Fabric
     from topologies import TOPOLOGIES
 
     topo = build_topology(spec["topology"], TOPOLOGIES, spec["placement"]["workers"])
@@ -138,8 +148,8 @@ class ArmRun:
 
     def __init__(self, spec: Spec, arm: str, fab, run_dir: pathlib.Path,
                  server: str, workers: list[str]):
-        self.spec, self.arm, self.fab = spec, arm, fab
-        self.transport, self.control, self.mode = ARMS[arm]
+        self.spec, self.fab = spec, fab
+        self.arm = get_arm(arm)
         self.raw = run_dir / "raw" / arm
         self.raw.mkdir(parents=True, exist_ok=True)
         self.server = server
@@ -149,10 +159,14 @@ class ArmRun:
         # aimed at the server's links hits their traffic exactly as it hits
         # the parameter server's. Every host sits in another pod, so no rank
         # gains a shorter path by the move.
-        self.serverless = self.transport == "gloo" or self.mode == "sharded"
+        self.serverless = self.arm.serverless
         self.workers = [server] + workers[1:] if self.serverless else list(workers)
         self.procs = ProcessGroup()
         self.captures = ProcessGroup()
+        self.port = DATA_PORT
+        # One job per arm: its own key and session, shared by its server and workers.
+        self.secret = secrets.token_hex(32)
+        self.session_id = secrets.randbits(63) | 1
 
     # -- argv builders: lists only, never a shell ---------------------------
     def _common_args(self) -> list[str]:
@@ -176,7 +190,7 @@ class ArmRun:
         if tr["rate_mbps"]:
             return tr["rate_mbps"] * 1e6
         bw = self.spec["topology"]["bw_mbps"] * 1e6 * 0.95
-        if role == "server" or self.mode == "sharded":
+        if role == "server" or self.serverless:
             # Sharded: every rank sends to the N-1 others, each destination
             # capped at 1/(N-1) of this rate by the transport (dblp.group), so
             # no downlink is offered more than its line rate.
@@ -184,22 +198,20 @@ class ArmRun:
         return bw / len(self.workers)
 
     def _transport_args(self, role: str) -> list[str]:
-        if self.transport not in ("reliable", "static", "dblp"):
+        """``--transport-config PATH``: the arm's settings as a file, never as argv strings.
+
+        One ``dblp.TransportConfig`` per role (the pacing rate is the role's
+        fair share), written into ``raw/<arm>/``; they differ in nothing else.
+        The per-arm secret stays out of the run directory (see `_env`).
+        """
+        if not self.arm.uses_dblp:
             return []
-        tr = self.spec["transport"]
-        knobs = {}
-        if self.transport == "static":
-            knobs["p"] = tr["p_static"]
-        elif self.transport == "dblp":
-            knobs.update(p_low=tr["p_low"], p_high=tr["p_high"], threshold=tr["threshold"],
-                         check_every=tr["check_every"])
-        out = ["--mode", self.mode] if role == "worker" else []
-        out += ["--control", self.control, "--missing", tr["missing"],
-               "--rate-bps", f"{self._rate_bps(role):.0f}",
-               "--timeout-s", str(tr["round_deadline_s"])]
-        for k, v in knobs.items():
-            out += ["--knob", f"{k}={v}"]
-        return out
+        from dblp.config import CONFIG_FILE
+        cfg = transport_config(self.spec["transport"], self.arm, rate_bps=self._rate_bps(role))
+        cfg = dataclasses.replace(cfg, session_id=self.session_id)
+        path = self.raw / (CONFIG_FILE if role == "worker" else f"{role}.{CONFIG_FILE}")
+        cfg.write(path)
+        return ["--transport-config", str(path)]
 
     def _env(self, rank: int | None = None) -> dict:
         env = dict(os.environ)
@@ -211,6 +223,11 @@ class ArmRun:
             "OMP_NUM_THREADS": "1",
             "GLOO_SOCKET_IFNAME": "",
         })
+        if self.arm.uses_dblp:
+            # The job's key authenticates every datagram; handed to each process
+            # in its environment so it never lands in the run directory.
+            from dblp.config import SECRET_ENV
+            env[SECRET_ENV] = self.secret
         if rank is not None:
             env["RANK"] = str(rank)
             env["GLOO_SOCKET_IFNAME"] = self.fab.intf(self.workers[rank])
@@ -219,15 +236,13 @@ class ArmRun:
         return env
 
     def run(self) -> dict:
-        self.session = secrets.token_hex(8)
-        self.port = DATA_PORT
         py = sys.executable
         try:
             self._start_captures()
-            if not self.serverless and self.transport in ("reliable", "static", "dblp"):
+            if not self.serverless:
                 self.procs.start(
-                    "server", [py, "-m", "workloads.server", "--arm", self.transport,
-                               "--label", self.arm,
+                    "server", [py, "-m", "workloads.server", "--arm", self.arm.transport,
+                               "--label", self.arm.name,
                                "--log", str(self.raw / "server.jsonl"), "--port", str(self.port),
                                "--rounds", str(self.spec["training"]["rounds"]),
                                "--model", self.spec["training"]["model"],
@@ -237,8 +252,8 @@ class ArmRun:
                     env=self._env())
             for rank, host in enumerate(self.workers):
                 self.procs.start(
-                    f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.transport,
-                                      "--label", self.arm,
+                    f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.arm.transport,
+                                      "--label", self.arm.name,
                                       "--log", str(self.raw / f"worker{rank}.jsonl")]
                     + self._common_args() + self._transport_args("worker")
                     + ["--eval-every", str(self.spec["training"]["eval_every"])],
@@ -267,14 +282,15 @@ class ArmRun:
                 f"tcpdump-{role}",
                 ["tcpdump", "-i", self.fab.intf(host), "-s", str(self.spec["capture"]["snaplen"]),
                  "-w", str(self.raw / f"{role}.pcap"), "-U", "-n", "udp or tcp"],
-                self.raw / f"tcpdump-{role}.out", popen=functools.partial(self.fab.popen, host), critical=False)
+                self.raw / f"tcpdump-{role}.out", popen=functools.partial(self.fab.popen, host),
+                critical=False)
         time.sleep(0.3)  # tcpdump needs a moment before it sees packets
 
-    def _supervise(self, cpu: "CpuSampler"):
+    def _supervise(self, cpu: CpuSampler):
         rounds = self.spec["training"]["rounds"]
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()
-        progress = Progress(self.arm, rounds, self.raw / "worker0.jsonl")
+        progress = Progress(self.arm.name, rounds, self.raw / "worker0.jsonl")
         ovs = OvsWatch()
         workers = [f"worker{i}" for i in range(len(self.workers))]
         while True:
@@ -290,7 +306,7 @@ class ArmRun:
             bad = self.procs.failed()
             if bad:
                 lines = "\n".join(f"  {m.name} (pid {m.pid}, exit {m.poll()}):\n"
-                                  + "\n".join("    " + l for l in m.tail().splitlines())
+                                  + "\n".join("    " + line for line in m.tail().splitlines())
                                   for m in bad)
                 raise ArmFailed(lines)
             if self.procs.wait(workers, timeout=0.5):

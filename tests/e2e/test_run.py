@@ -21,22 +21,6 @@ DERIVED = ["summary.json", "rounds.csv", "bursts.csv", "packets.csv", "report.md
            "report.html", "manifest.json", "spec.toml"]
 
 
-def project_leftovers() -> dict:
-    """What the project may leave behind: bridges, host shells, nft tables, processes."""
-    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout.split()
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    procs = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return {
-        "bridges": [b for b in bridges if b.startswith("dt")],
-        "veths": [l.split(":")[1].strip() for l in links.splitlines()
-                  if l.split(":")[1].strip().startswith(("dt", "srv", "w1", "w2", "w3", "x1"))],
-        "nft": [t for t in nft.splitlines() if "dblp" in t],
-        "procs": [p for p in procs.splitlines()
-                  if "-m workloads." in p or "-m controllers." in p],
-    }
-
-
 def stop_harness(proc: subprocess.Popen):
     """A test that failed half-way still lets the harness tear down."""
     if proc.poll() is None:
@@ -61,7 +45,7 @@ def start_run(out: pathlib.Path, *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.e2e
-def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path):
+def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path, leftovers):
     out = tmp_path / "run"
     proc = start_run(out)
     log, _ = proc.communicate(timeout=900)
@@ -77,13 +61,13 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path):
                     "train_time_s", "final_accuracy"):
             assert key in a, key
     assert summary["bursts"]["count"] >= 3  # one burst per arm
-    tcp = [json.loads(l) for l in (out / "raw" / "dblp-tcp" / "worker0.jsonl").read_text().splitlines()]
+    tcp = [json.loads(line) for line in (out / "raw" / "dblp-tcp" / "worker0.jsonl").read_text().splitlines()]
     assert {r["arm"] for r in tcp} == {"dblp-tcp"}
     assert {r["stats"]["control"] for r in tcp if r["event"] == "round"} == {"tcp"}
     # Sharded: no server process; every worker aggregates its shard and ends ok.
     sharded = out / "raw" / "dblp-sharded"
     assert not (sharded / "server.jsonl").exists()
-    logs = [[json.loads(l) for l in (sharded / f"worker{r}.jsonl").read_text().splitlines()]
+    logs = [[json.loads(line) for line in (sharded / f"worker{r}.jsonl").read_text().splitlines()]
             for r in range(3)]
     assert all({e["stats"]["mode"] for e in log if e["event"] == "round"} == {"sharded"}
                for log in logs)
@@ -96,7 +80,7 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path):
     res = subprocess.run(CLI + ["report", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert (out / "summary.json").read_text() == before
-    assert project_leftovers() == {"bridges": [], "veths": [], "nft": [], "procs": []}
+    assert not any(leftovers().values()), leftovers()
 
 
 def _wait_for_round(out: pathlib.Path, arm: str, rnd: int, timeout: float = 300):
@@ -134,7 +118,7 @@ FAULTS = {
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault):
+def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault, leftovers):
     out = tmp_path / "run"
     proc = start_run(out, "--rounds", "400", "--arms", "static,dblp")
     try:
@@ -164,4 +148,31 @@ def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault):
     assert summary["status"] != "ok"
     assert manifest["arms"]["static"]["status"] in ("failed", "interrupted")
     assert (out / "raw" / "static" / "worker0.jsonl").stat().st_size > 0
-    assert project_leftovers() == {"bridges": [], "veths": [], "nft": [], "procs": []}
+    assert not any(leftovers().values()), leftovers()
+
+
+@pytest.mark.e2e
+def test_second_run_is_refused_and_clean_leaves_the_live_run_alone(tmp_path, leftovers):
+    """One fabric per machine: the second run gets one line naming the first; `clean`
+    without --force touches nothing of it, and the first run still finishes."""
+    out = tmp_path / "first"
+    proc = start_run(out, "--arms", "static")
+    try:
+        _wait_for_round(out, "static", 2)
+        second = subprocess.run(CLI + ["run", "--preset", "smoke", "--out", str(tmp_path / "second")],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "live" in lines[0] and str(out) in lines[0], lines
+        assert not (tmp_path / "second").exists()
+        during = leftovers()
+        cleaned = subprocess.run(CLI + ["clean"], cwd=ROOT, capture_output=True, text=True,
+                                 timeout=120)
+        assert cleaned.returncode == 0 and "left alone: live" in cleaned.stdout, cleaned.stdout
+        assert leftovers()["bridges"] == during["bridges"]
+        assert leftovers()["host_shells"] == during["host_shells"]
+        log, _ = proc.communicate(timeout=600)
+    finally:
+        stop_harness(proc)
+    assert proc.returncode == 0, log
+    assert not any(leftovers().values()), leftovers()

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from conftest import machine_leftovers
 
 from testbed.emulation import cleanup
 
@@ -16,12 +17,8 @@ CLI = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
 
 
 def _project_leftovers():
-    lo = cleanup.leftovers()
-    nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    ctl = [p for p in os.listdir("/proc") if p.isdigit()
-           and "controllers.run" in cleanup.cmdline(int(p))]
-    return {"bridges": lo["bridges"], "links": lo["links"], "host_shells": lo["host_shells"],
-            "nft": [line for line in nft.splitlines() if "dtburst_" in line], "controllers": ctl}
+    """The machine read with its own tools (tests/conftest.py), not with `cleanup`."""
+    return machine_leftovers()
 
 
 @pytest.fixture

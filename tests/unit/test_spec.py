@@ -58,6 +58,16 @@ BAD_SPECS = [
     ("capture-host", '[capture]\nhosts = ["worker9"]', "capture.hosts[0]"),
     ("generator-p", '[burst_every]\np = 1.5', "burst_every.p"),
     ("not-toml", 'this is = = not toml', "SPEC"),
+    # A link so slow that a full queue outlasts the transports' retransmission timers.
+    ("bw-below-useful", '[topology]\nbw_mbps = 1.0', "topology.bw_mbps"),
+    ("bw-slow-for-queue", '[topology]\nbw_mbps = 10\nqueue_pkts = 1000', "topology.bw_mbps"),
+    # 1437 training digits over 4 workers: shards of 359.
+    ("batch-above-shard", '[training]\nbatch_size = 400', "training.batch_size"),
+    ("default-batch-above-shard", '[topology]\nkind = "star"\n[placement]\nworkers = 60',
+     "training.batch_size"),
+    ("deadline-zero", '[transport]\nround_deadline_s = 0', "transport.round_deadline_s"),
+    ("check-every-zero", '[transport]\ncheck_every = 0', "transport.check_every"),
+    ("placement-strategy-is-gone", '[placement]\nstrategy = "spread"', "placement.strategy"),
 ]
 
 

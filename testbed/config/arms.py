@@ -1,0 +1,154 @@
+"""The registry of arms: every name an experiment can compare, and what each one runs.
+
+An arm is a transport run one way: the dblp transport's loss-bound policy
+(``dblp.policy.POLICIES``) with a control path and an aggregation mode
+(``dblp.config.CONTROLS``, ``MODES``), or a baseline that does not use dblp
+(``BASELINE_TRANSPORTS``). The names of policies, control paths and modes are
+the transport's own registries, looked up when an arm is checked, so a policy a
+researcher registers in ``dblp.policy.POLICIES`` can be run here as soon as an
+arm names it::
+
+    from testbed.config.arms import Arm, register
+    register(Arm("mine", transport="mine", control="udp", mode="ps"))
+
+Everything in the harness that needs to know what an arm is (the spec's
+``arms`` list, the command line, the runner, the analysis) asks this module,
+never a tuple of names of its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+#: Transports the workloads run without dblp: "local" trains each worker on
+#: its own shard with no exchange (the compute-only bound); "gloo" is
+#: torch.distributed's all-reduce over TCP (what PyTorch users run today).
+BASELINE_TRANSPORTS = ("local", "gloo")
+#: The mode in which every rank aggregates a shard and no server runs.
+SHARDED = "sharded"
+#: The one dblp policy whose bound is always zero (every chunk must arrive).
+RELIABLE = "reliable"
+
+
+def policies() -> tuple[str, ...]:
+    """The dblp transport's loss-bound policies, read late so registrations count."""
+    from dblp.policy import POLICIES
+    return tuple(POLICIES)
+
+
+def controls() -> tuple[str, ...]:
+    from dblp.config import CONTROLS
+    return tuple(CONTROLS)
+
+
+def modes() -> tuple[str, ...]:
+    from dblp.config import MODES
+    return tuple(MODES)
+
+
+def missing_policies() -> tuple[str, ...]:
+    """What an aggregate may do with chunks that never arrived."""
+    from dblp.config import MISSING
+    return tuple(MISSING)
+
+
+def transports() -> tuple[str, ...]:
+    """Every transport an arm may run: the baselines, then dblp's policies."""
+    return BASELINE_TRANSPORTS + policies()
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm: a name, the transport it runs and, for dblp, its control path and mode."""
+
+    name: str
+    transport: str
+    control: str | None = None
+    mode: str | None = None
+
+    def __post_init__(self):
+        if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
+            raise ValueError(f"arm name {self.name!r} must be letters, digits, '.', '_' or '-'")
+        if self.transport not in transports():
+            raise ValueError(f"arm {self.name!r}: transport {self.transport!r} is not one of "
+                             f"{list(transports())}")
+        if self.uses_dblp:
+            if self.control not in controls():
+                raise ValueError(f"arm {self.name!r}: control {self.control!r} is not one of "
+                                 f"{list(controls())}")
+            if self.mode not in modes():
+                raise ValueError(f"arm {self.name!r}: mode {self.mode!r} is not one of "
+                                 f"{list(modes())}")
+        elif self.control is not None or self.mode is not None:
+            raise ValueError(f"arm {self.name!r}: {self.transport} has no control path or mode")
+
+    @property
+    def uses_dblp(self) -> bool:
+        """Carried by the dblp transport (its policy decides each round's bound)."""
+        return self.transport in policies()
+
+    @property
+    def bounded(self) -> bool:
+        """May end a round before every chunk arrived (a dblp policy other than reliable)."""
+        return self.uses_dblp and self.transport != RELIABLE
+
+    @property
+    def serverless(self) -> bool:
+        """No aggregation server: gloo, local and the sharded dblp arms."""
+        return not self.uses_dblp or self.mode == SHARDED
+
+    def peer(self, transport: str) -> Arm | None:
+        """The registered arm running ``transport`` the same way (same control, same mode).
+
+        The analysis compares a dblp arm with the static arm of its own
+        control path and mode; this finds it without renaming strings.
+        """
+        for arm in ARMS.values():
+            if (arm.transport, arm.control, arm.mode) == (transport, self.control, self.mode):
+                return arm
+        return None
+
+
+ARMS: dict[str, Arm] = {}
+
+
+def register(arm: Arm) -> Arm:
+    """Add ``arm`` to the registry; a different arm under a taken name is refused."""
+    old = ARMS.get(arm.name)
+    if old is not None and old != arm:
+        raise ValueError(f"arm {arm.name!r} is already registered as {old}")
+    ARMS[arm.name] = arm
+    return arm
+
+
+def get(name: str) -> Arm:
+    """The arm called ``name``; a KeyError lists the known ones."""
+    try:
+        return ARMS[name]
+    except KeyError:
+        raise KeyError(f"unknown arm {name!r}; known: {', '.join(ARMS)}") from None
+
+
+def register_policy(policy: str) -> list[Arm]:
+    """The three arms of a dblp policy: UDP control, TCP control (the paper's) and sharded.
+
+    A policy added to ``dblp.policy.POLICIES`` after this module was imported
+    gets its arms with one call.
+    """
+    return [register(_policy_arm(policy, way)) for way in _POLICY_ARMS]
+
+
+def _policy_arm(policy: str, way: tuple[str, str, str]) -> Arm:
+    control, mode, suffix = way
+    return Arm(policy + suffix, policy, control, mode)
+
+
+# "ps": the workers push to an aggregation server and pull the average back
+# (the paper's design); "sharded": no server, each worker aggregates 1/N of the
+# gradient, the like-for-like peer of gloo's all-reduce (every link carries a
+# share, no link carries everything).
+_POLICY_ARMS = (("udp", "ps", ""), ("tcp", "ps", "-tcp"), ("udp", SHARDED, "-sharded"))
+for _transport in BASELINE_TRANSPORTS:
+    register(Arm(_transport, _transport))
+for _way in _POLICY_ARMS:  # listed by control path and mode, as the README lists them
+    for _policy in policies():
+        register(_policy_arm(_policy, _way))

@@ -1,0 +1,156 @@
+"""One registry of arms, and the transport settings crossing into workers as a file."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from testbed.config import arms
+from testbed.config.arms import ARMS, Arm
+from testbed.config.presets import PRESETS
+from testbed.config.spec import load
+
+
+@pytest.mark.unit
+def test_the_shipped_arms_and_what_each_one_is():
+    assert list(ARMS) == ["local", "gloo", "reliable", "static", "dblp", "reliable-tcp",
+                          "static-tcp", "dblp-tcp", "reliable-sharded", "static-sharded",
+                          "dblp-sharded"]
+    assert ARMS["dblp-tcp"] == Arm("dblp-tcp", "dblp", "tcp", "ps")
+    assert [a for a in ARMS if ARMS[a].serverless] == ["local", "gloo", "reliable-sharded",
+                                                       "static-sharded", "dblp-sharded"]
+    assert [a for a in ARMS if ARMS[a].bounded] == ["static", "dblp", "static-tcp", "dblp-tcp",
+                                                    "static-sharded", "dblp-sharded"]
+    assert not ARMS["gloo"].uses_dblp and ARMS["reliable"].uses_dblp
+    assert ARMS["dblp-sharded"].peer("static") is ARMS["static-sharded"]
+    assert ARMS["gloo"].peer("static") is None
+
+
+@pytest.mark.unit
+def test_names_come_from_the_transport_registries():
+    from dblp.config import CONTROLS, MISSING, MODES
+    from dblp.policy import POLICIES
+
+    assert arms.policies() == tuple(POLICIES)
+    assert (arms.controls(), arms.modes(), arms.missing_policies()) == (CONTROLS, MODES, MISSING)
+    assert {a.transport for a in ARMS.values()} == set(arms.transports())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("bad", [
+    dict(name="x", transport="carrier-pigeon"),
+    dict(name="x", transport="static", control="smoke-signal", mode="ps"),
+    dict(name="x", transport="static", control="udp", mode="ring"),
+    dict(name="x", transport="gloo", control="udp"),
+    dict(name="a b", transport="gloo"),
+])
+def test_an_arm_is_checked_against_the_registries(bad):
+    with pytest.raises(ValueError):
+        Arm(**bad)
+
+
+@pytest.fixture
+def user_policy(monkeypatch):
+    """A researcher's own loss policy, registered in dblp and given its arms."""
+    from dblp import policy
+
+    monkeypatch.setitem(policy.POLICIES, "mine", policy.StaticBound)
+    before = dict(ARMS)
+    made = arms.register_policy("mine")
+    yield made
+    ARMS.clear()
+    ARMS.update(before)
+
+
+@pytest.mark.unit
+def test_a_user_registered_policy_gets_every_arm_and_passes_the_spec(user_policy):
+    assert [a.name for a in user_policy] == ["mine", "mine-tcp", "mine-sharded"]
+    spec = load(None, PRESETS["smoke"], ["arms=mine,mine-sharded,static"])
+    assert spec.arms == ["mine", "mine-sharded", "static"]
+    with pytest.raises(ValueError):
+        arms.register(Arm("mine", "static", "udp", "ps"))  # a taken name, another arm
+
+
+@pytest.mark.unit
+def test_cli_lists_the_registry_and_an_unknown_arm_is_one_line():
+    from testbed.cli import main
+
+    res = CliRunner().invoke(main, ["run", "--help"])
+    assert "dblp-sharded" in res.output and "reliable-tcp" in res.output
+    res = CliRunner().invoke(main, ["run", "--arms", "static,nope", "--dry-run"])
+    assert res.exit_code == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "'arms'" in res.stderr
+
+
+@pytest.mark.unit
+def test_analysis_reads_transport_and_mode_from_the_registry():
+    from testbed.analysis.tables import arm_mode, arm_transport
+
+    assert arm_transport("static-tcp") == "static" and arm_mode("dblp-sharded") == "sharded"
+    assert arm_mode("dblp-tcp") == "ps" and arm_mode("gloo") is None
+
+
+class _Fab:
+    control_socket = "/run/x/control.sock"
+    controller = None
+
+    def ip(self, host):
+        return "10.0.0." + host[-1]
+
+    def intf(self, host):
+        return host + "-eth0"
+
+
+def _arm_run(tmp_path, arm, overrides=()):
+    from testbed.run.runner import ArmRun
+
+    spec = load(None, PRESETS["default"], list(overrides))
+    return ArmRun(spec, arm, _Fab(), tmp_path, "h000", ["h100", "h200", "h300", "h310"])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("arm", ["static", "dblp-tcp", "dblp-sharded"])
+def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, arm):
+    from dblp.config import SECRET_ENV, TransportConfig
+
+    run = _arm_run(tmp_path, arm, ["transport.p_high=0.5", "transport.round_deadline_s=45"])
+    argv = run._transport_args("worker")
+    assert argv == ["--transport-config", str(tmp_path / "raw" / arm / "transport.json")]
+    assert not any(a.startswith("--knob") or "=" in a for a in argv)
+    text = (tmp_path / "raw" / arm / "transport.json").read_text()
+    assert run.secret not in text  # the key never lands in the run directory
+    cfg = TransportConfig.from_json(text)
+    a = ARMS[arm]
+    assert (cfg.policy, cfg.control, cfg.mode) == (a.transport, a.control, a.mode)
+    assert cfg.round_timeout == 45.0 and cfg.p_high == 0.5 and cfg.session_id == run.session_id
+    assert cfg.rate_bps == pytest.approx(20e6 * 0.95 / (1 if a.serverless else 4))
+    assert run._env(0)[SECRET_ENV] == run.secret
+    if not a.serverless:
+        run._transport_args("server")
+        server = json.loads((tmp_path / "raw" / arm / "server.transport.json").read_text())
+        assert server["rate_bps"] == pytest.approx(20e6 * 0.95)
+        assert server["session_id"] == cfg.session_id
+
+
+@pytest.mark.unit
+def test_baseline_arms_get_no_transport_settings(tmp_path):
+    run = _arm_run(tmp_path, "gloo")
+    assert run._transport_args("worker") == []
+    assert not (tmp_path / "raw" / "gloo" / "transport.json").exists()
+    from dblp.config import SECRET_ENV
+    assert SECRET_ENV not in run._env(0)
+
+
+@pytest.mark.unit
+def test_arm_runs_have_their_own_key_and_session(tmp_path):
+    a, b = _arm_run(tmp_path, "dblp"), _arm_run(tmp_path, "static")
+    assert a.secret != b.secret and a.session_id != b.session_id
+    assert not hasattr(a, "session")
+
+
+@pytest.mark.unit
+def test_fabric_dead_helpers_are_gone():
+    from testbed.emulation import fabric
+
+    for name in ("env", "popen_on", "switch_intf"):
+        assert not hasattr(fabric.Fabric, name)
+    assert not hasattr(fabric, "OFP_PORT_BASE")
