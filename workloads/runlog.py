@@ -82,6 +82,8 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("control", "str", "control path: udp | tcp", required=False),
         _f("missing", "str", "missing-chunk policy", required=False),
         _f("rate_bps", "num", "pacing rate, bit/s", required=False, nullable=True),
+        _f("transport", "dict", "every transport setting (dblp.TransportConfig.public_dict: "
+           "the secret left out)", required=False),
     ),
     "round": _HEAD + (
         _f("round", "int", "training round, from 0"),
