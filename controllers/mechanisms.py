@@ -58,13 +58,12 @@ class Nft:
         return p.stdout
 
     def _run_ctx(self, script: str) -> str:
-        if True:
-            rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
-            out = (self.lib.nft_ctx_get_output_buffer(self.ctx) or b"").decode()
-            err = (self.lib.nft_ctx_get_error_buffer(self.ctx) or b"").decode()
-            if rc != 0:
-                raise RuntimeError(f"nft failed: {err.strip()[:400]}")
-            return out
+        rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
+        out = (self.lib.nft_ctx_get_output_buffer(self.ctx) or b"").decode()
+        err = (self.lib.nft_ctx_get_error_buffer(self.ctx) or b"").decode()
+        if rc != 0:
+            raise RuntimeError(f"nft failed: {err.strip()[:400]}")
+        return out
 
 
 def loss_table_name(burst_id: str) -> str:
@@ -150,12 +149,6 @@ class LossBurst:
         out = self.nft.run(f"list table netdev {self.table}\n")
         self.nft.run(f"delete table netdev {self.table}\n")
         return parse_loss_counters(out)
-
-    def abort(self):
-        try:
-            self.nft.run(f"delete table netdev {self.table}\n")
-        except RuntimeError:
-            pass
 
 
 def pfifo_drops(intf: str) -> int:

@@ -27,8 +27,13 @@ class TargetPort:
         return f"{self.switch}-eth{self.port}"
 
 
+# What to write instead of a target that does not resolve (the spec's and the socket's errors).
+TARGET_FIX = ("use server-downlink, server-uplink, workerN-downlink, workerN-uplink, HOST-downlink, "
+              "core-uplinks, SWITCH:NEIGHBOUR or SWITCH-ethN")
+
+
 class TargetError(ValueError):
-    pass
+    """A target name that does not resolve in this topology and placement."""
 
 
 def _host_port(topo, host, direction):
@@ -84,5 +89,4 @@ def resolve_target(topo, name: str, roles: dict | None = None) -> list:
             return [TargetPort(a, topo.port_to(a, b), "egress")]
         except KeyError:
             raise TargetError(f"target {name!r}: no link {a}-{b} in {topo.name}") from None
-    raise TargetError(f"unknown target {name!r}: use server-downlink, server-uplink, "
-                      "workerN-downlink, core-uplinks, HOST-downlink, SWITCH:NEIGHBOUR or SWITCH-ethN")
+    raise TargetError(f"unknown target {name!r}: {TARGET_FIX}")
