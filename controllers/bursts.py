@@ -341,7 +341,9 @@ class BurstSchedule:
         if not isinstance(items, list):
             raise BurstError(where, f"expected a list of bursts, got {type(items).__name__}",
                              "send a list of burst tables")
-        return cls(BurstSpec.from_dict(d, f"{where}[{i}]") for i, d in enumerate(items))
+        # a burst without an id is named by its position, as the resolved schedule names them
+        return cls(BurstSpec.from_dict({"id": f"b{i:03d}", **d} if isinstance(d, dict) else d,
+                                       f"{where}[{i}]") for i, d in enumerate(items))
 
     def to_list(self) -> list[dict]:
         return [s.to_dict() for s in self.specs]

@@ -7,13 +7,16 @@ else. Every error names the field and says how to fix it.
 """
 from __future__ import annotations
 
-from testbed.errors import InputError
 import copy
 import dataclasses
 import math
 import re
 import tomllib
 from typing import Any
+
+from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, spec_bursts
+from controllers.targets import TargetError, resolve_target
+from testbed.errors import InputError
 
 # Arms: name -> (transport, control path, mode). `transport` is what the
 # workload runs; control and mode only matter for the dblp transports. "ps":
@@ -36,11 +39,9 @@ ARMS = {
 }
 TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
 MODELS = ("digits_cnn", "digits_resnet", "transformer_lm")
-BURST_KINDS = ("loss", "police", "congest")
 MISSING_MODES = ("zero", "mean", "error_feedback")
 LR_SCHEDULES = ("constant", "cosine")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
 
 
 class SpecError(InputError):
@@ -93,20 +94,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
         "rate_mbps": ((int, float), 0.0),  # 0: pace at the link rate
         "round_deadline_s": ((int, float), 30.0),
     },
-    "burst_every": {
-        # Generator: bursts hitting a seeded random `fraction` of rounds
-        # (after `start_round`), or every `every` rounds when every > 0.
-        "fraction": ((int, float), 0.03),
-        "every": (int, 0),
-        "start_round": (int, 10),
-        "rounds": (int, 1),
-        # A round-length burst also ends after max_ms (see controllers/bursts.py).
-        "max_ms": ((int, float), 3000.0),
-        "kind": (str, "loss"),
-        "target": (str, "server-downlink"),
-        "p": ((int, float), 0.8),
-        "enabled": (bool, True),
-    },
+    # The burst generator; its fields, defaults and ranges live in controllers.bursts.
+    "burst_every": BurstEvery.schema(),
     "capture": {
         "enabled": (bool, True),
         "hosts": (list, ["server", "worker0"]),
@@ -115,10 +104,6 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple, Any]]] = {
     "limits": {
         "arm_timeout_s": ((int, float), 600.0),
     },
-}
-BURST_FIELDS = {
-    "at_round": int, "at_s": (int, float), "duration_ms": (int, float),
-    "rounds": int, "max_ms": (int, float), "target": str, "kind": str, "params": dict,
 }
 
 
@@ -180,10 +165,7 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
     out = copy.deepcopy(base)
     for key, value in doc.items():
         if key == "bursts":
-            if not isinstance(value, list):
-                raise SpecError("bursts", "expected an array of tables ([[bursts]])",
-                                "write each burst as a [[bursts]] table")
-            out["bursts"] = [_burst(i, b) for i, b in enumerate(value)]
+            out["bursts"] = _bursts(value)
         elif key in SCHEMA and key != "":
             if not isinstance(value, dict):
                 raise SpecError(key, "expected a table", f"write it as [{key}]")
@@ -202,18 +184,12 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
     return out
 
 
-def _burst(i: int, b) -> dict:
-    where = f"bursts[{i}]"
-    if not isinstance(b, dict):
-        raise SpecError(where, "expected a table", "write it as a [[bursts]] table")
-    for k, v in b.items():
-        if k not in BURST_FIELDS:
-            raise SpecError(f"{where}.{k}", "unknown field",
-                            f"remove it; known: {', '.join(BURST_FIELDS)}")
-        _check_type(f"{where}.{k}", v, BURST_FIELDS[k])
-    out = {"kind": "loss", "target": "server-downlink", "params": {"p": 0.8}}
-    out.update(copy.deepcopy(b))
-    return out
+def _bursts(tables) -> list[dict]:
+    """`[[bursts]]` as written, each checked by controllers.bursts and completed with its defaults."""
+    try:
+        return [b.to_dict(SPEC_KEYS) for b in spec_bursts(tables)]
+    except BurstError as exc:
+        raise SpecError(exc.field, exc.problem, exc.fix) from None
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -255,7 +231,7 @@ def _in(field, value, lo, hi, fix, lo_open=False, hi_open=False):
 def validate(data: dict) -> Spec:
     """Check every value's range and the fields' consistency."""
     top, topo, place = data[""], data["topology"], data["placement"]
-    train, tr, gen, cap = data["training"], data["transport"], data["burst_every"], data["capture"]
+    train, tr, cap = data["training"], data["transport"], data["capture"]
     if not NAME_RE.match(top["name"]):
         raise SpecError("name", f"{top['name']!r} is not a plain name",
                         "use letters, digits, '.', '_' or '-' (no spaces, slashes or shell characters)")
@@ -317,49 +293,7 @@ def validate(data: dict) -> Spec:
     _in("transport.round_deadline_s", tr["round_deadline_s"], 0.1, 3600,
         "use a deadline of 0.1..3600 s")
 
-    if gen["kind"] not in BURST_KINDS:
-        raise SpecError("burst_every.kind", f"unknown kind {gen['kind']!r}",
-                        f"choose from: {', '.join(BURST_KINDS)}")
-    _in("burst_every.fraction", gen["fraction"], 0, 1, "use a fraction of rounds in [0, 1]")
-    _in("burst_every.every", gen["every"], 0, 100_000, "use 0 (off) or a period in rounds")
-    _in("burst_every.start_round", gen["start_round"], 0, 100_000, "use a round >= 0")
-    _in("burst_every.rounds", gen["rounds"], 1, 1000, "use 1..1000 rounds per burst")
-    _in("burst_every.p", gen["p"], 0, 1, "use a loss probability in [0, 1]")
-    _in("burst_every.max_ms", gen["max_ms"], 1, 600_000, "use a cap of 1..600000 ms")
-    _check_target("burst_every.target", gen["target"], topo, place["workers"])
-
-    for i, b in enumerate(data["bursts"]):
-        where = f"bursts[{i}]"
-        if b["kind"] not in BURST_KINDS:
-            raise SpecError(f"{where}.kind", f"unknown kind {b['kind']!r}",
-                            f"choose from: {', '.join(BURST_KINDS)}")
-        if ("at_round" in b) == ("at_s" in b):
-            raise SpecError(where, "needs exactly one of at_round and at_s",
-                            "give the round number or the time in seconds")
-        if ("rounds" in b) == ("duration_ms" in b):
-            raise SpecError(where, "needs exactly one of rounds and duration_ms",
-                            "give how many rounds or how many milliseconds")
-        if "at_round" in b:
-            _in(f"{where}.at_round", b["at_round"], 0, train["rounds"] - 1,
-                "aim at a round the experiment reaches")
-        if "at_s" in b:
-            _in(f"{where}.at_s", b["at_s"], 0, 86_400, "use a time >= 0 s")
-        if "duration_ms" in b:
-            _in(f"{where}.duration_ms", b["duration_ms"], 0, 600_000,
-                "use a positive duration in ms", lo_open=True)
-        if "rounds" in b:
-            _in(f"{where}.rounds", b["rounds"], 1, 1000, "use 1..1000 rounds")
-        if "max_ms" in b:
-            if "rounds" not in b:
-                raise SpecError(f"{where}.max_ms", "only goes with rounds",
-                                "use duration_ms for a fixed-length burst")
-            _in(f"{where}.max_ms", b["max_ms"], 1, 600_000, "use a cap of 1..600000 ms")
-        p = b["params"].get("p")
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
-                              or not 0 <= p <= 1):
-            raise SpecError(f"{where}.params.p", f"{p!r} is not a probability",
-                            "use a loss probability in [0, 1]")
-        _check_target(f"{where}.target", b["target"], topo, place["workers"])
+    _validate_bursts(data)
 
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
@@ -374,25 +308,33 @@ def validate(data: dict) -> Spec:
     return Spec(data)
 
 
-def _check_target(field: str, target: str, topo: dict, workers: int):
-    """Role targets are always fine; explicit links must exist in the topology."""
-    if not TARGET_RE.match(target):
-        raise SpecError(field, f"{target!r} is not a target name",
-                        "use e.g. server-downlink, core-uplinks or a link like 'e1_1_0:a1_1_0'")
-    if target in ("server-downlink", "server-uplink", "core-uplinks") or \
-            re.match(r"^worker\d+-(downlink|uplink)$", target):
-        return
-    if ":" in target:
-        a, b = target.split(":", 1)
-        from topologies import TOPOLOGIES  # a pure graph: no side effects
-        topo_obj = build_topology(topo, TOPOLOGIES, workers)
-        links = {frozenset((link.node1, link.node2)) for link in topo_obj.links()}
-        if frozenset((a, b)) not in links:
-            raise SpecError(field, f"no link {a}-{b} in this topology",
-                            "name two adjacent nodes, e.g. a link listed by `dblp-testbed net check`")
-        return
-    raise SpecError(field, f"unknown target {target!r}",
-                    "use server-downlink, server-uplink, workerN-downlink, core-uplinks or NODE:NODE")
+def _validate_bursts(data: dict):
+    """The bursts and the generator, by controllers.bursts; targets resolved as the controller will.
+
+    Why resolve here: a target naming a worker the placement does not have,
+    or a link the topology lacks, would otherwise fail only when the burst
+    fires, in the middle of an arm.
+    """
+    try:
+        every = BurstEvery(**data["burst_every"])
+    except BurstError as exc:
+        raise SpecError(exc.under("burst_every").field, exc.problem, exc.fix) from None
+    try:
+        bursts = spec_bursts(data["bursts"], data["training"]["rounds"])
+    except BurstError as exc:
+        raise SpecError(exc.field, exc.problem, exc.fix) from None
+    from topologies import TOPOLOGIES  # a pure graph: no side effects
+    workers = data["placement"]["workers"]
+    graph = build_topology(data["topology"], TOPOLOGIES, workers)
+    server, placed = graph.place(workers)
+    roles = {"server": server, "workers": list(placed)}
+    targets = [("burst_every.target", every.target)] + \
+        [(f"bursts[{i}].target", b.target) for i, b in enumerate(bursts)]
+    for field, target in targets:
+        try:
+            resolve_target(graph, target, roles)
+        except TargetError as exc:
+            raise SpecError(field, exc.problem, exc.fix) from None
 
 
 def build_topology(topo: dict, registry, workers: int):
