@@ -59,8 +59,13 @@ class Range:
             raise BurstError(field, f"{value!r} is not a finite number", self.fix)
         if (value <= self.lo if self.lo_open else value < self.lo) or value > self.hi:
             lb = "(" if self.lo_open else "["
-            raise BurstError(field, f"{value!r} is out of range {lb}{self.lo:g}, {self.hi:g}]", self.fix)
+            raise BurstError(field, f"{value!r} is out of range {lb}{_num(self.lo)}, {_num(self.hi)}]",
+                             self.fix)
         return value
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
 
 
 # The one set of ranges (the spec, the generator, the socket and the controller share them).
