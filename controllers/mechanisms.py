@@ -97,7 +97,7 @@ def loss_hooks(topo, ports):
 
 
 def loss_script(table: str, hooks, p: float, sink: str) -> str:
-    """nft multi-line syntax (see BRIEF): count what is hit, steal with probability p.
+    """An nft script (multi-line syntax): count what is hit, steal with probability p.
 
     Why ``fwd to`` a sink veth and not ``drop``: userspace OVS sends a batch
     with one sendmmsg(); a drop verdict fails that call and OVS discards the
