@@ -4,7 +4,6 @@ This is the issue's "same worker runs outside Mininet" test: separate
 processes, 127.0.0.1 with distinct ports, the same logs the orchestrator
 collects on emulated hosts.
 """
-import json
 import os
 import signal
 import subprocess
