@@ -1,136 +1,371 @@
-"""Burst requests and schedules as plain objects (no switch, no clock needed).
+"""Bursts, declared once: kinds and their knobs, the typed request, the seeded schedule, the record.
 
-A ``BurstSpec`` is one request; a ``BurstSchedule`` answers "which bursts
-start/end at this round event or at this time" for one arm, so the
-controller's handlers stay thin and tests can drive a schedule directly.
-Times are ``time.time_ns()`` (the emulated hosts share the kernel clock).
+The harness validates specs and resolves the schedule with this module; the
+controller runs the same objects and logs the same record. It imports
+nothing beyond the standard library (no os-ken), so both sides can use it.
+Every number has its range beside it here, and nowhere else.
+
+Times are ``time.time_ns()``: the emulated hosts share the kernel clock.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-KINDS = ("loss", "police", "congest")
+SCHEDULE_VERSION = 1   # the `{"v": 1, "bursts": [...]}` document (burst_schedule.json, fabric.json)
+RECORD_VERSION = 1     # one `burst` line in raw/ARM/bursts.jsonl
+
+TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
+# Burst ids and arm names: they end up in nftables table names and run-directory paths.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class BurstError(ValueError):
-    pass
+    """A burst knob is wrong. ``field`` is relative ("params.p"); ``under`` prefixes it.
+
+    Why a ValueError carrying (field, problem, fix): the spec turns it into
+    its own one-line error naming the spec field, the controller into an
+    error reply, and neither has to parse a message.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}; {fix}")
+
+    def under(self, where: str) -> BurstError:
+        return BurstError(f"{where}.{self.field}" if self.field else where, self.problem, self.fix)
 
 
-def _num(d, key, lo, hi, where, integer=False, required=True, default=None):
-    v = d.get(key, default)
-    if v is None:
-        if required:
-            raise BurstError(f"{where}.{key} is required")
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise BurstError(f"{where}.{key} must be a{'n integer' if integer else ' number'}, got {v!r}")
-    if not lo <= v <= hi:
-        raise BurstError(f"{where}.{key} must be in [{lo}, {hi}], got {v!r}")
-    return v
+@dataclass(frozen=True)
+class Range:
+    """A number's type and bounds, checked in one place with one wording."""
+
+    lo: float
+    hi: float
+    fix: str
+    integer: bool = False
+    lo_open: bool = False
+
+    def check(self, field: str, value: Any) -> Any:
+        kind = "an integer" if self.integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            raise BurstError(field, f"expected {kind}, got {value!r}", self.fix)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BurstError(field, f"{value!r} is not a finite number", self.fix)
+        if (value <= self.lo if self.lo_open else value < self.lo) or value > self.hi:
+            lb = "(" if self.lo_open else "["
+            raise BurstError(field, f"{value!r} is out of range {lb}{_num(self.lo)}, {_num(self.hi)}]",
+                             self.fix)
+        return value
 
 
-def validate_params(kind: str, params: dict, where: str = "params") -> dict:
-    """Kind-specific knobs, checked before anything touches the fabric."""
-    if not isinstance(params, dict):
-        raise BurstError(f"{where} must be an object, got {type(params).__name__}")
-    out = dict(params)
-    if kind == "loss":
-        _num(out, "p", 0.0, 1.0, where)
-    elif kind == "police":
-        _num(out, "rate_mbps", 0.001, 100000, where, required=False)
-        _num(out, "burst_kb", 1, 1_000_000, where, required=False)
-    elif kind == "congest":
-        _num(out, "rate_mbps", 0.01, 100000, where, required=False)
-        _num(out, "pkt_bytes", 64, 1472, where, integer=True, required=False)
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+# The one set of ranges (the spec, the generator, the socket and the controller share them).
+P = Range(0, 1, "use a loss probability in [0, 1]")
+AT_ROUND = Range(0, 10_000_000, "aim at a round >= 0", integer=True)
+AT_S = Range(0, 86_400, "use a time of 0..86400 s after the arm's first round")
+ROUNDS = Range(1, 1000, "use 1..1000 rounds", integer=True)
+DURATION_MS = Range(0, 600_000, "use a positive duration of at most 600000 ms", lo_open=True)
+MAX_MS = Range(1, 600_000, "use a cap of 1..600000 ms")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kind-specific knob. ``default=None``: the controller picks it from the link rate."""
+
+    range: Range
+    default: float | None
+    doc: str
+
+
+@dataclass(frozen=True)
+class BurstKind:
+    """A burst kind and the knobs its ``params`` may hold (anything else is refused)."""
+
+    name: str
+    params: dict[str, Param]
+    doc: str
+
+    def check_params(self, params: Any) -> dict:
+        if not isinstance(params, dict):
+            raise BurstError("params", f"expected a table, got {params!r}",
+                             f"write e.g. params = {{{', '.join(self.params)}}}")
+        out = {}
+        for key, value in params.items():
+            if key not in self.params:
+                raise BurstError(f"params.{key}", f"unknown knob for a {self.name} burst",
+                                 f"remove it; {self.name} takes: {', '.join(self.params) or 'nothing'}")
+            out[key] = self.params[key].range.check(f"params.{key}", value)
+        for key, p in self.params.items():
+            if key not in out and p.default is not None:
+                out[key] = p.default
+        return out
+
+
+KINDS: dict[str, BurstKind] = {}
+
+
+def register_kind(kind: BurstKind) -> BurstKind:
+    """Add a kind (the controller needs a mechanism for it too: ``controllers.bursts_app``)."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+register_kind(BurstKind("loss", {
+    "p": Param(P, 0.8, "drop probability of each packet leaving the target")},
+    "nftables egress rule stealing each packet with probability p"))
+register_kind(BurstKind("police", {
+    "rate_mbps": Param(Range(0.001, 100_000, "use a meter rate of 0.001..100000 Mbit/s"), None,
+                       "meter rate (default 20 % of the link rate)"),
+    "burst_kb": Param(Range(1, 1_000_000, "use a bucket of 1..1000000 kbit"), None,
+                      "bucket (default 10 ms of the rate, at least 16)")},
+    "OpenFlow 1.3 meter with a drop band on the target's flows"))
+register_kind(BurstKind("congest", {
+    "rate_mbps": Param(Range(0.01, 100_000, "use a cross rate of 0.01..100000 Mbit/s"), None,
+                       "cross-traffic rate (default twice the link rate)"),
+    "pkt_bytes": Param(Range(64, 1472, "use 64..1472 byte datagrams", integer=True), 1400,
+                       "cross-traffic datagram size")},
+    "cross traffic overflowing the target's bounded queue"))
+
+
+def _kind(field_name: str, name: Any) -> BurstKind:
+    if name not in KINDS:
+        raise BurstError(field_name, f"unknown kind {name!r}", f"choose from: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def _target(field_name: str, target: Any) -> str:
+    if not isinstance(target, str) or not TARGET_RE.match(target):
+        raise BurstError(field_name, f"{target!r} is not a target name",
+                         "use e.g. server-downlink, worker0-uplink, core-uplinks or SWITCH:NEIGHBOUR")
+    return target
+
+
+# What a user writes ([[bursts]], a manual burst); a schedule adds id and trigger.
+SPEC_KEYS = ("kind", "target", "params", "at_round", "at_s", "rounds", "duration_ms", "max_ms")
+ALL_KEYS = SPEC_KEYS + ("id", "trigger")
+TRIGGERS = ("round", "time", "manual")
+
+
+@dataclass(frozen=True)
+class BurstSpec:
+    """One burst: what (kind, params), where (target), when (a round, a time or now), how long.
+
+    Starts at round ``at_round`` or ``at_s`` seconds after the arm's first
+    round event, or when asked (manual: neither). Lasts ``rounds`` rounds
+    (round trigger only; then also ends after ``max_ms``, so a transport
+    that cannot finish a round under the burst, TCP backing off under 80 %
+    loss, sees a long burst instead of an endless outage) or ``duration_ms``.
+    Validated on construction: an object that exists is a burst the
+    controller can run, up to its target existing in the fabric.
+    """
+
+    kind: str = "loss"
+    target: str = "server-downlink"
+    params: dict = field(default_factory=dict)
+    at_round: int | None = None
+    at_s: float | None = None
+    rounds: int | None = None
+    duration_ms: float | None = None
+    max_ms: float | None = None
+    id: str = "b"
+
+    def __post_init__(self):
+        kind = _kind("kind", self.kind)
+        _target("target", self.target)
+        object.__setattr__(self, "params", kind.check_params(self.params))
+        if not isinstance(self.id, str) or not NAME_RE.match(self.id):
+            raise BurstError("id", f"{self.id!r} is not a burst id", "use letters, digits, '.', '_', '-'")
+        if self.at_round is not None and self.at_s is not None:
+            raise BurstError("", "needs at most one of at_round and at_s",
+                             "give the round number or the time in seconds")
+        for name, rng in (("at_round", AT_ROUND), ("at_s", AT_S), ("rounds", ROUNDS),
+                          ("duration_ms", DURATION_MS), ("max_ms", MAX_MS)):
+            if getattr(self, name) is not None:
+                rng.check(name, getattr(self, name))
+        if (self.rounds is None) == (self.duration_ms is None):
+            raise BurstError("", "needs exactly one of duration_ms and rounds",
+                             "give how many milliseconds or how many rounds")
+        if self.rounds is not None and self.at_round is None:
+            raise BurstError("rounds", "only works with a round trigger (at_round)",
+                             "give duration_ms instead")
+        if self.max_ms is not None and self.rounds is None:
+            raise BurstError("max_ms", "only goes with rounds", "use duration_ms for a fixed-length burst")
+
+    @property
+    def trigger(self) -> str:
+        return "round" if self.at_round is not None else "time" if self.at_s is not None else "manual"
+
+    @property
+    def last_round(self) -> int | None:
+        return None if self.rounds is None or self.at_round is None else self.at_round + self.rounds - 1
+
+    def to_dict(self, keys: Iterable[str] = ALL_KEYS) -> dict:
+        d = {"id": self.id, "kind": self.kind, "target": self.target, "params": dict(self.params),
+             "trigger": self.trigger}
+        for name in ("at_round", "at_s", "rounds", "duration_ms", "max_ms"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return {k: v for k, v in d.items() if k in keys}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "burst", keys: tuple = ALL_KEYS) -> BurstSpec:
+        """Parse one burst table; errors name ``where.FIELD``. ``trigger``, if given, must agree."""
+        if not isinstance(d, dict):
+            raise BurstError(where, f"expected a table, got {type(d).__name__}", "write it as a table")
+        for k in d:
+            if k not in keys:
+                raise BurstError(f"{where}.{k}", "unknown field", f"remove it; known: {', '.join(keys)}")
+        args = {k: v for k, v in d.items() if k != "trigger"}
+        try:
+            spec = cls(**args)
+        except BurstError as exc:
+            raise exc.under(where) from None
+        if "trigger" in d and d["trigger"] != spec.trigger:
+            raise BurstError(f"{where}.trigger", f"{d['trigger']!r} does not match the burst's start",
+                             "round goes with at_round, time with at_s, manual with neither")
+        return spec
+
+
+def spec_bursts(tables: Any, total_rounds: int | None = None, where: str = "bursts") -> list[BurstSpec]:
+    """The `[[bursts]]` of an experiment spec: each starts at a round it reaches, or at a time."""
+    if not isinstance(tables, list):
+        raise BurstError(where, "expected an array of tables ([[bursts]])",
+                         "write each burst as a [[bursts]] table")
+    out = []
+    for i, table in enumerate(tables):
+        spec = BurstSpec.from_dict(table, f"{where}[{i}]", keys=SPEC_KEYS)
+        if spec.trigger == "manual":
+            raise BurstError(f"{where}[{i}]", "needs exactly one of at_round and at_s",
+                             "give the round number or the time in seconds")
+        if total_rounds is not None and spec.at_round is not None and spec.at_round >= total_rounds:
+            raise BurstError(f"{where}[{i}].at_round", f"{spec.at_round} is out of range "
+                             f"[0, {total_rounds - 1}]", "aim at a round the experiment reaches")
+        out.append(spec)
     return out
 
 
-@dataclass
-class BurstSpec:
-    """One burst: what, where, and when (a round, a time, or now)."""
-    id: str
-    kind: str
-    target: str
-    params: dict = field(default_factory=dict)
-    trigger: str = "manual"              # round | time | manual
-    at_round: int | None = None
-    at_s: float | None = None            # seconds after the arm's first round event
-    rounds: int | None = None            # on until round at_round+rounds-1 ends
-    duration_ms: float | None = None
-    # With `rounds`: end after this long even if the round has not ended. A
-    # transport that cannot finish a round under the burst (TCP backing off
-    # under 80 % loss) then sees a long burst instead of an endless outage.
-    max_ms: float | None = None
+@dataclass(frozen=True)
+class BurstEvery:
+    """The generator: loss bursts at a seeded random ``fraction`` of rounds, or every ``every``.
+
+    ``p`` is the loss probability of ``loss`` bursts; ``police`` and
+    ``congest`` bursts use their kind's defaults.
+    """
+
+    enabled: bool = True
+    fraction: float = 0.03
+    every: int = 0          # > 0: every `every` rounds instead of a random fraction
+    start_round: int = 10
+    rounds: int = 1
+    max_ms: float = 3000.0
+    kind: str = "loss"
+    target: str = "server-downlink"
+    p: float = 0.8
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "fraction": Range(0, 1, "use a fraction of rounds in [0, 1]"),
+        "every": Range(0, 100_000, "use 0 (off) or a period in rounds", integer=True),
+        "start_round": Range(0, 100_000, "use a round >= 0", integer=True),
+        "rounds": ROUNDS, "max_ms": MAX_MS, "p": P,
+    }
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise BurstError("enabled", f"expected true/false, got {self.enabled!r}", "write true or false")
+        for name, rng in self.RANGES.items():
+            rng.check(name, getattr(self, name))
+        _kind("kind", self.kind)
+        _target("target", self.target)
 
     @classmethod
-    def from_dict(cls, d: dict, default_id: str = "b", where: str = "burst") -> "BurstSpec":
-        if not isinstance(d, dict):
-            raise BurstError(f"{where} must be an object, got {type(d).__name__}")
-        kind = d.get("kind")
-        if kind not in KINDS:
-            raise BurstError(f"{where}.kind must be one of {', '.join(KINDS)}, got {kind!r}")
-        target = d.get("target")
-        if not isinstance(target, str) or not target:
-            raise BurstError(f"{where}.target must be a target name, got {target!r}")
-        trigger = d.get("trigger") or ("round" if "at_round" in d else "time" if "at_s" in d else "manual")
-        if trigger not in ("round", "time", "manual"):
-            raise BurstError(f"{where}.trigger must be round, time or manual, got {trigger!r}")
-        at_round = _num(d, "at_round", 0, 10**7, where, integer=True, required=trigger == "round")
-        at_s = _num(d, "at_s", 0, 86400, where, required=trigger == "time")
-        rounds = _num(d, "rounds", 1, 100000, where, integer=True, required=False)
-        duration = _num(d, "duration_ms", 0.001, 3.6e6, where, required=False)
-        max_ms = _num(d, "max_ms", 0.001, 3.6e6, where, required=False)
-        if max_ms is not None and rounds is None:
-            raise BurstError(f"{where}.max_ms only goes with rounds; give duration_ms instead")
-        if (rounds is None) == (duration is None):
-            raise BurstError(f"{where} needs exactly one of duration_ms and rounds")
-        if rounds is not None and trigger != "round":
-            raise BurstError(f"{where}.rounds only works with a round trigger; give duration_ms")
-        return cls(id=str(d.get("id", default_id)), kind=kind, target=target,
-                   params=validate_params(kind, d.get("params", {}) or {}, f"{where}.params"),
-                   trigger=trigger, at_round=at_round, at_s=at_s, rounds=rounds,
-                   duration_ms=duration, max_ms=max_ms)
+    def schema(cls) -> dict[str, tuple[Any, Any]]:
+        """``{field: (type, default)}``: the spec's `[burst_every]` section is this dataclass."""
+        types = {"enabled": bool, "every": int, "start_round": int, "rounds": int,
+                 "kind": str, "target": str}
+        return {f.name: (types.get(f.name, (int, float)), f.default) for f in dataclasses.fields(cls)}
 
-    @property
-    def last_round(self):
-        return None if self.rounds is None else self.at_round + self.rounds - 1
-
-
-def every_n_rounds(n: int, *, start_round: int, total_rounds: int, kind="loss",
-                   target="server-downlink", params=None, rounds=1, prefix="g") -> list:
-    """Generator: a burst every n rounds (the paper: 2-3 per ~1,000 iterations)."""
-    if not isinstance(n, int) or n < 1:
-        raise BurstError(f"every must be an integer >= 1, got {n!r}")
-    return [BurstSpec(f"{prefix}{i:03d}", kind, target, validate_params(kind, params or {"p": 0.8}),
-                      "round", r, None, rounds, None)
-            for i, r in enumerate(range(start_round, total_rounds, n))]
-
-
-def seeded_random(count: int, *, seed: int, first_round: int, last_round: int, kind="loss",
-                  target="server-downlink", params=None, rounds=1, prefix="r") -> list:
-    """Generator: ``count`` non-overlapping bursts at seeded random rounds."""
-    span = list(range(first_round, last_round - rounds + 2, rounds))
-    if count > len(span):
-        raise BurstError(f"count={count} bursts of {rounds} rounds do not fit in rounds "
-                         f"{first_round}..{last_round}")
-    picks = sorted(random.Random(seed).sample(span, count))
-    return [BurstSpec(f"{prefix}{i:03d}", kind, target, validate_params(kind, params or {"p": 0.8}),
-                      "round", r, None, rounds, None) for i, r in enumerate(picks)]
+    def bursts(self, total_rounds: int, seed: int) -> list[BurstSpec]:
+        """The generated bursts, non-overlapping; the same seed gives the same rounds."""
+        if not self.enabled:
+            return []
+        first = self.start_round
+        if self.every > 0:
+            hit = list(range(first, total_rounds, self.every))
+        else:
+            candidates = list(range(first, total_rounds - self.rounds + 1))
+            n = round(self.fraction * total_rounds)
+            n = min(max(n, 1 if self.fraction > 0 else 0), len(candidates))
+            hit = sorted(random.Random(seed).sample(candidates, n))
+        params = {"p": self.p} if self.kind == "loss" else {}
+        out, taken = [], set()
+        for r in hit:
+            if any(r <= t < r + self.rounds for t in taken):
+                continue
+            taken.update(range(r, r + self.rounds))
+            out.append(BurstSpec(self.kind, self.target, params, at_round=r, rounds=self.rounds,
+                                 max_ms=self.max_ms))
+        return out
 
 
 class BurstSchedule:
-    """The bursts of an experiment, applied to every arm alike."""
+    """The bursts of an experiment, applied to every arm alike; ids are unique."""
 
-    def __init__(self, specs=()):
-        self.specs = []
+    def __init__(self, specs: Iterable[BurstSpec] = ()):
+        self.specs: list[BurstSpec] = []
         ids = set()
-        for i, s in enumerate(specs):
-            spec = s if isinstance(s, BurstSpec) else BurstSpec.from_dict(s, f"b{i:03d}", f"bursts[{i}]")
+        for i, spec in enumerate(specs):
             if spec.id in ids:
-                raise BurstError(f"bursts[{i}].id {spec.id!r} is used twice")
+                raise BurstError(f"bursts[{i}].id", f"{spec.id!r} is used twice",
+                                 "give each burst its own id")
             ids.add(spec.id)
             self.specs.append(spec)
+
+    @classmethod
+    def resolve(cls, explicit: Iterable[BurstSpec], every: BurstEvery | None, total_rounds: int,
+                seed: int) -> BurstSchedule:
+        """Explicit bursts plus the generator's, in start order, named b000, b001, ...
+
+        Resolved once before the first arm starts, so every arm is hit at
+        the same rounds by the same bursts.
+        """
+        out = list(explicit) + (every.bursts(total_rounds, seed) if every else [])
+        out.sort(key=lambda b: (-1 if b.at_round is None else b.at_round, -1 if b.at_s is None else b.at_s))
+        return cls(dataclasses.replace(b, id=f"b{i:03d}") for i, b in enumerate(out))
+
+    @classmethod
+    def from_list(cls, items: Any, where: str = "bursts") -> BurstSchedule:
+        if not isinstance(items, list):
+            raise BurstError(where, f"expected a list of bursts, got {type(items).__name__}",
+                             "send a list of burst tables")
+        # a burst without an id is named by its position, as the resolved schedule names them
+        return cls(BurstSpec.from_dict({"id": f"b{i:03d}", **d} if isinstance(d, dict) else d,
+                                       f"{where}[{i}]") for i, d in enumerate(items))
+
+    def to_list(self) -> list[dict]:
+        return [s.to_dict() for s in self.specs]
+
+    def to_dict(self) -> dict:
+        return {"v": SCHEDULE_VERSION, "bursts": self.to_list()}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> BurstSchedule:
+        """Read the versioned document; ``None`` is no bursts. Refuses a version it does not know."""
+        if doc is None:
+            return cls()
+        if not isinstance(doc, dict) or doc.get("v") != SCHEDULE_VERSION:
+            got = doc.get("v") if isinstance(doc, dict) else type(doc).__name__
+            raise BurstError("schedule", f"unknown schedule version {got!r}",
+                             f"write it with this code (version {SCHEDULE_VERSION})")
+        return cls.from_list(doc.get("bursts"))
 
     def __len__(self):
         return len(self.specs)
@@ -138,21 +373,26 @@ class BurstSchedule:
     def __iter__(self):
         return iter(self.specs)
 
-    def starting_at_round(self, round_: int) -> list:
+    def starting_at_round(self, round_: int) -> list[BurstSpec]:
         return [s for s in self.specs if s.trigger == "round" and s.at_round == round_]
 
-    def ending_after_round(self, round_: int) -> list:
-        """Round-length bursts whose last round is ``round_`` (end at its end event)."""
-        return [s for s in self.specs if s.trigger == "round" and s.rounds is not None
-                and s.last_round == round_]
+    def ending_after_round(self, round_: int) -> list[BurstSpec]:
+        """Round-length bursts whose last round is ``round_`` (they end at its end event)."""
+        return [s for s in self.specs if s.rounds is not None and s.last_round == round_]
 
-    def timed(self) -> list:
-        return sorted((s for s in self.specs if s.trigger == "time"), key=lambda s: s.at_s)
+    def timed(self) -> list[BurstSpec]:
+        return sorted((s for s in self.specs if s.trigger == "time"), key=lambda s: s.at_s or 0.0)
+
+
+# The fields every record line has; `round`, `seen_packets`, `error`, `detail` when known.
+RECORD_FIELDS = ("event", "v", "arm", "id", "kind", "target", "params", "trigger", "requested_start_ns",
+                 "requested_end_ns", "actual_start_ns", "actual_end_ns", "dropped_packets")
 
 
 @dataclass
 class BurstRecord:
-    """What actually happened; becomes one ``burst`` JSON line."""
+    """What actually happened to one burst in one arm: one ``burst`` JSON line."""
+
     spec: BurstSpec
     arm: str
     requested_start_ns: int
@@ -166,8 +406,9 @@ class BurstRecord:
     detail: dict = field(default_factory=dict)
 
     def log_line(self) -> dict:
-        d = {"event": "burst", "arm": self.arm, "id": self.spec.id, "kind": self.spec.kind,
-             "target": self.spec.target, "params": self.spec.params, "trigger": self.spec.trigger,
+        d = {"event": "burst", "v": RECORD_VERSION, "arm": self.arm, "id": self.spec.id,
+             "kind": self.spec.kind, "target": self.spec.target, "params": self.spec.params,
+             "trigger": self.spec.trigger,
              "requested_start_ns": self.requested_start_ns, "requested_end_ns": self.requested_end_ns,
              "actual_start_ns": self.actual_start_ns, "actual_end_ns": self.actual_end_ns,
              "dropped_packets": self.dropped_packets}
@@ -180,3 +421,16 @@ class BurstRecord:
         if self.detail:
             d["detail"] = self.detail
         return d
+
+
+def check_record(line: Any) -> dict:
+    """A record line as read back (analysis): refuses another version or a missing field."""
+    if not isinstance(line, dict) or line.get("event") != "burst":
+        raise BurstError("burst record", "not a burst record", "read raw/ARM/bursts.jsonl lines")
+    if line.get("v") != RECORD_VERSION:
+        raise BurstError("burst record", f"unknown record version {line.get('v')!r}",
+                         f"this code reads version {RECORD_VERSION}")
+    missing = [k for k in RECORD_FIELDS if k not in line]
+    if missing:
+        raise BurstError("burst record", f"lacks {', '.join(missing)}", "the controller writes them all")
+    return line

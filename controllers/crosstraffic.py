@@ -76,7 +76,8 @@ def agent():
             continue
         try:
             if parts[0] == "start" and len(parts) == 6:
-                fid, dst, sport, rate, size = parts[1], parts[2], int(parts[3]), float(parts[4]), int(parts[5])
+                fid, dst = parts[1], parts[2]
+                sport, rate, size = int(parts[3]), float(parts[4]), int(parts[5])
                 flag = threading.Event()
                 t = threading.Thread(target=run, args=(fid, dst, sport, rate, size, flag), daemon=True)
                 flows[fid] = (t, flag)
@@ -88,7 +89,7 @@ def agent():
                 say(f"error bad command {line.strip()!r}")
         except (ValueError, OSError) as e:
             say(f"error {type(e).__name__}: {e}")
-    for t, flag in flows.values():
+    for _t, flag in flows.values():
         flag.set()
 
 

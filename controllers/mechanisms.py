@@ -58,17 +58,18 @@ class Nft:
         return p.stdout
 
     def _run_ctx(self, script: str) -> str:
-        if True:
-            rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
-            out = (self.lib.nft_ctx_get_output_buffer(self.ctx) or b"").decode()
-            err = (self.lib.nft_ctx_get_error_buffer(self.ctx) or b"").decode()
-            if rc != 0:
-                raise RuntimeError(f"nft failed: {err.strip()[:400]}")
-            return out
+        rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
+        out = (self.lib.nft_ctx_get_output_buffer(self.ctx) or b"").decode()
+        err = (self.lib.nft_ctx_get_error_buffer(self.ctx) or b"").decode()
+        if rc != 0:
+            raise RuntimeError(f"nft failed: {err.strip()[:400]}")
+        return out
 
 
-def loss_table_name(burst_id: str) -> str:
-    return NFT_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", burst_id)[:40]
+def loss_table_name(burst_id: str, prefix: str = NFT_PREFIX) -> str:
+    """The burst's nftables table: the fabric's own prefix (so clean-up of one fabric
+    finds exactly its tables), then the burst id."""
+    return prefix + re.sub(r"[^A-Za-z0-9_]", "_", burst_id)[:40]
 
 
 def loss_hooks(topo, ports):
@@ -98,7 +99,7 @@ def loss_hooks(topo, ports):
 
 
 def loss_script(table: str, hooks, p: float, sink: str) -> str:
-    """nft multi-line syntax (see BRIEF): count what is hit, steal with probability p.
+    """An nft script (multi-line syntax): count what is hit, steal with probability p.
 
     Why ``fwd to`` a sink veth and not ``drop``: userspace OVS sends a batch
     with one sendmmsg(); a drop verdict fails that call and OVS discards the
@@ -137,10 +138,11 @@ def parse_loss_counters(listing: str):
 class LossBurst:
     """Switch a loss table on; off returns (seen, dropped) from its counters."""
 
-    def __init__(self, nft: Nft, burst_id: str, topo, ports, p: float, sink: str = "dtz0-eth0"):
+    def __init__(self, nft: Nft, burst_id: str, topo, ports, p: float, sink: str = "dtz0-eth0",
+                 prefix: str = NFT_PREFIX):
         self.nft, self.ports, self.p, self.sink = nft, list(ports), p, sink
         self.hooks = loss_hooks(topo, self.ports)
-        self.table = loss_table_name(burst_id)
+        self.table = loss_table_name(burst_id, prefix)
 
     def on(self):
         self.nft.run(loss_script(self.table, self.hooks, self.p, self.sink))
@@ -150,12 +152,6 @@ class LossBurst:
         out = self.nft.run(f"list table netdev {self.table}\n")
         self.nft.run(f"delete table netdev {self.table}\n")
         return parse_loss_counters(out)
-
-    def abort(self):
-        try:
-            self.nft.run(f"delete table netdev {self.table}\n")
-        except RuntimeError:
-            pass
 
 
 def pfifo_drops(intf: str) -> int:

@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 
+APP = "controllers.fabric_app"  # the composed app: routing + bursts + port monitor
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
@@ -25,13 +27,16 @@ def main(argv=None):
     from os_ken import cfg as oscfg
     from os_ken.base.app_manager import AppManager
 
+    from controllers.routing_app import FabricRouting
+
     oscfg.CONF(args=["--ofp-listen-host", "127.0.0.1",
                      "--ofp-tcp-listen-port", str(cfg["of_port"])], project="os_ken")
 
     def stop(*_):
+        """End active bursts (their nftables tables, meters, agents) before exiting."""
         mgr = AppManager.get_instance()
         for app in list(mgr.applications.values()):
-            if hasattr(app, "close") and app.__class__.__name__ == "FabricController":
+            if isinstance(app, FabricRouting):
                 try:
                     app.close()
                 except Exception:
@@ -40,7 +45,7 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    AppManager.run_apps(["controllers.fabric_app"])
+    AppManager.run_apps([APP])
 
 
 if __name__ == "__main__":

@@ -27,8 +27,17 @@ class TargetPort:
         return f"{self.switch}-eth{self.port}"
 
 
+# What to write instead of a target that does not resolve (the spec's and the socket's errors).
+TARGET_FIX = ("use server-downlink, server-uplink, workerN-downlink, workerN-uplink, HOST-downlink, "
+              "core-uplinks, SWITCH:NEIGHBOUR or SWITCH-ethN")
+
+
 class TargetError(ValueError):
-    pass
+    """A target name that does not resolve in this topology and placement: the problem; the fix."""
+
+    def __init__(self, problem: str, fix: str = TARGET_FIX):
+        self.problem, self.fix = problem, fix
+        super().__init__(f"{problem}; {fix}")
 
 
 def _host_port(topo, host, direction):
@@ -51,7 +60,8 @@ def resolve_target(topo, name: str, roles: dict | None = None) -> list:
             workers = roles.get("workers", [])
             i = int(who[6:])
             if i >= len(workers):
-                raise TargetError(f"target {name!r}: only {len(workers)} workers placed")
+                raise TargetError(f"target {name!r}: only {len(workers)} workers placed",
+                                  f"use worker0..worker{len(workers) - 1}" if workers else TARGET_FIX)
             host = workers[i]
         else:
             host = who
@@ -79,10 +89,9 @@ def resolve_target(topo, name: str, roles: dict | None = None) -> list:
     if ":" in name:
         a, b = name.split(":", 1)
         if a not in topo.switch_info:
-            raise TargetError(f"target {name!r}: {a!r} is not a switch (use SWITCH:NEIGHBOUR)")
+            raise TargetError(f"target {name!r}: {a!r} is not a switch", "use SWITCH:NEIGHBOUR")
         try:
             return [TargetPort(a, topo.port_to(a, b), "egress")]
         except KeyError:
             raise TargetError(f"target {name!r}: no link {a}-{b} in {topo.name}") from None
-    raise TargetError(f"unknown target {name!r}: use server-downlink, server-uplink, "
-                      "workerN-downlink, core-uplinks, HOST-downlink, SWITCH:NEIGHBOUR or SWITCH-ethN")
+    raise TargetError(f"unknown target {name!r}")

@@ -1,23 +1,24 @@
-"""Client for the controller's control socket: announces round start/end so bursts can follow rounds.
+"""Round announcements to the controller, so bursts can follow rounds.
 
-Protocol (COMMON.md): a UNIX stream socket at ``$DBLP_CONTROL_SOCKET``, one
-JSON object per line each way. The client is a no-op that costs nothing
-while the variable is unset or nothing listens; it retries the connection
-at most once per ``retry_s`` so a controller that starts late is picked up.
+The socket is ``$DBLP_CONTROL_SOCKET`` and the messages are declared in
+``controllers.protocol``; this module adds only the workload's policy: it is a
+no-op that costs nothing while the variable is unset or nothing listens, it
+retries the connection at most once per ``retry_s`` so a controller that
+starts late is picked up, and it drops a controller that stops answering.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import sys
 import time
+
+from controllers.protocol import ControlClient, ProtocolError, Reply, RoundRequest
 
 ENV_VAR = "DBLP_CONTROL_SOCKET"
 
 
 class RoundAnnouncer:
-    """Sends ``{"op": "round", ...}`` and waits for the controller's reply.
+    """Sends a ``RoundRequest`` per round start/end and waits for the controller's reply.
 
     The reply arrives once any burst the event triggers is active, which is
     what makes round-triggered bursts hit the announced round. A controller
@@ -29,83 +30,60 @@ class RoundAnnouncer:
                  retry_s: float = 1.0):
         self.arm = arm
         self.path = os.environ.get(ENV_VAR) if path is None else path
-        self.timeout_s = timeout_s
         self.retry_s = retry_s
-        self._sock: socket.socket | None = None
-        self._rfile = None
+        self._client = ControlClient(self.path, timeout_s) if self.path else None
+        self._connected = False
         self._next_try = 0.0
         self.sent = 0
-        self.last_reply: dict | None = None
+        self.last_reply: Reply | None = None
 
     @property
     def enabled(self) -> bool:
         return bool(self.path)
 
     def _connect(self) -> bool:
-        if self._sock is not None:
+        if self._connected:
             return True
         now = time.monotonic()
-        if not self.path or now < self._next_try:
+        if self._client is None or now < self._next_try:
             return False
         self._next_try = now + self.retry_s
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout_s)
         try:
-            s.connect(self.path)
+            self._client.connect()
         except OSError:
-            s.close()
             return False
-        self._sock, self._rfile = s, s.makefile("rb")
+        self._connected = True
         return True
 
     def _drop(self, why: str) -> None:
         print(f"control socket {self.path}: {why}; continuing without it", file=sys.stderr)
-        try:
-            if self._rfile is not None:
-                self._rfile.close()
-            if self._sock is not None:
-                self._sock.close()
-        finally:
-            self._sock = self._rfile = None
-            self._next_try = time.monotonic() + self.retry_s
+        if self._client is not None:
+            self._client.close()
+        self._connected = False
+        self._next_try = time.monotonic() + self.retry_s
 
-    def request(self, obj: dict) -> dict | None:
-        """Send one request, return the reply (or None when there is no controller)."""
+    def round(self, event: str, round_: int) -> Reply | None:
+        """Announce a round event; the reply, or None when there is no controller."""
+        request = RoundRequest(event=event, arm=self.arm, round=int(round_), t_ns=time.time_ns())
         if not self._connect():
             return None
+        assert self._client is not None
         try:
-            self._sock.sendall(json.dumps(obj).encode() + b"\n")
-            line = self._rfile.readline()
-        except OSError as exc:  # includes socket.timeout
+            reply = self._client.send(request)
+        except (OSError, ProtocolError) as exc:  # OSError includes socket.timeout
             self._drop(f"{type(exc).__name__}: {exc}")
             return None
-        if not line:
-            self._drop("controller closed the connection")
-            return None
         self.sent += 1
-        try:
-            reply = json.loads(line)
-        except json.JSONDecodeError:
-            self._drop(f"unparsable reply {line[:80]!r}")
-            return None
-        if not reply.get("ok", False):
-            print(f"control socket: controller refused {obj.get('op')}: {reply.get('error')}",
+        if not reply.ok:
+            print(f"control socket: controller refused round {event}: {getattr(reply, 'error', '')}",
                   file=sys.stderr)
         self.last_reply = reply
         return reply
 
-    def round(self, event: str, round_: int) -> dict | None:
-        if event not in ("start", "end"):
-            raise ValueError(f"round event must be 'start' or 'end', got {event!r}")
-        if not self.path:
-            return None
-        return self.request({"op": "round", "event": event, "arm": self.arm,
-                             "round": int(round_), "t_ns": time.time_ns()})
-
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = self._rfile = None
+        if self._client is not None:
+            self._client.close()
+        self._connected = False
 
     def __enter__(self):
         return self

@@ -84,8 +84,8 @@ def measure_window(fab, kind, params, target="server-downlink", duration_ms=500.
     tag = tag or f"{kind}-{params}".replace(" ", "").replace("'", "").replace(":", "")
     flow = FlowRun(fab, src, dst, tmp, tag, rate_pps=rate_pps, pkt_bytes=pkt_bytes,
                    duration_s=1.0 + duration_ms / 1000 + 0.5)
-    from testbed.emulation.fabric import ControlConnection
-    with ControlConnection(fab.control_socket) as conn:
+    from controllers.protocol import ControlClient
+    with ControlClient(fab.control_socket) as conn:
         conn.request({"op": "status"})  # warm: the controller's thread for us exists
         time.sleep(0.5)
         trigger = time.time_ns()
@@ -118,9 +118,9 @@ def round_trigger_tries(fab, tries=20, round_ms=100.0, at_round=3, rounds=6, p=0
     hits, lags, covers, ends = 0, [], [], []
     sched = [{"id": "rt", "kind": "loss", "target": target, "params": {"p": p},
               "trigger": "round", "at_round": at_round, "rounds": 1}]
-    from testbed.emulation.fabric import ControlConnection
+    from controllers.protocol import ControlClient
     fab.control({"op": "schedule", "bursts": sched})
-    conn = ControlConnection(fab.control_socket)
+    conn = ControlClient(fab.control_socket)
     try:
         for i in range(tries):
             arm = f"roundtry{i:02d}"

@@ -10,6 +10,8 @@ import time
 
 import click
 
+from controllers.bursts import KINDS
+from testbed.errors import ExperimentFailed, InputError
 from topologies import TOPOLOGIES
 
 
@@ -200,38 +202,38 @@ def clean(dry_run, force, as_json):
               help="Control socket (default: $DBLP_CONTROL_SOCKET, or RUN/control.sock with --run).")
 @click.option("--run", "run_dir", default=None, type=click.Path(file_okay=False),
               help="Run directory of the running experiment.")
-@click.option("--kind", type=click.Choice(["loss", "police", "congest"]), default="loss",
-              show_default=True)
+@click.option("--kind", type=click.Choice(list(KINDS)), default="loss", show_default=True)
 @click.option("--target", default="server-downlink", show_default=True,
               help="server-downlink, server-uplink, workerN-downlink, core-uplinks, SWITCH:NEIGHBOUR")
 @click.option("--duration-ms", type=float, default=500.0, show_default=True)
-@click.option("--p", type=float, default=None, help="loss: drop probability (default 0.8).")
+@click.option("--p", type=float, default=None,
+              help=f"loss: drop probability (default {KINDS['loss'].params['p'].default}).")
 @click.option("--rate-mbps", type=float, default=None, help="police: meter rate; congest: cross rate.")
 @click.option("--status", is_flag=True, help="Only print the controller's status.")
 def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
-    """Trigger a burst by hand on a running experiment's controller."""
-    from testbed.emulation.fabric import control_request
+    """Trigger a burst by hand on a running experiment's controller.
+
+    Prints the controller's reply as one JSON line; exit 1 if it refused.
+    """
+    from controllers.bursts import BurstError
+    from controllers.protocol import BurstRequest, ControlClient, ProtocolError, StatusRequest
     path = sock or (os.path.join(run_dir, "control.sock") if run_dir else None) or \
         os.environ.get("DBLP_CONTROL_SOCKET")
     if not path:
         raise click.UsageError("no control socket: give --socket, --run or set DBLP_CONTROL_SOCKET")
-    if status:
-        req = {"op": "status"}
-    else:
-        params = {}
-        if kind == "loss":
-            params["p"] = 0.8 if p is None else p
-        if rate_mbps is not None:
-            params["rate_mbps"] = rate_mbps
-        req = {"op": "burst", "kind": kind, "target": target, "duration_ms": duration_ms,
-               "params": params}
+    params = {k: v for k, v in (("p", p), ("rate_mbps", rate_mbps)) if v is not None}
     try:
-        reply = control_request(path, req)
-    except OSError as e:
-        click.echo(f"dblp-testbed: error: cannot reach the controller at {path}: {e}", err=True)
-        sys.exit(2)
-    click.echo(json.dumps(reply))
-    sys.exit(0 if reply.get("ok") else 1)
+        request = StatusRequest() if status else BurstRequest(kind, target, duration_ms, params)
+    except BurstError as exc:
+        raise InputError(f"burst {exc}") from None
+    try:
+        with ControlClient(path) as client:
+            reply = client.send(request)
+    except (OSError, ProtocolError) as exc:
+        raise InputError(f"cannot reach the controller at {path}: {exc}") from None
+    click.echo(json.dumps(reply.to_dict()))
+    if not reply.ok:
+        raise ExperimentFailed(f"the controller refused the request: {reply.error}")
 
 
 @click.command("bursts")

@@ -17,6 +17,8 @@ from typing import Any
 
 import tomli_w
 
+from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, spec_bursts
+from controllers.targets import TargetError, resolve_target
 from testbed.config.arms import ARMS
 from testbed.errors import InputError
 
@@ -30,9 +32,7 @@ LR_SCHEDULES = ("constant", "cosine")
 #: Training examples of the digits task (1,797 minus the 20 % test split);
 #: a worker's shard is this divided by the workers, rounded down.
 DIGITS_TRAIN_EXAMPLES = 1437
-BURST_KINDS = ("loss", "police", "congest")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
 #: A link must drain its full drop-tail queue within this long. dblp's
 #: retransmission timer never waits longer than 1 s (its maximum RTO) and
 #: TCP's minimum RTO is 200 ms: on a slower link a full queue holds a sender's
@@ -162,20 +162,9 @@ SCHEMA: dict[str, dict[str, Setting]] = {
         "round_deadline_s": Setting(_NUMBER, 30.0, transport="round_timeout",
                                     fix="use a deadline in seconds, e.g. 30"),
     },
-    "burst_every": {
-        # Generator: bursts hitting a seeded random `fraction` of rounds
-        # (after `start_round`), or every `every` rounds when every > 0.
-        "fraction": Setting(_NUMBER, 0.03),
-        "every": Setting(int, 0),
-        "start_round": Setting(int, 10),
-        "rounds": Setting(int, 1),
-        # A round-length burst also ends after max_ms (see controllers/bursts.py).
-        "max_ms": Setting(_NUMBER, 3000.0),
-        "kind": Setting(str, "loss"),
-        "target": Setting(str, "server-downlink"),
-        "p": Setting(_NUMBER, 0.8),
-        "enabled": Setting(bool, True),
-    },
+    # The burst generator: its fields, defaults and ranges live in controllers.bursts
+    # (BurstEvery validates them); here only their types, for reading TOML.
+    "burst_every": {k: Setting(typ, default) for k, (typ, default) in BurstEvery.schema().items()},
     "capture": {
         "enabled": Setting(bool, True),
         # Roles; each must exist with the placement (checked with the workers).
@@ -186,10 +175,6 @@ SCHEMA: dict[str, dict[str, Setting]] = {
         "arm_timeout_s": Setting(_NUMBER, 600.0, lo=1, hi=86_400,
                                  fix="use an arm timeout of 1..86400 s"),
     },
-}
-BURST_FIELDS = {
-    "at_round": int, "at_s": (int, float), "duration_ms": (int, float),
-    "rounds": int, "max_ms": (int, float), "target": str, "kind": str, "params": dict,
 }
 
 
@@ -251,10 +236,7 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
     out = copy.deepcopy(base)
     for key, value in doc.items():
         if key == "bursts":
-            if not isinstance(value, list):
-                raise SpecError("bursts", "expected an array of tables ([[bursts]])",
-                                "write each burst as a [[bursts]] table")
-            out["bursts"] = [_burst(i, b) for i, b in enumerate(value)]
+            out["bursts"] = _bursts(value)
         elif key in SCHEMA and key != "":
             if not isinstance(value, dict):
                 raise SpecError(key, "expected a table", f"write it as [{key}]")
@@ -273,18 +255,13 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
     return out
 
 
-def _burst(i: int, b) -> dict:
-    where = f"bursts[{i}]"
-    if not isinstance(b, dict):
-        raise SpecError(where, "expected a table", "write it as a [[bursts]] table")
-    for k, v in b.items():
-        if k not in BURST_FIELDS:
-            raise SpecError(f"{where}.{k}", "unknown field",
-                            f"remove it; known: {', '.join(BURST_FIELDS)}")
-        _check_type(f"{where}.{k}", v, BURST_FIELDS[k])
-    out = {"kind": "loss", "target": "server-downlink", "params": {"p": 0.8}}
-    out.update(copy.deepcopy(b))
-    return out
+def _bursts(tables) -> list[dict]:
+    """`[[bursts]]` as written, each checked by controllers.bursts and completed with its defaults."""
+    try:
+        return [b.to_dict(SPEC_KEYS) for b in spec_bursts(tables)]
+    except BurstError as exc:
+        raise SpecError(exc.field, exc.problem, exc.fix) from None
+
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -329,7 +306,7 @@ def validate(data: dict) -> Spec:
         for key, setting in settings.items():
             setting.check(f"{section}.{key}" if section else key, data[section][key])
     topo, place, train = data["topology"], data["placement"], data["training"]
-    gen, cap = data["burst_every"], data["capture"]
+    cap = data["capture"]
     if topo["kind"] == "fattree" and topo["k"] % 2:
         raise SpecError("topology.k", f"{topo['k']} is not an even number in 4..8",
                         "set topology.k to 4, 6 or 8")
@@ -355,49 +332,7 @@ def validate(data: dict) -> Spec:
     # The transport's cross-field rules (p_high >= p_low) are the policy's own.
     transport_config(data["transport"], ARMS["dblp"])
 
-    if gen["kind"] not in BURST_KINDS:
-        raise SpecError("burst_every.kind", f"unknown kind {gen['kind']!r}",
-                        f"choose from: {', '.join(BURST_KINDS)}")
-    _in("burst_every.fraction", gen["fraction"], 0, 1, "use a fraction of rounds in [0, 1]")
-    _in("burst_every.every", gen["every"], 0, 100_000, "use 0 (off) or a period in rounds")
-    _in("burst_every.start_round", gen["start_round"], 0, 100_000, "use a round >= 0")
-    _in("burst_every.rounds", gen["rounds"], 1, 1000, "use 1..1000 rounds per burst")
-    _in("burst_every.p", gen["p"], 0, 1, "use a loss probability in [0, 1]")
-    _in("burst_every.max_ms", gen["max_ms"], 1, 600_000, "use a cap of 1..600000 ms")
-    _check_target("burst_every.target", gen["target"], topo, place["workers"])
-
-    for i, b in enumerate(data["bursts"]):
-        where = f"bursts[{i}]"
-        if b["kind"] not in BURST_KINDS:
-            raise SpecError(f"{where}.kind", f"unknown kind {b['kind']!r}",
-                            f"choose from: {', '.join(BURST_KINDS)}")
-        if ("at_round" in b) == ("at_s" in b):
-            raise SpecError(where, "needs exactly one of at_round and at_s",
-                            "give the round number or the time in seconds")
-        if ("rounds" in b) == ("duration_ms" in b):
-            raise SpecError(where, "needs exactly one of rounds and duration_ms",
-                            "give how many rounds or how many milliseconds")
-        if "at_round" in b:
-            _in(f"{where}.at_round", b["at_round"], 0, train["rounds"] - 1,
-                "aim at a round the experiment reaches")
-        if "at_s" in b:
-            _in(f"{where}.at_s", b["at_s"], 0, 86_400, "use a time >= 0 s")
-        if "duration_ms" in b:
-            _in(f"{where}.duration_ms", b["duration_ms"], 0, 600_000,
-                "use a positive duration in ms", lo_open=True)
-        if "rounds" in b:
-            _in(f"{where}.rounds", b["rounds"], 1, 1000, "use 1..1000 rounds")
-        if "max_ms" in b:
-            if "rounds" not in b:
-                raise SpecError(f"{where}.max_ms", "only goes with rounds",
-                                "use duration_ms for a fixed-length burst")
-            _in(f"{where}.max_ms", b["max_ms"], 1, 600_000, "use a cap of 1..600000 ms")
-        p = b["params"].get("p")
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
-                              or not 0 <= p <= 1):
-            raise SpecError(f"{where}.params.p", f"{p!r} is not a probability",
-                            "use a loss probability in [0, 1]")
-        _check_target(f"{where}.target", b["target"], topo, place["workers"])
+    _validate_bursts(data)
 
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
@@ -433,25 +368,33 @@ def transport_config(transport: dict, arm, rate_bps: float | None = None):
                         "see dblp.TransportConfig for each setting's range") from None
 
 
-def _check_target(field: str, target: str, topo: dict, workers: int):
-    """Role targets are always fine; explicit links must exist in the topology."""
-    if not TARGET_RE.match(target):
-        raise SpecError(field, f"{target!r} is not a target name",
-                        "use e.g. server-downlink, core-uplinks or a link like 'e1_1_0:a1_1_0'")
-    if target in ("server-downlink", "server-uplink", "core-uplinks") or \
-            re.match(r"^worker\d+-(downlink|uplink)$", target):
-        return
-    if ":" in target:
-        a, b = target.split(":", 1)
-        from topologies import TOPOLOGIES  # a pure graph: no side effects
-        topo_obj = build_topology(topo, TOPOLOGIES, workers)
-        links = {frozenset((link.node1, link.node2)) for link in topo_obj.links()}
-        if frozenset((a, b)) not in links:
-            raise SpecError(field, f"no link {a}-{b} in this topology",
-                            "name two adjacent nodes, e.g. a link listed by `dblp-testbed net check`")
-        return
-    raise SpecError(field, f"unknown target {target!r}",
-                    "use server-downlink, server-uplink, workerN-downlink, core-uplinks or NODE:NODE")
+def _validate_bursts(data: dict):
+    """The bursts and the generator, by controllers.bursts; targets resolved as the controller will.
+
+    Why resolve here: a target naming a worker the placement does not have,
+    or a link the topology lacks, would otherwise fail only when the burst
+    fires, in the middle of an arm.
+    """
+    try:
+        every = BurstEvery(**data["burst_every"])
+    except BurstError as exc:
+        raise SpecError(exc.under("burst_every").field, exc.problem, exc.fix) from None
+    try:
+        bursts = spec_bursts(data["bursts"], data["training"]["rounds"])
+    except BurstError as exc:
+        raise SpecError(exc.field, exc.problem, exc.fix) from None
+    from topologies import TOPOLOGIES  # a pure graph: no side effects
+    workers = data["placement"]["workers"]
+    graph = build_topology(data["topology"], TOPOLOGIES, workers)
+    server, placed = graph.place(workers)
+    roles = {"server": server, "workers": list(placed)}
+    targets = [("burst_every.target", every.target)] + \
+        [(f"bursts[{i}].target", b.target) for i, b in enumerate(bursts)]
+    for field, target in targets:
+        try:
+            resolve_target(graph, target, roles)
+        except TargetError as exc:
+            raise SpecError(field, exc.problem, exc.fix) from None
 
 
 def build_topology(topo: dict, registry, workers: int):

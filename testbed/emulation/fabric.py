@@ -8,7 +8,7 @@ Use (the orchestrator's API)::
     topo = make_topology("fattree", k=4)          # or "star", "leafspine"
     with Fabric(topo, run_dir=RUN, bw_mbps=20, queue_pkts=100,
                 controller_socket=None,            # default RUN/control.sock
-                bursts=None,                       # burst schedule (list of dicts, issue 5)
+                bursts=None,                       # BurstSchedule.to_dict() (controllers.bursts)
                 roles=None,                        # {"server": h, "workers": [...]} override
                 monitor_s=5.0) as fab:             # port stats into RUN/raw/port_stats.jsonl
         fab.startup_s                    # seconds from __enter__ to routed
@@ -19,7 +19,7 @@ Use (the orchestrator's API)::
         p = fab.popen("h000", ["python", "-m", "workloads.server", ...],
                       env={...}, stdout=f, stderr=subprocess.STDOUT)   # subprocess.Popen
         fab.run("h100", ["ping", "-c1", fab.ip("h000")], timeout=5)  # CompletedProcess
-        fab.control({"op": "status"})    # one request on the controller's socket
+        fab.control({"op": "status"})    # one request on the controller's socket (controllers.protocol)
         fab.control_socket               # path; put it in DBLP_CONTROL_SOCKET
         fab.net                          # the Mininet object (CLI, debugging)
 
@@ -61,9 +61,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from controllers.protocol import ControlClient, StatusRequest
+from testbed.emulation import capabilities, cleanup
 from topologies import TopoGraph
-from testbed.emulation import capabilities
-from testbed.emulation import cleanup
 from testbed import REPO_ROOT
 
 
@@ -80,54 +80,6 @@ def _free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def control_request(path: str, request: dict, timeout: float = 10.0) -> dict:
-    """Send one JSON request on the controller's UNIX socket, return the reply."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall((json.dumps(request) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    if not buf:
-        raise ConnectionError(f"controller closed {path} without a reply")
-    return json.loads(buf)
-
-
-class ControlConnection:
-    """A persistent connection to the control socket (what a workload keeps open).
-
-    Why: a fresh connection per request costs an accept and a thread start in
-    the controller, milliseconds on a loaded 2-core machine.
-    """
-
-    def __init__(self, path: str, timeout: float = 10.0):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        self.sock.connect(path)
-        self.file = self.sock.makefile("rb")
-
-    def request(self, request: dict) -> dict:
-        self.sock.sendall((json.dumps(request) + "\n").encode())
-        line = self.file.readline()
-        if not line:
-            raise ConnectionError("controller closed the control connection")
-        return json.loads(line)
-
-    def close(self):
-        self.file.close()
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def _mininet_topo(topo: TopoGraph):
@@ -378,15 +330,17 @@ class Fabric:
                 raise RuntimeError(f"controller exited with {self.controller.returncode}; see "
                                    f"{os.path.join(self.raw_dir, 'controller.stderr')}")
             try:
-                st = control_request(self.control_socket, {"op": "status"}, timeout=5)
-                last = st
-                ready = {d for d, s in st.get("switches", {}).items() if s.get("routed")}
-                if want <= ready:
-                    return
-            except (OSError, ValueError):
+                with ControlClient(self.control_socket, timeout=5) as client:
+                    st = client.send(StatusRequest())
+                if st.ok:
+                    last = st
+                    ready = {d for d, s in st.switches.items() if s.routed}
+                    if want <= ready:
+                        return
+            except (OSError, ValueError):  # not listening yet; ProtocolError is a ValueError
                 pass
             time.sleep(0.1)
-        n = len([1 for s in (last or {}).get("switches", {}).values() if s.get("routed")])
+        n = last.routed if last is not None else 0
         raise TimeoutError(f"only {n}/{len(want)} switches routed after {self.ready_timeout_s} s "
                            f"(ready_timeout_s); see {self.raw_dir}/controller.log")
 
@@ -491,5 +445,7 @@ class Fabric:
                               timeout=timeout, **kw)
 
     def control(self, request: dict, timeout: float = 10.0) -> dict:
-        return control_request(self.control_socket, request, timeout)
+        """One request, written as its JSON object, on a fresh connection; the reply as one."""
+        with ControlClient(self.control_socket, timeout) as client:
+            return client.request(request)
 

@@ -69,7 +69,7 @@ def run_experiment(spec: Spec, out: str | None) -> str:
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     status, error = "ok", None
     try:
-        schedule = resolve_bursts(spec)
+        schedule = resolve_bursts(spec).to_dict()
         (run_dir / "raw" / "burst_schedule.json").write_text(json.dumps(schedule, indent=2))
         status = _run_on_fabric(spec, run_dir, manifest, schedule)
     except Interrupted as exc:
@@ -98,7 +98,7 @@ def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
 
 
 def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
-                   schedule: list[dict]) -> str:
+                   schedule: dict) -> str:
     from testbed.config.spec import build_topology
     from testbed.emulation.fabric import Fabric
     from topologies import TOPOLOGIES

@@ -1,8 +1,16 @@
 """Controller pieces without a switch: burst schedules, targets, nft scripts."""
 import pytest
 
-from controllers.bursts import (BurstError, BurstRecord, BurstSchedule, BurstSpec, every_n_rounds,
-                                seeded_random)
+from controllers.bursts import (
+    RECORD_VERSION,
+    SCHEDULE_VERSION,
+    BurstError,
+    BurstEvery,
+    BurstRecord,
+    BurstSchedule,
+    BurstSpec,
+    check_record,
+)
 from controllers.mechanisms import loss_hooks, loss_script, parse_loss_counters
 from controllers.targets import TargetError, resolve_target
 from topologies import FatTreeTopo, StarTopo
@@ -11,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_schedule_round_and_time_triggers():
-    s = BurstSchedule([
+    s = BurstSchedule.from_list([
         {"kind": "loss", "target": "server-downlink", "params": {"p": 0.8}, "at_round": 5, "rounds": 2},
         {"kind": "police", "target": "core-uplinks", "params": {"rate_mbps": 1}, "at_s": 1.5,
          "duration_ms": 200},
@@ -26,7 +34,7 @@ def test_schedule_round_and_time_triggers():
     ({"kind": "flood", "target": "x", "duration_ms": 1}, "kind"),
     ({"kind": "loss", "target": "x", "duration_ms": 1, "params": {"p": 1.5}}, "params.p"),
     ({"kind": "loss", "target": "x", "params": {"p": 0.5}}, "duration_ms and rounds"),
-    ({"kind": "loss", "target": "x", "at_s": 1, "rounds": 1, "params": {"p": 0.5}}, "rounds only"),
+    ({"kind": "loss", "target": "x", "at_s": 1, "rounds": 1, "params": {"p": 0.5}}, "rounds: only"),
     ({"kind": "loss", "target": "", "duration_ms": 1, "params": {"p": 0.5}}, "target"),
 ])
 def test_bad_bursts_name_the_knob(bad, msg):
@@ -34,14 +42,23 @@ def test_bad_bursts_name_the_knob(bad, msg):
         BurstSpec.from_dict(bad)
 
 
-def test_generators_are_seeded_and_do_not_overlap():
-    e = every_n_rounds(100, start_round=50, total_rounds=400)
-    assert [b.at_round for b in e] == [50, 150, 250, 350]
-    a = seeded_random(3, seed=7, first_round=10, last_round=999, rounds=2)
-    b = seeded_random(3, seed=7, first_round=10, last_round=999, rounds=2)
-    assert [x.at_round for x in a] == [x.at_round for x in b]
+def test_generator_is_seeded_and_does_not_overlap():
+    every = BurstEvery(every=100, start_round=50)
+    assert [b.at_round for b in every.bursts(400, seed=1)] == [50, 150, 250, 350]
+    random3 = BurstEvery(fraction=0.003, start_round=10, rounds=2)
+    a, b = random3.bursts(1000, seed=7), random3.bursts(1000, seed=7)
+    assert [x.at_round for x in a] == [x.at_round for x in b] and len(a) == 3
+    assert [x.at_round for x in random3.bursts(1000, seed=8)] != [x.at_round for x in a]
     rounds = sorted(x.at_round for x in a)
-    assert all(r2 - r1 >= 2 for r1, r2 in zip(rounds, rounds[1:]))
+    assert all(r2 - r1 >= 2 for r1, r2 in zip(rounds, rounds[1:], strict=False))
+    assert BurstEvery(enabled=False).bursts(1000, seed=1) == []
+
+
+def test_generator_gives_p_to_loss_bursts_only():
+    (police,) = BurstEvery(kind="police", every=10, start_round=5).bursts(10, seed=1)
+    assert police.params == {}
+    (loss,) = BurstEvery(p=0.6, every=10, start_round=5).bursts(10, seed=1)
+    assert loss.params == {"p": 0.6}
 
 
 def test_burst_log_line_has_contract_fields():
@@ -85,3 +102,67 @@ def test_loss_script_hooks_egress_and_steals_to_sink():
     listing = ("counter packets 100 bytes 1\n"
                "numgen random mod 10000 < 8000 counter packets 79 bytes 1 fwd to \"dtz0-eth0\"\n")
     assert parse_loss_counters(listing) == (100, 79)
+
+
+def test_burst_record_carries_its_version_and_reads_back():
+    spec = BurstSpec(at_round=3, rounds=1, max_ms=3000.0, id="b000")
+    line = BurstRecord(spec, "dblp", requested_start_ns=1, round=3, actual_start_ns=2, actual_end_ns=5,
+                       requested_end_ns=4, dropped_packets=9, seen_packets=11).log_line()
+    assert line["v"] == RECORD_VERSION and check_record(line) is line
+    with pytest.raises(BurstError, match="unknown record version 99"):
+        check_record(dict(line, v=99))
+    with pytest.raises(BurstError, match="lacks dropped_packets"):
+        check_record({k: v for k, v in line.items() if k != "dropped_packets"})
+
+
+def test_schedule_document_round_trips_and_refuses_other_versions():
+    sched = BurstSchedule([BurstSpec(at_round=3, rounds=2, id="b000"),
+                           BurstSpec("police", "core-uplinks", {"rate_mbps": 2}, at_s=1.5,
+                                     duration_ms=200, id="b001"),
+                           BurstSpec("congest", duration_ms=5, id="m001")])
+    doc = sched.to_dict()
+    assert doc["v"] == SCHEDULE_VERSION
+    assert BurstSchedule.from_dict(doc).specs == sched.specs
+    assert [s.trigger for s in sched] == ["round", "time", "manual"]
+    assert sched.specs[2].params == {"pkt_bytes": 1400}   # a kind's default, filled in once
+    with pytest.raises(BurstError, match="unknown schedule version 2"):
+        BurstSchedule.from_dict(dict(doc, v=2))
+    with pytest.raises(BurstError, match="unknown schedule version"):
+        BurstSchedule.from_dict(doc["bursts"])          # the old bare list
+    with pytest.raises(BurstError, match="used twice"):
+        BurstSchedule([BurstSpec(duration_ms=1, id="x"), BurstSpec(duration_ms=2, id="x")])
+
+
+@pytest.mark.parametrize("kind,params,field", [
+    ("loss", {"rate_mbps": 2}, "burst.params.rate_mbps"),      # a police knob on a loss burst
+    ("police", {"p": 0.5}, "burst.params.p"),                 # what the old spec default did
+    ("congest", {"burst_kb": 10}, "burst.params.burst_kb"),
+    ("congest", {"pkt_bytes": 1500.5}, "burst.params.pkt_bytes"),
+    ("congest", {"pkt_bytes": 32}, "burst.params.pkt_bytes"),
+    ("police", {"rate_mbps": 0}, "burst.params.rate_mbps"),
+    ("loss", {"p": True}, "burst.params.p"),
+    ("loss", {"p": float("nan")}, "burst.params.p"),
+])
+def test_params_are_checked_per_kind(kind, params, field):
+    with pytest.raises(BurstError) as err:
+        BurstSpec.from_dict({"kind": kind, "params": params, "duration_ms": 10})
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"duration_ms": 600_001}, "burst.duration_ms"),
+    ({"duration_ms": 0}, "burst.duration_ms"),
+    ({"at_round": 1, "rounds": 1001}, "burst.rounds"),
+    ({"at_round": -1, "rounds": 1}, "burst.at_round"),
+    ({"at_round": 1, "rounds": 1, "max_ms": 0.5}, "burst.max_ms"),
+    ({"at_s": 86_401, "duration_ms": 1}, "burst.at_s"),
+    ({"duration_ms": 1, "max_ms": 5}, "burst.max_ms"),
+    ({"duration_ms": 1, "id": "../x"}, "burst.id"),
+    ({"duration_ms": 1, "target": "a b"}, "burst.target"),
+    ({"at_round": 1, "rounds": 1, "trigger": "time"}, "burst.trigger"),
+    ({"duration_ms": 1, "when": 3}, "burst.when"),
+])
+def test_one_set_of_ranges(bad, field):
+    with pytest.raises(BurstError) as err:
+        BurstSpec.from_dict(bad)
+    assert err.value.field == field

@@ -1,17 +1,17 @@
 """The round announcer against a real UNIX-socket listener, and its no-op modes."""
 import json
-import os
 import socket
 import threading
 import time
 
 import pytest
 
+from controllers.protocol import ErrorReply, ProtocolError, RoundReply, encode, parse_request_line
 from workloads.control import ENV_VAR, RoundAnnouncer
 
 
 class _Listener:
-    """A tiny controller stand-in: answers each JSON line like the real one would."""
+    """A tiny controller stand-in: decodes each line and answers with a declared reply."""
 
     def __init__(self, path, reply=None):
         self.path, self.reply, self.got = path, reply, []
@@ -26,15 +26,15 @@ class _Listener:
         with conn, conn.makefile("rwb") as f:
             for line in f:
                 try:
-                    req = json.loads(line)
+                    req = parse_request_line(line)
                     self.got.append(req)
-                    ans = self.reply(req) if self.reply else {"ok": True, "active_bursts": []}
-                except json.JSONDecodeError:
-                    ans = {"ok": False, "error": "malformed"}
+                    ans = self.reply(req) if self.reply else RoundReply([])
+                except ProtocolError as exc:
+                    ans = ErrorReply(str(exc))
                 if ans is None:        # simulate a controller that hangs
                     time.sleep(5)
                     return
-                f.write(json.dumps(ans).encode() + b"\n")
+                f.write(ans if isinstance(ans, bytes) else encode(ans))
                 f.flush()
 
     def close(self):
@@ -44,19 +44,19 @@ class _Listener:
 @pytest.mark.unit
 def test_announces_round_start_and_end_over_a_real_unix_socket(tmp_path):
     path = str(tmp_path / "ctl.sock")
-    lis = _Listener(path, lambda r: {"ok": True, "active_bursts": ["b001"] if r["event"] == "start" else []})
+    lis = _Listener(path, lambda r: RoundReply(["b001"] if r.event == "start" else []))
     try:
         ann = RoundAnnouncer("dblp", path=path)
         t0 = time.time_ns()
-        assert ann.round("start", 7) == {"ok": True, "active_bursts": ["b001"]}
-        assert ann.round("end", 7)["active_bursts"] == []
+        assert ann.round("start", 7) == RoundReply(active_bursts=["b001"])
+        assert ann.round("end", 7).active_bursts == []
         ann.close()
     finally:
         lis.close()
     first = lis.got[0]
-    assert first["op"] == "round" and first["event"] == "start" and first["arm"] == "dblp"
-    assert first["round"] == 7 and t0 <= first["t_ns"] <= time.time_ns()
-    assert [g["event"] for g in lis.got] == ["start", "end"]
+    assert first.op == "round" and first.event == "start" and first.arm == "dblp"
+    assert first.round == 7 and t0 <= first.t_ns <= time.time_ns()
+    assert [g.event for g in lis.got] == ["start", "end"]
 
 
 @pytest.mark.unit
@@ -79,13 +79,30 @@ def test_late_controller_is_picked_up_and_a_hung_one_is_dropped(tmp_path):
     path = str(tmp_path / "late.sock")
     ann = RoundAnnouncer("static", path=path, timeout_s=0.3, retry_s=0.05)
     assert ann.round("start", 0) is None          # nothing listens yet
-    lis = _Listener(path, lambda r: None if r["round"] == 2 else {"ok": True, "active_bursts": []})
+    lis = _Listener(path, lambda r: None if r.round == 2 else RoundReply([]))
     try:
         time.sleep(0.06)
-        assert ann.round("start", 1) == {"ok": True, "active_bursts": []}
+        assert ann.round("start", 1) == RoundReply(active_bursts=[])
         t = time.perf_counter()
         assert ann.round("start", 2) is None          # no reply within the timeout
         assert time.perf_counter() - t < 1.0
+    finally:
+        lis.close()
+        ann.close()
+
+
+@pytest.mark.unit
+def test_a_refusal_is_returned_and_a_reply_of_another_version_drops_the_controller(tmp_path, capsys):
+    path = str(tmp_path / "ctl.sock")
+    answers = iter([ErrorReply("no such arm"), json.dumps({"v": 99, "ok": True}).encode() + b"\n"])
+    lis = _Listener(path, lambda r: next(answers))
+    try:
+        ann = RoundAnnouncer("dblp", path=path, retry_s=60)
+        reply = ann.round("start", 0)
+        assert not reply.ok and reply.error == "no such arm"
+        assert ann.round("start", 1) is None             # refused: version 99 is not declared
+        assert "protocol version 99" in capsys.readouterr().err
+        assert ann.round("start", 2) is None             # dropped; no retry within retry_s
     finally:
         lis.close()
         ann.close()

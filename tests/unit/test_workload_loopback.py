@@ -150,9 +150,9 @@ def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, mon
     else:   # dblp starts critical at P_low and the phase detector runs every 10 rounds
         assert srounds[0]["phase"] == "critical" and srounds[0]["bound"] == pytest.approx(0.008)
         assert {r["phase"] for r in srounds} <= {"critical", "relaxed"}
-    events = [(g["event"], g["round"]) for g in lis.got]
+    events = [(g.event, g.round) for g in lis.got]    # RoundRequests, as the controller decodes them
     assert events == [(e, r) for r in range(rounds) for e in ("start", "end")]
-    assert all(g["arm"] == arm for g in lis.got)
+    assert all(g.arm == arm for g in lis.got)
 
 
 @pytest.mark.unit
