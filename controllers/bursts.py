@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 SCHEDULE_VERSION = 1   # the `{"v": 1, "bursts": [...]}` document (burst_schedule.json, fabric.json)
-RECORD_VERSION = 1     # one `burst` line in raw/ARM/bursts.jsonl
 
 TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
 # Burst ids and arm names: they end up in nftables table names and run-directory paths.
@@ -384,14 +383,13 @@ class BurstSchedule:
         return sorted((s for s in self.specs if s.trigger == "time"), key=lambda s: s.at_s or 0.0)
 
 
-# The fields every record line has; `round`, `seen_packets`, `error`, `detail` when known.
-RECORD_FIELDS = ("event", "v", "arm", "id", "kind", "target", "params", "trigger", "requested_start_ns",
-                 "requested_end_ns", "actual_start_ns", "actual_end_ns", "dropped_packets")
-
-
 @dataclass
 class BurstRecord:
-    """What actually happened to one burst in one arm: one ``burst`` JSON line."""
+    """What actually happened to one burst in one arm: one ``burst`` JSON line.
+
+    The line's fields are declared with the other raw-log events
+    (``workloads.runlog.EVENTS["burst"]``; their version is the manifest's
+    ``raw_log_schema``), and a unit test holds this writer to them."""
 
     spec: BurstSpec
     arm: str
@@ -406,7 +404,7 @@ class BurstRecord:
     detail: dict = field(default_factory=dict)
 
     def log_line(self) -> dict:
-        d = {"event": "burst", "v": RECORD_VERSION, "arm": self.arm, "id": self.spec.id,
+        d = {"event": "burst", "arm": self.arm, "id": self.spec.id,
              "kind": self.spec.kind, "target": self.spec.target, "params": self.spec.params,
              "trigger": self.spec.trigger,
              "requested_start_ns": self.requested_start_ns, "requested_end_ns": self.requested_end_ns,
@@ -421,16 +419,3 @@ class BurstRecord:
         if self.detail:
             d["detail"] = self.detail
         return d
-
-
-def check_record(line: Any) -> dict:
-    """A record line as read back (analysis): refuses another version or a missing field."""
-    if not isinstance(line, dict) or line.get("event") != "burst":
-        raise BurstError("burst record", "not a burst record", "read raw/ARM/bursts.jsonl lines")
-    if line.get("v") != RECORD_VERSION:
-        raise BurstError("burst record", f"unknown record version {line.get('v')!r}",
-                         f"this code reads version {RECORD_VERSION}")
-    missing = [k for k in RECORD_FIELDS if k not in line]
-    if missing:
-        raise BurstError("burst record", f"lacks {', '.join(missing)}", "the controller writes them all")
-    return line

@@ -2,14 +2,12 @@
 import pytest
 
 from controllers.bursts import (
-    RECORD_VERSION,
     SCHEDULE_VERSION,
     BurstError,
     BurstEvery,
     BurstRecord,
     BurstSchedule,
     BurstSpec,
-    check_record,
 )
 from controllers.mechanisms import loss_hooks, loss_script, parse_loss_counters
 from controllers.targets import TargetError, resolve_target
@@ -102,17 +100,6 @@ def test_loss_script_hooks_egress_and_steals_to_sink():
     listing = ("counter packets 100 bytes 1\n"
                "numgen random mod 10000 < 8000 counter packets 79 bytes 1 fwd to \"dtz0-eth0\"\n")
     assert parse_loss_counters(listing) == (100, 79)
-
-
-def test_burst_record_carries_its_version_and_reads_back():
-    spec = BurstSpec(at_round=3, rounds=1, max_ms=3000.0, id="b000")
-    line = BurstRecord(spec, "dblp", requested_start_ns=1, round=3, actual_start_ns=2, actual_end_ns=5,
-                       requested_end_ns=4, dropped_packets=9, seen_packets=11).log_line()
-    assert line["v"] == RECORD_VERSION and check_record(line) is line
-    with pytest.raises(BurstError, match="unknown record version 99"):
-        check_record(dict(line, v=99))
-    with pytest.raises(BurstError, match="lacks dropped_packets"):
-        check_record({k: v for k, v in line.items() if k != "dropped_packets"})
 
 
 def test_schedule_document_round_trips_and_refuses_other_versions():
