@@ -70,6 +70,7 @@ class Setting:
     choices: Callable[[], Sequence[str]] | None = None  # a registry, read when checking
     min_items: int = 0         # lists: at least this many, each listed once
     pattern: re.Pattern | None = None
+    noun: str = "value"        # what one of `choices` is called in an error ("arm", "model")
     transport: str | None = None
     fix: str = ""
 
@@ -87,7 +88,8 @@ class Setting:
             names = tuple(self.choices())
             for v in value if isinstance(value, list) else [value]:
                 if v not in names:
-                    raise SpecError(field, f"unknown value {v!r}", f"choose from: {', '.join(names)}")
+                    raise SpecError(field, f"unknown {self.noun} {v!r}",
+                                    f"choose from: {', '.join(names)}")
         if self.transport is not None:
             from dblp.config import check_setting
             try:
@@ -115,12 +117,12 @@ SCHEMA: dict[str, dict[str, Setting]] = {
                         fix="use letters, digits, '.', '_' or '-' (no spaces, slashes or shell "
                             "characters)"),
         "seed": Setting(int, 1, lo=0, hi=2**31 - 1, fix="use a seed between 0 and 2147483647"),
-        "arms": Setting(list, ["gloo", "static", "dblp"], choices=lambda: ARMS, min_items=1,
+        "arms": Setting(list, ["gloo", "static", "dblp"], choices=lambda: ARMS, min_items=1, noun="arm",
                         fix="list at least one arm (`dblp-testbed run --help` lists them)"),
         "description": Setting(str, ""),
     },
     "topology": {
-        "kind": Setting(str, "fattree", choices=lambda: TOPOLOGY_KINDS),
+        "kind": Setting(str, "fattree", choices=lambda: TOPOLOGY_KINDS, noun="topology"),
         # A fat-tree's k must also be even (checked with the kind).
         "k": Setting(int, 4, lo=4, hi=8, fix="set topology.k to 4, 6 or 8"),
         "leaves": Setting(int, 4, lo=2, hi=16, fix="use 2..16 leaves"),
@@ -136,7 +138,7 @@ SCHEMA: dict[str, dict[str, Setting]] = {
         "workers": Setting(int, 4, lo=1, hi=64, fix="use 1..64 workers"),
     },
     "training": {
-        "model": Setting(str, "digits_cnn", choices=lambda: MODELS),
+        "model": Setting(str, "digits_cnn", choices=lambda: MODELS, noun="model"),
         "rounds": Setting(int, 300, lo=1, hi=100_000, fix="use 1..100000 rounds"),
         # Also at most a worker's shard of the training set (checked with the workers).
         "batch_size": Setting(int, 0, lo=1, hi=4096, unset=0,
@@ -144,7 +146,7 @@ SCHEMA: dict[str, dict[str, Setting]] = {
         "lr": Setting(_NUMBER, 0.0, lo=0, hi=10, lo_open=True, unset=0,
                       fix="use 0 (the model's default) or a rate in (0, 10]"),
         # "cosine": decay to zero over the rounds.
-        "lr_schedule": Setting(str, "constant", choices=lambda: LR_SCHEDULES),
+        "lr_schedule": Setting(str, "constant", choices=lambda: LR_SCHEDULES, noun="schedule"),
         "eval_every": Setting(int, 50, lo=1, hi=100_000, fix="evaluate every 1..100000 rounds"),
     },
     "transport": {

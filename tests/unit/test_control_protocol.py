@@ -32,6 +32,7 @@ from controllers.protocol import (
     parse_request,
     parse_request_line,
 )
+from workloads import runlog
 
 pytestmark = pytest.mark.unit
 
@@ -237,4 +238,4 @@ def test_controller_process_starts_alone_and_answers_status(tmp_path):
         proc.wait(timeout=10)
     assert not os.path.exists(cfg["control_socket"])      # SIGTERM closes the apps
     record = json.loads((tmp_path / "raw" / "manual" / "bursts.jsonl").read_text().splitlines()[-1])
-    assert record["v"] == 1 and record["target"] == "mars" and "unknown target" in record["error"]
+    assert runlog.check_event(record) and record["target"] == "mars" and "unknown target" in record["error"]

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from testbed.analysis.report import DERIVED, build_outputs
+from testbed.config.arms import ARMS, Arm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_analysis import make_run  # noqa: E402
@@ -176,11 +177,9 @@ def test_summary_has_one_author_and_the_rounds_table_is_built_once(tmp_path, mon
 
 def test_settings_come_from_the_spec_and_the_arms_registry(tmp_path, monkeypatch):
     """P_high and the static bound are the spec's; the baseline pair is found by (control, mode)."""
-    from testbed.config import spec as specmod
-
     # Arm names from which no renaming finds the pair: only the registry can.
-    monkeypatch.setitem(specmod.ARMS, "phase-aware", ("dblp", "udp", "ps"))
-    monkeypatch.setitem(specmod.ARMS, "mlt", ("static", "udp", "ps"))
+    monkeypatch.setitem(ARMS, "phase-aware", Arm("phase-aware", "dblp", "udp", "ps"))
+    monkeypatch.setitem(ARMS, "mlt", Arm("mlt", "static", "udp", "ps"))
     run = make_run(tmp_path / "run")
     for old, new in (("static", "mlt"), ("dblp", "phase-aware")):
         (run / "raw" / old).rename(run / "raw" / new)

@@ -78,8 +78,7 @@ def test_run_directories_of_runs_started_in_the_same_second_do_not_collide(tmp_p
     from testbed.run import rundir
 
     results = tmp_path / "results"
-    monkeypatch.setattr(rundir, "RESULTS", results, raising=False)
-    monkeypatch.setattr(rundir, "ROOT", tmp_path)  # where the old code put results/
+    monkeypatch.setattr(rundir, "RESULTS", results)
     spec = load(None, PRESETS["smoke"])
     real = rundir._dt.datetime
 
