@@ -109,7 +109,8 @@ def test_packet_table_counts(captured_run):
     assert push.direction == "push"
     assert (push.sent_packets, push.recv_packets, push.drops) == (6, 4, 2)
     assert push.retransmissions == 1 and push.control_packets == 1
-    assert push.sent_bytes == 4 * (20 + 8 + 40 + 64) + (20 + 8 + 40) + (20 + 8 + 40 + 64)
+    dg = 20 + 8 + wire.HEADER_SIZE + wire.TAG_SIZE  # IPv4 + UDP + DBLP header + MAC trailer
+    assert push.sent_bytes == 4 * (dg + 64) + dg + (dg + 64)
     clean = _row(t, "dblp", 2, W0, SERVER)
     assert (clean.sent_packets, clean.recv_packets, clean.drops, clean.retransmissions) == (5, 5, 0, 0)
     pull = _row(t, "dblp", 3, SERVER, W0)
@@ -179,7 +180,7 @@ def test_truncated_capture_keeps_header_and_length(tmp_path):
     wrpcap(str(tmp_path / "worker0.pcap"), [cut], snaplen=96)
     df = packets.read_pcap(tmp_path / "worker0.pcap", "dblp", "worker0", PORT)
     row = df.iloc[0]
-    assert row.ip_bytes == 20 + 8 + 40 + 1000
+    assert row.ip_bytes == 20 + 8 + wire.HEADER_SIZE + wire.TAG_SIZE + 1000
     assert (row.kind, row.hdr_round, row.seq, row.is_data) == ("data", 3, 3, True)
 
 
