@@ -68,7 +68,8 @@ def doctor(as_json):
         click.echo(f"root: {rep['root']}   OVS running: {rep['ovs_running']}   "
                    f"datapath: {rep['datapath']}")
         click.echo("tools: " + " ".join(f"{t}{'' if ok else '(MISSING)'}" for t, ok in rep["tools"].items()))
-        click.echo("python: " + " ".join(f"{m}{'' if ok else '(MISSING)'}" for m, ok in rep["modules"].items()))
+        click.echo("python: " + " ".join(f"{m}{'' if ok else '(MISSING)'}"
+                                         for m, ok in rep["modules"].items()))
         click.echo("qdiscs: " + " ".join(f"{q}{'' if ok else '(no)'}" for q, ok in rep["qdiscs"].items()))
         click.echo(f"nftables netdev egress: {rep['nft_netdev_egress']}   "
                    f"wmem_default: {rep['wmem_default']}")
@@ -106,7 +107,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
     try:
         graph = _topology(topo, k)
     except ValueError as e:
-        raise click.BadParameter(str(e))
+        raise click.BadParameter(str(e)) from None
     run_dir = _run_dir(out, "netcheck")
     res = {"topology": graph.name, "hosts": len(graph.hosts()), "switches": len(graph.switches()),
            "shaped_mbps": bw, "queue_pkts": queue, "run_dir": run_dir}
@@ -156,6 +157,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
 def net_cli(topo, k, bw, queue, out):
     """Open Mininet's CLI on the routed fabric (exit it to tear down)."""
     from mininet.cli import CLI
+
     from testbed.emulation.fabric import Fabric
     _sigterm_as_interrupt()
     with Fabric(_topology(topo, k), run_dir=_run_dir(out, "netcli"), bw_mbps=bw,

@@ -62,9 +62,9 @@ import uuid
 from dataclasses import dataclass
 
 from controllers.protocol import ControlClient, StatusRequest
+from testbed import REPO_ROOT
 from testbed.emulation import capabilities, cleanup
 from topologies import TopoGraph
-from testbed import REPO_ROOT
 
 
 @dataclass
@@ -90,9 +90,9 @@ def _mininet_topo(topo: TopoGraph):
         hi = topo.host_info[h]
         t.addHost(h, ip=f"{hi.ip}/{topo.prefixlen}", mac=hi.mac)
     for s in topo.switches():
-        t.addSwitch(s, dpid="%016x" % topo.dpid_of(s))
-    for l in topo.links():
-        t.addLink(l.node1, l.node2, port1=l.port1, port2=l.port2)
+        t.addSwitch(s, dpid=f"{topo.dpid_of(s):016x}")
+    for link in topo.links():
+        t.addLink(link.node1, link.node2, port1=link.port1, port2=link.port2)
     return t
 
 
@@ -201,11 +201,12 @@ class Fabric:
             raise RuntimeError(f"project bridges from an earlier run still exist ({', '.join(stale[:5])}"
                                f"...): run `dblp-testbed clean` first")
 
+        from functools import partial
+
         from mininet.link import Link
+        from mininet.log import setLogLevel
         from mininet.net import Mininet
         from mininet.node import OVSSwitch, RemoteController
-        from mininet.log import setLogLevel
-        from functools import partial
 
         setLogLevel("error")
         self.of_port = _free_tcp_port()
@@ -263,15 +264,16 @@ class Fabric:
     def _shape_switch_ports(self):
         """After the switches started: adding a port to userspace OVS resets its qdisc."""
         if self.bw_mbps is not None:
-            sw_intfs = [i for l in self.topo.links() for i, n in ((l.intf1(), l.node1), (l.intf2(), l.node2))
+            sw_intfs = [i for link in self.topo.links()
+                        for i, n in ((link.intf1(), link.node1), (link.intf2(), link.node2))
                         if self.topo.isSwitch(n)]
             p = subprocess.run(["tc", "-force", "-batch", "-"], input=shaping_batch(
                 sw_intfs, self.bw_mbps, self.queue_pkts), capture_output=True, text=True)
             if p.returncode:
                 raise RuntimeError(f"shaping switch ports failed: {p.stderr.strip()[:500]}")
             shown = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
-            shaped = {l.split(" dev ")[1].split()[0] for l in shown.splitlines()
-                      if l.startswith("qdisc pfifo 10:") and " dev " in l}
+            shaped = {line.split(" dev ")[1].split()[0] for line in shown.splitlines()
+                      if line.startswith("qdisc pfifo 10:") and " dev " in line}
             missing = [i for i in sw_intfs if i not in shaped]
             if missing:
                 raise RuntimeError(f"switch ports without the bounded queue: {missing[:5]}")
@@ -392,7 +394,8 @@ class Fabric:
     # -- hosts and commands -------------------------------------------------
     def host(self, name) -> HostHandle:
         if name not in self._hosts:
-            raise KeyError(f"no host {name!r} in {self.topo.name}; hosts: {', '.join(sorted(self._hosts)[:8])}...")
+            raise KeyError(f"no host {name!r} in {self.topo.name}; "
+                           f"hosts: {', '.join(sorted(self._hosts)[:8])}...")
         return self._hosts[name]
 
     def hosts(self):

@@ -13,7 +13,7 @@ import pathlib
 import signal
 import subprocess
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 @dataclasses.dataclass
@@ -38,7 +38,7 @@ class Supervised:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        keep = [l for l in text.splitlines() if l.strip()][-lines:]
+        keep = [line for line in text.splitlines() if line.strip()][-lines:]
         return "\n".join(keep)
 
 

@@ -25,8 +25,8 @@ def test_loss_burst_matches_p_inside_and_nothing_outside(fab, p):
     assert row["start_lag_ms"] <= 5 or row["first_drop_lag_ms"] <= 5, row
     # the mechanism's own counters agree with what the flow lost
     assert abs(row["dropped_packets"] / row["seen_packets"] - p) <= 0.05, row
-    lines = [json.loads(l) for l in open(f"{fab.run_dir}/raw/bench/bursts.jsonl")]
-    rec = [l for l in lines if l["id"] == f"t-loss{p}"][-1]
+    lines = [json.loads(line) for line in open(f"{fab.run_dir}/raw/bench/bursts.jsonl")]
+    rec = [r for r in lines if r["id"] == f"t-loss{p}"][-1]
     for key in ("event", "arm", "id", "kind", "target", "params", "trigger", "requested_start_ns",
                 "requested_end_ns", "actual_start_ns", "actual_end_ns", "dropped_packets"):
         assert key in rec
@@ -74,8 +74,8 @@ def test_manual_burst_command_and_status(fab):
     reply = json.loads(p.stdout)
     assert reply["ok"] and reply["id"]
     time.sleep(0.4)
-    lines = [json.loads(l) for l in open(f"{fab.run_dir}/raw/manual/bursts.jsonl")]
-    rec = [l for l in lines if l["id"] == reply["id"]][-1]
+    lines = [json.loads(line) for line in open(f"{fab.run_dir}/raw/manual/bursts.jsonl")]
+    rec = [r for r in lines if r["id"] == reply["id"]][-1]
     assert rec["trigger"] == "manual" and rec["target"] == "core-uplinks"
     assert 80e6 <= rec["actual_end_ns"] - rec["actual_start_ns"] <= 300e6
     p = subprocess.run([cli, "burst", "--socket", fab.control_socket, "--status"],
