@@ -1,6 +1,8 @@
-"""The set-up contract: CI calls exactly the README's test command."""
+"""The set-up contract: CI calls exactly the README's test command; the venv is the locked set."""
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -15,3 +17,37 @@ def test_ci_runs_the_readme_test_command():
     commands = [line for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")
                 and not line.startswith(("set ", "cd "))]
     assert commands == ["exec make test"]
+
+
+def _pins(lines) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        line = line.strip()
+        if line and not line.startswith(("#", "-e")) and "==" in line:
+            name, version = line.split("==", 1)
+            out[name.lower().replace("_", "-")] = version
+    return out
+
+
+def test_the_venv_holds_exactly_the_locked_versions():
+    """What setup.sh installed is what constraints.txt pins: nothing unpinned, nothing drifted."""
+    locked = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    installed = _pins(freeze)
+    assert "torch" in locked and "mininet" not in locked
+    unpinned = sorted(set(installed) - set(locked))
+    drifted = {n: (v, locked[n]) for n, v in installed.items() if n in locked and locked[n] != v}
+    assert unpinned == [] and drifted == {}, (unpinned, drifted)
+
+
+def test_mininet_comes_from_debian_with_its_mnexec():
+    import mininet
+    assert pathlib.Path(mininet.__file__).resolve().is_relative_to("/usr/lib/python3/dist-packages")
+
+
+def test_make_lock_rewrites_constraints_from_the_venv():
+    out = subprocess.run(["make", "--no-print-directory", "-n", "lock"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "pip freeze --exclude-editable" in out.stdout
+    assert "> constraints.txt" in out.stdout
