@@ -404,8 +404,6 @@ class Engine:
             key = (h.src, h.part, h.round)
             if h.index and h.index <= self.acked_finals.get(key, 0):
                 return
-            if key in self.acked_finals:
-                self.loss_timeout(h.src)  # a repeat: our DONE was lost
             self.acked_finals[key] = h.index
             if len(self.acked_finals) > 4096:  # bounded: forget the oldest rounds
                 for k in sorted(self.acked_finals, key=lambda k: k[2])[:3072]:
@@ -460,10 +458,12 @@ class Engine:
             self._forget_conn(conn)
 
     def _forget_conn(self, conn: TcpControl) -> None:
+        """Stop watching a closed (or refused) connection and release its descriptor."""
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+        conn.close()
         self.unbound.pop(conn, None)
         if conn.peer is not None and self.tcp.get(conn.peer) is conn:
             # Normal after a peer's last round; an error only if this round still needs
@@ -482,16 +482,13 @@ class Engine:
         if conn.peer is None:
             self.unbound[conn] = time.monotonic() + self.hello_timeout
             while max_unbound is not None and len(self.unbound) > max_unbound:
-                oldest = next(iter(self.unbound))
-                oldest.close()
-                self._forget_conn(oldest)
+                self._forget_conn(next(iter(self.unbound)))
                 self.counters.foreign += 1
 
     def _expire_unbound(self, now: float) -> float:
         """Close unbound TCP connections past their deadline; return the next deadline."""
         for conn, t in list(self.unbound.items()):
             if now >= t:
-                conn.close()
                 self._forget_conn(conn)
                 self.counters.foreign += 1
         return min(self.unbound.values(), default=math.inf)

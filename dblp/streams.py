@@ -275,8 +275,8 @@ class InTransfer:
         "bound_ppm", "allowed",
         # what arrived
         "have", "n_have", "max_pass", "t_first",
-        # STOP and its repeats, probe replies (and what we held when we answered)
-        "stopped", "t_stop", "last_stop_t", "last_probe", "have_at_probe",
+        # STOP and its repeats, probe replies
+        "stopped", "t_stop", "last_stop_t", "last_probe",
         # FINAL (pull streams): the zero-filled set, next bound and phase, last id acked
         "final", "final_next_bound", "final_flags", "last_final",
     )
@@ -301,7 +301,6 @@ class InTransfer:
         self.final: np.ndarray | None = None
         self.last_stop_t = -math.inf
         self.last_probe = 0  # highest probe id answered: copies of one probe get one reply
-        self.have_at_probe = -1  # chunks held when we last answered a probe
         self.last_final = 0  # highest FINAL transmission id acknowledged
         self.final_next_bound = 0
         self.final_flags = 0
@@ -377,15 +376,11 @@ class InTransfer:
             # ``copies`` replies. Answering every copy again would send copies^2 replies.
             return
         # Our own loss estimate sizes our replies (a request cannot amplify), so feed it
-        # what the receiving side sees: the loss of a whole first pass, and a probe
-        # repeated without any data in between (our answer, or the probe, was lost).
-        if self.last_probe == 0:
-            if not self.stopped and self.max_pass <= 1:
-                self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
-        elif self.n_have == self.have_at_probe:
-            self.eng.loss_timeout(self.peer)
+        # what the data we received shows: the loss of the whole first pass. Repeated
+        # probes are no evidence: anyone repeating requests could raise it at will.
+        if self.last_probe == 0 and not self.stopped and self.max_pass == 1:
+            self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
         self.last_probe = h.index
-        self.have_at_probe = self.n_have
         self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
 
     def on_final(self, h: wire.Header, payload) -> None:
@@ -410,8 +405,6 @@ class InTransfer:
                 push.overtaken()
         if h.index and h.index <= self.last_final:
             return  # another copy of a FINAL transmission we acknowledged already
-        if self.last_final:
-            self.eng.loss_timeout(self.peer)  # a retransmission: our DONE was lost
         self.last_final = h.index
         eng = self.eng
         done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,
