@@ -143,13 +143,20 @@ class Rendezvous:
             eng.tcp_accept_handler = self.accept
 
     def accept(self) -> None:
+        """Accept what the backlog holds (a full backlog drops the SYNs of real members)."""
         if self.listen is None:
             return
-        try:
-            sock, _ = self.listen.accept()
-        except OSError:  # BlockingIOError, or a connection reset before we got to it
-            return
-        self.eng.register_tcp(TcpControl(sock), max_unbound=len(self.expected) + 8)
+        for _ in range(64):
+            try:
+                sock, _ = self.listen.accept()
+            except OSError:  # BlockingIOError, or a connection reset before we got to it
+                return
+            try:
+                conn = TcpControl(sock)
+            except OSError:  # reset between accept and setsockopt
+                sock.close()
+                continue
+            self.eng.register_tcp(conn, max_unbound=len(self.expected) + 8)
 
     def complete(self) -> bool:
         if set(self.addrs) != self.expected:

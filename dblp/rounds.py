@@ -77,8 +77,10 @@ def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | N
 class PullGroup:
     """The owner's pull of one aggregated part to every other member, up to FINAL."""
 
-    def __init__(self, eng: Engine, part: Part, members: list[int], data: np.ndarray, bound_ppm: int):
+    def __init__(self, eng: Engine, part: Part, members: list[int], data: np.ndarray,
+                 bound_ppm: int, pushed: dict[int, np.ndarray]):
         self.eng, self.part = eng, part
+        self.pushed = pushed  # member -> chunks of its push the aggregate took (told in FINAL)
         self.data = data
         self.count = part.chunks
         self.allowed = wire.allowed_missing(self.count, bound_ppm)
@@ -117,9 +119,11 @@ class PullGroup:
 
     def send_final(self, next_bound_ppm: int, critical: bool) -> None:
         eng = self.eng
-        payload = pack_bitmap(self.dropped)
+        dropped = pack_bitmap(self.dropped)
         flags = Flag.PULL | (Flag.CRITICAL if critical else 0)
         for m in self.senders:
+            taken = self.pushed.get(m)
+            payload = dropped + pack_bitmap(np.ones(self.count, bool) if taken is None else taken)
             copies = eng.copies(m)
             msg = wire.pack_header(MsgType.FINAL, src=eng.rank, part=self.part.index,
                                    session=eng.session, round=eng.round, count=self.count,
@@ -225,7 +229,8 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                         acc += res
                 result[part.start:part.stop] = acc
                 info["pull"] = PullGroup(eng, part, [m for m in members if m != me],
-                                         result[part.start:part.stop], bound_ppm)
+                                         result[part.start:part.stop], bound_ppm,
+                                         {r.peer: r.have.copy() for r in info["recvs"]})
             if not info["pull"].poll():
                 pending = True
         return not pending

@@ -74,7 +74,9 @@ class ParameterServer:
                 if port != 0 or attempt == 19:
                     raise
         if self.listen is not None:
-            self.listen.listen(world_size + 8)
+            # A deep backlog: a connect flood must not make real members wait for SYN retries
+            # (the engine holds at most world_size + 8 connections that have not said HELLO).
+            self.listen.listen(max(128, world_size + 8))
         self.round = -1
         self.joined = False
         self.rendezvous = None

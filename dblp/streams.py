@@ -222,18 +222,17 @@ class OutTransfer:
         self.next_probe_t = math.inf
         self.eng.sender_done(self)
 
-    def overtaken(self) -> None:
-        """The owner's FINAL for this part arrived: the aggregate is fixed, our STOP is moot.
+    def overtaken(self, taken: np.ndarray) -> None:
+        """The owner's FINAL for this part arrived, saying which chunks it ``taken``.
 
-        Waiting for a lost STOP would need the owner to answer probes, and the
-        owner may already have returned to its caller: that wait is how a round
-        used to hang until its deadline. Without any bitmap we assume all arrived
-        (error feedback then carries nothing rather than carrying twice).
+        The aggregate is fixed, so a STOP still missing is moot: waiting for it
+        would need the owner to answer probes, and the owner may already have
+        returned to its caller (that wait is how a round used to hang until its
+        deadline). The FINAL's bitmap is the STOP's, so error feedback stays exact.
         """
         if self.state == DONE:
             return
-        if self.held is None:
-            self.held = np.ones(self.count, bool)
+        self.held = taken
         self._finish()
 
     def repair(self, chunks: np.ndarray) -> None:
@@ -388,7 +387,8 @@ class InTransfer:
             self.eng.counters.malformed += 1
             return
         if self.final is None:
-            dropped = unpack_bitmap(payload, self.count)
+            nb = (self.count + 7) // 8
+            dropped = unpack_bitmap(payload[:nb], self.count)
             # Zero-fill what every replica zero-fills; anything else we lack
             # (cannot happen with an honest aggregator) is zeroed and counted.
             zero = dropped | ~self.have
@@ -402,7 +402,7 @@ class InTransfer:
             self.eng.progress = True
             push = self.eng.senders.get((PUSH, self.part, self.peer))
             if push is not None:
-                push.overtaken()
+                push.overtaken(unpack_bitmap(payload[nb:], self.count))
         if h.index and h.index <= self.last_final:
             return  # another copy of a FINAL transmission we acknowledged already
         self.last_final = h.index

@@ -23,7 +23,10 @@ Payload per message type:
 * BITMAP / STOP: the receiver's bitmap of held chunks, ``ceil(count/8)`` bytes,
   bit ``i`` = byte ``i // 8``, bit ``7 - i % 8`` (numpy ``packbits`` order).
   STOP means "the missing fraction is within the bound: stop sending".
-* FINAL: bitmap of the chunks every replica zero-fills in this round's pull;
+* FINAL: two bitmaps. First, the chunks every replica zero-fills in this
+  round's pull; second, the chunks of this member's push that the aggregate
+  took (its receiver's bitmap at STOP), so a member whose STOP was lost still
+  knows exactly what it delivered (error feedback needs it) without waiting;
   ``aux`` is the bound (ppm) the aggregator decided for the next round and
   ``flags & CRITICAL`` its phase; ``index`` numbers the transmissions (1, 2,
   ... on retransmission), and the member acknowledges each number once.
@@ -99,7 +102,7 @@ ZERO_TAG = bytes(TAG_SIZE)
 MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
 CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
 CHUNK_BYTES = CHUNK_ELEMS * 4
-MAX_PART_CHUNKS = MAX_PAYLOAD * 8  # a bitmap must fit one datagram
+MAX_PART_CHUNKS = MAX_PAYLOAD * 4  # a FINAL's two bitmaps must fit one datagram
 FIELD_NAMES = tuple(name for name, _, _ in HEADER_FIELDS)
 FIELD_OFFSETS = {}
 _off = 0
@@ -230,7 +233,8 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
             raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s "
                                     f"of at most one chunk ({CHUNK_BYTES})")
     elif h.type in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
-        if h.length != (h.count + 7) // 8:
+        bitmaps = 2 if h.type == MsgType.FINAL else 1
+        if h.length != bitmaps * ((h.count + 7) // 8) or h.count > MAX_PART_CHUNKS:
             raise MalformedDatagram(f"bitmap of {h.length} bytes for {h.count} chunks")
     if h.bound >= PPM or (h.type == MsgType.FINAL and h.aux >= PPM):
         raise MalformedDatagram(f"bound {h.bound} ppm out of range")
