@@ -30,6 +30,8 @@ import selectors
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +41,19 @@ from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
 from .pacing import RttEstimator, TokenBucket
 from .stats import Counters
-from .streams import (DONE, PROBING, PULL, PUSH, SENDING, InTransfer, OutTransfer,
-                      copies_for_loss, pack_bitmap, stream_order, unpack_bitmap)
+from .streams import (
+    DONE,
+    PROBING,
+    PULL,
+    PUSH,
+    SENDING,
+    InTransfer,
+    OutTransfer,
+    copies_for_loss,
+    pack_bitmap,
+    stream_order,
+    unpack_bitmap,
+)
 from .wire import HEADER_SIZE, Flag, MsgType
 
 # The stream machinery is re-exported: callers see one engine API.
@@ -154,8 +167,9 @@ class Engine:
         self.early_bytes = early_bytes
         self.early_size = 0
         # joining
-        self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
-        self.tcp_accept_handler = None
+        # f(header, payload, addr, tcp peer) for HELLO/WELCOME; f() when the listener is ready
+        self.join_handler: Callable[[wire.Header, bytes, Any, int | None], None] | None = None
+        self.tcp_accept_handler: Callable[[], None] | None = None
         self.unbound: dict[TcpControl, float] = {}  # conn -> when it is closed unless bound
         self.hello_timeout = hello_timeout
         self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
@@ -306,10 +320,10 @@ class Engine:
         not each copy of it (copies x copies DONEs otherwise).
         """
         now = time.monotonic()
-        msg = bytearray(msg)
-        _INDEX.pack_into(msg, _INDEX_OFF, 1)
-        self.send_ctrl(peer, bytes(msg), copies)
-        self.pending_finals[(peer, part, self.round)] = [msg, now + self.rto(peer), 1.0, now, 1]
+        body = bytearray(msg)
+        _INDEX.pack_into(body, _INDEX_OFF, 1)
+        self.send_ctrl(peer, bytes(body), copies)
+        self.pending_finals[(peer, part, self.round)] = [body, now + self.rto(peer), 1.0, now, 1]
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:

@@ -72,13 +72,13 @@ class OutTransfer:
         "chunks_sent", "retransmitted", "probes", "t_done",
     )
 
-    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, data: np.ndarray,
+    def __init__(self, eng: Engine, kind: int, part: int, peer: int, data: np.ndarray,
                  bound_ppm: int, flags: int = 0):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
         data = np.ascontiguousarray(data, dtype="<f4")
         self.data = data
-        self.raw = memoryview(data.view(np.uint8))
+        self.raw = data.view(np.uint8).data
         self.nbytes = data.nbytes
         self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
         if self.count > wire.MAX_PART_CHUNKS:
@@ -95,7 +95,7 @@ class OutTransfer:
         self.probes = 0
         self.held: np.ndarray | None = None  # receiver's bitmap at STOP (or last BITMAP)
         self.required: np.ndarray | None = None  # repair mode: chunks that must arrive
-        self.t_done = None
+        self.t_done: float | None = None
         self.probe_id = 0
         self.probe_first = 1
         self.probe_times: dict[int, float] = {}
@@ -222,6 +222,11 @@ class OutTransfer:
         self.next_probe_t = math.inf
         self.eng.sender_done(self)
 
+    @property
+    def held_mask(self) -> np.ndarray:
+        """The receiver's last bitmap (its STOP's once DONE); nothing known counts as lacking."""
+        return self.held if self.held is not None else np.zeros(self.count, bool)
+
     def overtaken(self, taken: np.ndarray) -> None:
         """The owner's FINAL for this part arrived, saying which chunks it ``taken``.
 
@@ -280,13 +285,13 @@ class InTransfer:
         "final", "final_next_bound", "final_flags", "last_final",
     )
 
-    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, out: np.ndarray,
+    def __init__(self, eng: Engine, kind: int, part: int, peer: int, out: np.ndarray,
                  bound_ppm: int, *, add: bool, freeze: bool):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
         self.out = out
         self.nbytes = out.nbytes
-        self.out_u8 = memoryview(out.view(np.uint8)) if not add else None
+        self.out_u8 = out.view(np.uint8).data if not add else None
         self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
         self.add = add
         self.freeze = freeze
@@ -295,7 +300,9 @@ class InTransfer:
         self.have = np.zeros(self.count, bool)
         self.n_have = 0
         self.max_pass = 0
-        self.t_first = self.t_stop = None  # monotonic times, for latency breakdowns
+        # monotonic times, for latency breakdowns
+        self.t_first: float | None = None
+        self.t_stop: float | None = None
         self.stopped = False
         self.final: np.ndarray | None = None
         self.last_stop_t = -math.inf
@@ -336,7 +343,7 @@ class InTransfer:
             if self.stopped:
                 self._repeat_stop(h, now)
             return
-        if self.add:
+        if self.out_u8 is None:  # accumulate
             e0 = start // 4
             self.out[e0:e0 + h.length // 4] += np.frombuffer(buf, "<f4", h.length // 4, HEADER_SIZE)
         else:

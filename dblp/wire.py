@@ -42,7 +42,6 @@ import enum
 import hashlib
 import hmac
 import struct
-from typing import NamedTuple
 
 MAGIC = 0xDB1B
 VERSION = 2  # 2: the MAC trailer
@@ -113,9 +112,14 @@ for _name, _code, _ in HEADER_FIELDS:
 assert HEADER_SIZE == 40, HEADER_SIZE
 
 
-class Header(NamedTuple):
-    """A decoded header; field order is ``HEADER_FIELDS``."""
+class Header:
+    """A decoded header; attributes are ``HEADER_FIELDS`` in order.
 
+    A slotted class, not a NamedTuple: fields called ``index`` and ``count``
+    would shadow the tuple methods of the same names.
+    """
+
+    __slots__ = FIELD_NAMES
     magic: int
     version: int
     type: int
@@ -131,8 +135,19 @@ class Header(NamedTuple):
     bound: int
     aux: int
 
+    def __init__(self, magic: int, version: int, type: int, flags: int, copies: int, src: int,
+                 part: int, session: int, round: int, index: int, count: int, length: int,
+                 bound: int, aux: int) -> None:
+        self.magic, self.version, self.type, self.flags = magic, version, type, flags
+        self.copies, self.src, self.part, self.session = copies, src, part, session
+        self.round, self.index, self.count, self.length = round, index, count, length
+        self.bound, self.aux = bound, aux
 
-assert Header._fields == FIELD_NAMES
+    def __repr__(self) -> str:
+        return "Header(" + ", ".join(f"{n}={getattr(self, n)}" for n in FIELD_NAMES) + ")"
+
+
+assert tuple(Header.__init__.__code__.co_varnames[1:len(FIELD_NAMES) + 1]) == FIELD_NAMES
 
 
 class MalformedDatagram(ValueError):
@@ -216,7 +231,7 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
         raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE} + tag {TAG_SIZE}")
     if n > MAX_DATAGRAM:
         raise MalformedDatagram(f"{n} bytes exceed one datagram ({MAX_DATAGRAM})")
-    h = Header._make(_HEADER.unpack_from(buf, 0))
+    h = Header(*_HEADER.unpack_from(buf, 0))
     if h.magic != MAGIC:
         raise MalformedDatagram(f"bad magic 0x{h.magic:04x}")
     if h.version != VERSION:
