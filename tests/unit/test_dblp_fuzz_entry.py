@@ -19,7 +19,8 @@ import pytest
 from dblp import TransportConfig, wire
 from dblp.engine import PULL, PUSH, Engine, InTransfer, OutTransfer
 from dblp.join import Refused, Rendezvous, parse_hello, parse_welcome
-from dblp.wire import CHUNK_BYTES, CHUNK_ELEMS, Flag, MsgType
+from dblp.wire import CHUNK_ELEMS, Flag, MsgType
+from test_dblp_fuzz import sink  # noqa: F401 (the loopback sink fixture, shared)
 
 pytestmark = pytest.mark.unit
 
@@ -129,14 +130,6 @@ def _join_payload(rng: random.Random) -> bytes:
                **(obj if isinstance(obj, dict) else {})}
     text = json.dumps(obj).encode()
     return text[:wire.MAX_PAYLOAD]
-
-
-@pytest.fixture
-def sink():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    yield s
-    s.close()
 
 
 def test_fuzz_data_control_and_join_with_production_defaults(sink):

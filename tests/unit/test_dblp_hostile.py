@@ -75,7 +75,7 @@ class _Job:
 
         def start(r):
             if hook is not None:
-                hook(r)
+                hook(self, r)
             self.hooked[r].set()
 
         def serve():
@@ -124,6 +124,27 @@ class _Job:
         self.srv.close()
 
 
+def _two_rounds(n, numel, hook, keyed, before=None, **settings) -> _Job:
+    """Run rounds 0 and 1 of a job (with the job secret if ``keyed``); the hook forges.
+
+    ``before(job)`` runs while the server waits for the workers to join.
+    """
+    if keyed:
+        settings["secret"] = SECRET
+    job = _Job(n, numel, 2, hook, **settings)
+    try:
+        if before is not None:
+            before(job)
+        job.round(0)
+        job.round(1)
+    except threading.BrokenBarrierError:
+        pass  # a worker failed: job.errors says why
+    finally:
+        job.finish()
+    assert not job.errors, job.errors
+    return job
+
+
 def _forged_data(session, src, round_, count, index, value, key=None):
     pay = np.full(wire.CHUNK_ELEMS, value, np.float32).tobytes()
     return _seal(wire.pack_header(MsgType.DATA, src=src, session=session, round=round_,
@@ -138,7 +159,7 @@ def test_session_disclosure_then_injection_leaves_the_aggregate_unchanged(keyed)
     atk = _attacker()
     seen = {}
 
-    def hook(r):
+    def hook(job, r):
         if r != 1:
             return
         # the job has joined: try to learn the session as "rank 1"
@@ -150,15 +171,10 @@ def test_session_disclosure_then_injection_leaves_the_aggregate_unchanged(keyed)
         time.sleep(0.05)
         job.srv.engine.poll(0.05)
 
-    settings = {"secret": SECRET} if keyed else {}
-    job = _Job(2, numel, 2, hook, **settings)
     try:
-        job.round(0)
-        job.round(1)
+        job = _two_rounds(2, numel, hook, keyed)
     finally:
-        job.finish()
         atk.close()
-    assert not job.errors, job.errors
     assert seen["welcome"] == []  # nothing told to a sender that is not rank 1
     for w in range(2):
         assert np.all(job.results[(w, 1)] == 1.5), job.results[(w, 1)][:4]  # the true mean
@@ -178,7 +194,7 @@ def test_crash_datagrams_leave_the_server_serving(keyed):
     atk = _attacker()
     sent = []
 
-    def hook(r):
+    def hook(job, r):
         for p in bad:
             for src in (0, 1):  # during and after the join of rank ``src``
                 msg = _hello(src, numel, payload=p, key=key)
@@ -186,17 +202,14 @@ def test_crash_datagrams_leave_the_server_serving(keyed):
                 sent.append(msg)
         job.srv.engine.poll(0.05)
 
-    settings = {"secret": SECRET} if keyed else {}
-    job = _Job(2, numel, 2, hook, **settings)
-    try:
+    def during_join(job):
         for p in bad:
             atk.sendto(_hello(1, numel, payload=p, key=key), job.srv.address)
-        job.round(0)
-        job.round(1)
+
+    try:
+        job = _two_rounds(2, numel, hook, keyed, before=during_join)
     finally:
-        job.finish()
         atk.close()
-    assert not job.errors, job.errors
     assert all(np.all(job.results[(w, r)] == 1.5) for w in range(2) for r in range(2))
     assert len(sent) == 2 * 2 * len(bad)
 
@@ -210,7 +223,7 @@ def test_copy_amplification_requests_get_bounded_replies(keyed):
     key = bytes.fromhex(SECRET) if keyed else None
     got = {}
 
-    def hook(r):
+    def hook(job, r):
         if r != 1:
             return
         job.wait_finished(0)
@@ -229,16 +242,17 @@ def test_copy_amplification_requests_get_bounded_replies(keyed):
         got["replies"] = _replies(sock, 0.3)
         sock.setblocking(False)
 
-    settings = {"secret": SECRET} if keyed else {}
-    job = _Job(1, numel, 2, hook, **settings)
-    try:
-        job.round(0)
-        job.round(1)
-    finally:
-        job.finish()
-    assert not job.errors, job.errors
+    _two_rounds(1, numel, hook, keyed)
     # one reply per probe id at most (loss-free: one copy), never 16
     assert 0 < len(got["replies"]) <= 300, len(got["replies"])
+
+
+def _round_of_ones(port: int, **settings) -> None:
+    """A lone worker's round against a server that must still be serving."""
+    with dblp.TransportGroup(0, 1, "127.0.0.1", port, **settings) as g:
+        t = np.ones(1000, np.float32)
+        g.allreduce_(t)
+        assert np.all(t == 1)
 
 
 def _fd_count() -> int:
@@ -270,10 +284,7 @@ def test_tcp_connections_that_never_bind_do_not_keep_descriptors():
             assert c.recv(1) == b""  # closed by the server
             c.close()
         assert srv.engine.counters.foreign >= 20
-        with dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, control="tcp") as g:
-            t = np.ones(1000, np.float32)
-            g.allreduce_(t)
-            assert np.all(t == 1)
+        _round_of_ones(srv.port, control="tcp")
     finally:
         th.join(30)
         srv.close()
@@ -285,7 +296,7 @@ def test_tcp_hello_cannot_replace_the_real_control_connection(keyed):
     key = bytes.fromhex(SECRET) if keyed else None
     stolen = []
 
-    def hook(r):
+    def hook(job, r):
         if r != 1:
             return
         job.wait_finished(0)
@@ -303,16 +314,11 @@ def test_tcp_hello_cannot_replace_the_real_control_connection(keyed):
         job.srv.engine.poll(0.05)
         assert job.srv.engine.tcp[0] is real
 
-    settings = {"secret": SECRET} if keyed else {}
-    job = _Job(1, numel, 2, hook, control="tcp", **settings)
     try:
-        job.round(0)
-        job.round(1)
+        job = _two_rounds(1, numel, hook, keyed, control="tcp")
     finally:
-        job.finish()
         for c in stolen:
             c.close()
-    assert not job.errors, job.errors
     assert np.all(job.results[(0, 1)] == 1.0)
 
 
@@ -414,10 +420,7 @@ def test_a_keyed_job_refuses_unkeyed_and_wrongly_keyed_members():
                 g.allreduce_(np.ones(10, np.float32))
             g.close()
         assert srv.engine.counters.unauthenticated >= 2
-        with dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, secret=SECRET) as g:
-            t = np.ones(10, np.float32)
-            g.allreduce_(t)
-            assert np.all(t == 1)
+        _round_of_ones(srv.port, secret=SECRET)
     finally:
         th.join(30)
         srv.close()
