@@ -13,7 +13,8 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: Version of the JSON layout ``to_json`` writes; ``from_json`` refuses others.
 SCHEMA = 1
@@ -198,7 +199,7 @@ class TransportConfig:
                           sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "TransportConfig":
+    def from_json(cls, text: str | bytes) -> TransportConfig:
         """Parse ``to_json``'s output; unknown schema versions and keys are refused."""
         try:
             doc = json.loads(text, parse_constant=_refuse_constant)
@@ -227,7 +228,7 @@ class TransportConfig:
 
     @classmethod
     def read(cls, path: str | os.PathLike, env: Mapping[str, str] | None = None
-             ) -> "TransportConfig":
+             ) -> TransportConfig:
         """Read a file ``write`` made; a file without a secret takes ``$DBLP_SECRET``.
 
         The launcher may keep the key out of the run directory and hand it to
@@ -245,7 +246,7 @@ class TransportConfig:
             raise ValueError(f"{os.fspath(path)}: {exc}") from None
         return cfg._with_env_secret(os.environ if env is None else env)
 
-    def _with_env_secret(self, env: Mapping[str, str]) -> "TransportConfig":
+    def _with_env_secret(self, env: Mapping[str, str]) -> TransportConfig:
         s = env.get(SECRET_ENV)
         if not s:
             return self
@@ -257,7 +258,7 @@ class TransportConfig:
         return self
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "TransportConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> TransportConfig:
         """Settings from ``$DBLP_CONFIG`` (a file), then ``DBLP_<FIELD>`` variables, then keywords.
 
         ``DBLP_SECRET`` carries the key (hex), e.g. ``DBLP_POLICY=static DBLP_P=0.02``;

@@ -30,6 +30,8 @@ import selectors
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +41,19 @@ from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
 from .pacing import RttEstimator, TokenBucket
 from .stats import Counters
-from .streams import (DONE, PROBING, PULL, PUSH, SENDING, InTransfer, OutTransfer,
-                      copies_for_loss, pack_bitmap, stream_order, unpack_bitmap)
+from .streams import (
+    DONE,
+    PROBING,
+    PULL,
+    PUSH,
+    SENDING,
+    InTransfer,
+    OutTransfer,
+    copies_for_loss,
+    pack_bitmap,
+    stream_order,
+    unpack_bitmap,
+)
 from .wire import HEADER_SIZE, Flag, MsgType
 
 # The stream machinery is re-exported: callers see one engine API.
@@ -154,8 +167,9 @@ class Engine:
         self.early_bytes = early_bytes
         self.early_size = 0
         # joining
-        self.join_handler = None  # f(header, payload, addr, tcp) for HELLO/WELCOME
-        self.tcp_accept_handler = None
+        # f(header, payload, addr, tcp peer) for HELLO/WELCOME; f() when the listener is ready
+        self.join_handler: Callable[[wire.Header, bytes, Any, int | None], None] | None = None
+        self.tcp_accept_handler: Callable[[], None] | None = None
         self.unbound: dict[TcpControl, float] = {}  # conn -> when it is closed unless bound
         self.hello_timeout = hello_timeout
         self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
@@ -306,10 +320,10 @@ class Engine:
         not each copy of it (copies x copies DONEs otherwise).
         """
         now = time.monotonic()
-        msg = bytearray(msg)
-        _INDEX.pack_into(msg, _INDEX_OFF, 1)
-        self.send_ctrl(peer, bytes(msg), copies)
-        self.pending_finals[(peer, part, self.round)] = [msg, now + self.rto(peer), 1.0, now, 1]
+        body = bytearray(msg)
+        _INDEX.pack_into(body, _INDEX_OFF, 1)
+        self.send_ctrl(peer, bytes(body), copies)
+        self.pending_finals[(peer, part, self.round)] = [body, now + self.rto(peer), 1.0, now, 1]
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:
@@ -404,8 +418,6 @@ class Engine:
             key = (h.src, h.part, h.round)
             if h.index and h.index <= self.acked_finals.get(key, 0):
                 return
-            if key in self.acked_finals:
-                self.loss_timeout(h.src)  # a repeat: our DONE was lost
             self.acked_finals[key] = h.index
             if len(self.acked_finals) > 4096:  # bounded: forget the oldest rounds
                 for k in sorted(self.acked_finals, key=lambda k: k[2])[:3072]:
@@ -460,10 +472,12 @@ class Engine:
             self._forget_conn(conn)
 
     def _forget_conn(self, conn: TcpControl) -> None:
+        """Stop watching a closed (or refused) connection and release its descriptor."""
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+        conn.close()
         self.unbound.pop(conn, None)
         if conn.peer is not None and self.tcp.get(conn.peer) is conn:
             # Normal after a peer's last round; an error only if this round still needs
@@ -482,16 +496,13 @@ class Engine:
         if conn.peer is None:
             self.unbound[conn] = time.monotonic() + self.hello_timeout
             while max_unbound is not None and len(self.unbound) > max_unbound:
-                oldest = next(iter(self.unbound))
-                oldest.close()
-                self._forget_conn(oldest)
+                self._forget_conn(next(iter(self.unbound)))
                 self.counters.foreign += 1
 
     def _expire_unbound(self, now: float) -> float:
         """Close unbound TCP connections past their deadline; return the next deadline."""
         for conn, t in list(self.unbound.items()):
             if now >= t:
-                conn.close()
                 self._forget_conn(conn)
                 self.counters.foreign += 1
         return min(self.unbound.values(), default=math.inf)

@@ -66,6 +66,7 @@ class TcpControl:
 
     def close(self) -> None:
         self.closed = True
+        self.rx.clear()
         try:
             self.sock.close()
         except OSError:

@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 from . import wire
+from .config import TransportConfig, merge
 from .engine import Engine
 from .errors import TransportError
 from .framing import TcpControl
 from .join import Rendezvous, _msg, join_aggregator, new_nonce, new_session_id
-from .config import TransportConfig, merge
 from .rounds import grad_norm, make_layout, max_passes, run_round
 from .server import DEFAULT_PORT, _mean_srtt, policy_phase
 from .stats import RoundStats
@@ -86,7 +86,7 @@ class TransportGroup:
         self._listen = None
 
     @classmethod
-    def from_env(cls, env=None, **kwargs) -> "TransportGroup":
+    def from_env(cls, env=None, **kwargs) -> TransportGroup:
         """Build from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables).
 
         Transport settings come from ``TransportConfig.from_env`` (``$DBLP_CONFIG``,
@@ -287,6 +287,6 @@ def ddp_comm_hook(group: TransportGroup, bucket):
     import torch
     buf = bucket.buffer()
     group.allreduce_(buf)
-    fut = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut

@@ -22,6 +22,7 @@ import json
 import secrets
 import socket
 import time
+from typing import Any
 
 from . import wire
 from .engine import Engine
@@ -93,7 +94,7 @@ def parse_hello(payload: bytes) -> tuple[int, int, int]:
 def parse_welcome(payload: bytes, rank: int) -> dict:
     """The fields of a WELCOME this member relies on, typed and range-checked."""
     obj = parse_object(payload)
-    w = {"session": get_int(obj, "session", 1, 2**64 - 1),
+    w: dict[str, Any] = {"session": get_int(obj, "session", 1, 2**64 - 1),
          "numel": get_int(obj, "numel", 1, MAX_NUMEL),
          "world_size": get_int(obj, "world_size", 1, 65534),
          "mode": get_str(obj, "mode"), "policy": get_str(obj, "policy"),
@@ -104,11 +105,12 @@ def parse_welcome(payload: bytes, rank: int) -> dict:
         w["phase"] = get_str(obj, "phase")
     if "peers" in obj:
         table = obj["peers"]
-        if not isinstance(table, dict) or len(table) > w["world_size"]:
+        world: int = w["world_size"]
+        if not isinstance(table, dict) or len(table) > world:
             raise Refused("peers must be a table of at most world_size entries")
         peers = {}
         for r, a in table.items():
-            if not (isinstance(r, str) and r.isdigit() and int(r) < w["world_size"]
+            if not (isinstance(r, str) and r.isdigit() and int(r) < world
                     and isinstance(a, list) and len(a) == 2 and isinstance(a[0], str)
                     and type(a[1]) is int and 0 < a[1] < 65536):
                 raise Refused("peers entry is not rank -> [ipv4, port]")
@@ -143,13 +145,20 @@ class Rendezvous:
             eng.tcp_accept_handler = self.accept
 
     def accept(self) -> None:
+        """Accept what the backlog holds (a full backlog drops the SYNs of real members)."""
         if self.listen is None:
             return
-        try:
-            sock, _ = self.listen.accept()
-        except OSError:  # BlockingIOError, or a connection reset before we got to it
-            return
-        self.eng.register_tcp(TcpControl(sock), max_unbound=len(self.expected) + 8)
+        for _ in range(64):
+            try:
+                sock, _ = self.listen.accept()
+            except OSError:  # BlockingIOError, or a connection reset before we got to it
+                return
+            try:
+                conn = TcpControl(sock)
+            except OSError:  # reset between accept and setsockopt
+                sock.close()
+                continue
+            self.eng.register_tcp(conn, max_unbound=len(self.expected) + 8)
 
     def complete(self) -> bool:
         if set(self.addrs) != self.expected:

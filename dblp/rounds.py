@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | N
                 ranges.append((a, b, s))
     else:
         raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
-    parts = []
+    parts: list[Part] = []
     for a, b, owner in ranges:
         for c in range(a, b, max_part_chunks):
             e0, e1 = c * CHUNK_ELEMS, min(min(c + max_part_chunks, b) * CHUNK_ELEMS, numel)
@@ -77,8 +78,10 @@ def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | N
 class PullGroup:
     """The owner's pull of one aggregated part to every other member, up to FINAL."""
 
-    def __init__(self, eng: Engine, part: Part, members: list[int], data: np.ndarray, bound_ppm: int):
+    def __init__(self, eng: Engine, part: Part, members: list[int], data: np.ndarray,
+                 bound_ppm: int, pushed: dict[int, np.ndarray]):
         self.eng, self.part = eng, part
+        self.pushed = pushed  # member -> chunks of its push the aggregate took (told in FINAL)
         self.data = data
         self.count = part.chunks
         self.allowed = wire.allowed_missing(self.count, bound_ppm)
@@ -98,7 +101,7 @@ class PullGroup:
             return False
         lacking = np.zeros(self.count, np.int32)
         for s in self.senders.values():
-            lacking += ~s.held
+            lacking += ~s.held_mask
         union = lacking > 0
         excess = int(union.sum()) - self.allowed
         if excess <= 0:
@@ -110,16 +113,19 @@ class PullGroup:
         fix[idx[np.argsort(lacking[idx], kind="stable")[:excess]]] = True
         self.repairs += 1
         for s in self.senders.values():
-            need = fix & ~s.held
+            need = fix & ~s.held_mask
             if need.any():
                 s.repair(need)
         return False
 
     def send_final(self, next_bound_ppm: int, critical: bool) -> None:
         eng = self.eng
-        payload = pack_bitmap(self.dropped)
+        assert self.dropped is not None, "send_final before poll() settled the dropped set"
+        dropped = pack_bitmap(self.dropped)
         flags = Flag.PULL | (Flag.CRITICAL if critical else 0)
         for m in self.senders:
+            taken = self.pushed.get(m)
+            payload = dropped + pack_bitmap(np.ones(self.count, bool) if taken is None else taken)
             copies = eng.copies(m)
             msg = wire.pack_header(MsgType.FINAL, src=eng.rank, part=self.part.index,
                                    session=eng.session, round=eng.round, count=self.count,
@@ -166,7 +172,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
     me = eng.rank
     n_members = len(members)
     push_senders, pull_receivers, push_receivers = [], [], []
-    owned: dict[int, dict] = {}
+    owned: dict[int, dict[str, Any]] = {}
     for part in parts:
         sl = slice(part.start, part.stop)
         if part.owner == me:
@@ -186,6 +192,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
             owned[part.index] = {"part": part, "acc": acc, "counts": counts, "recvs": recvs,
                                  "pull": None}
         elif me in members:
+            assert contribution is not None, "a member must contribute"
             s = OutTransfer(eng, PUSH, part.index, part.owner, contribution[sl], bound_ppm)
             eng.add_sender(s)
             push_senders.append(s)
@@ -200,7 +207,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                               f"{first_wait} s")
     deadline = time.monotonic() + round_timeout
     finals_sent = not owned
-    state = {"finals_sent": finals_sent, "decided": None}
+    state: dict[str, Any] = {"finals_sent": finals_sent, "decided": None}
 
     def advance() -> bool:
         pending = False
@@ -225,7 +232,8 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                         acc += res
                 result[part.start:part.stop] = acc
                 info["pull"] = PullGroup(eng, part, [m for m in members if m != me],
-                                         result[part.start:part.stop], bound_ppm)
+                                         result[part.start:part.stop], bound_ppm,
+                                         {r.peer: r.have.copy() for r in info["recvs"]})
             if not info["pull"].poll():
                 pending = True
         return not pending
@@ -286,9 +294,8 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
     res = RoundResult(push_senders, pull_receivers, push_receivers,
                       [i["pull"] for i in owned.values()])
     res.total_chunks = sum(p.chunks for p in parts)
-    dropped = sum(int(r.final.sum()) for r in pull_receivers)
-    dropped += sum(int(g.dropped.sum()) for g in res.pull_groups)
-    res.dropped_chunks = dropped
+    res.dropped_chunks = sum(_count(r.final) for r in pull_receivers) \
+        + sum(_count(g.dropped) for g in res.pull_groups)
     if state["decided"] is not None:
         res.next_bound_ppm, res.critical = state["decided"]
     elif pull_receivers:
@@ -296,6 +303,10 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
         res.next_bound_ppm = r.final_next_bound
         res.critical = bool(r.final_flags & Flag.CRITICAL)
     return res
+
+
+def _count(mask: np.ndarray | None) -> int:
+    return 0 if mask is None else int(mask.sum())
 
 
 def max_passes(transfers) -> int:

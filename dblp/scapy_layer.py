@@ -11,27 +11,27 @@ equals ``wire.pack(...)``.
 """
 from __future__ import annotations
 
-from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, LongField,
-                          ShortField, XShortField)
+from scapy.fields import ByteEnumField, ByteField, FlagsField, IntField, LongField, ShortField, XShortField
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Padding, bind_layers
 
 from . import wire
 
 _BY_CODE = {"B": ByteField, "H": ShortField, "I": IntField, "Q": LongField}
-_DEFAULTS = {"magic": wire.MAGIC, "version": wire.VERSION, "type": int(wire.MsgType.DATA),
-             "copies": 1, "length": None}
+_DEFAULTS = {"version": wire.VERSION, "copies": 1}
 
 
 def _field(name: str, code: str):
     default = _DEFAULTS.get(name, 0)
+    if name == "length":  # None: filled in from the payload by post_build
+        return ShortField(name, None)
     if name == "magic":
-        return XShortField(name, default)
+        return XShortField(name, wire.MAGIC)
     if name == "type":
-        return ByteEnumField(name, default, {int(t): t.name for t in wire.MsgType})
+        return ByteEnumField(name, int(wire.MsgType.DATA), {int(t): t.name for t in wire.MsgType})
     if name == "flags":
-        return FlagsField(name, default, 8, [f.name for f in wire.Flag] + ["b3", "b4", "b5",
-                                                                          "b6", "b7"])
+        names = [f.name or f"b{i}" for i, f in enumerate(wire.Flag)]
+        return FlagsField(name, 0, 8, names + ["b3", "b4", "b5", "b6", "b7"])
     return _BY_CODE[code](name, default)
 
 

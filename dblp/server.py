@@ -7,10 +7,10 @@ import time
 import numpy as np
 
 from . import wire
+from .config import TransportConfig, merge
 from .engine import Engine
 from .join import Rendezvous, new_session_id
-from .config import TransportConfig, merge
-from .rounds import grad_norm, make_layout, max_passes, run_round
+from .rounds import Part, grad_norm, make_layout, max_passes, run_round
 from .stats import RoundStats
 
 DEFAULT_PORT = 47474
@@ -53,7 +53,7 @@ class ParameterServer:
         self.session_id = cfg.session_id or new_session_id()
         control, rate_bps = cfg.control, cfg.rate_bps
         self.rank = world_size
-        self.listen = None
+        self.listen: socket.socket | None = None
         for attempt in range(20):
             self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
                                  control=control, rate_bps=rate_bps, key=cfg.key,
@@ -74,12 +74,15 @@ class ParameterServer:
                 if port != 0 or attempt == 19:
                     raise
         if self.listen is not None:
-            self.listen.listen(world_size + 8)
+            # A deep backlog: a connect flood must not make real members wait for SYN retries
+            # (the engine holds at most world_size + 8 connections that have not said HELLO).
+            self.listen.listen(max(128, world_size + 8))
         self.round = -1
         self.joined = False
-        self.rendezvous = None
-        self.parts = None
-        self.result = None
+        self.rendezvous: Rendezvous | None = None
+        self.parts: list[Part] = []  # set at join, from the workers' tensor size
+        self.result = np.zeros(0, np.float32)
+        self._norm: float | None = None
         self.residual: dict | None = {} if cfg.missing == "error_feedback" else None
         self.history: list[RoundStats] = []
 
@@ -92,11 +95,12 @@ class ParameterServer:
         welcome = {"session": self.session_id, "world_size": self.world_size, "mode": "ps",
                    "server_rank": self.rank, "policy": p.name, "control": self.control,
                    "bound_ppm": wire.bound_to_ppm(p.bound(0)), "phase": policy_phase(p)}
-        self.rendezvous = Rendezvous(self.engine, list(range(self.world_size)), welcome,
-                                     want_tcp=self.control == "tcp", include_table=False,
-                                     listen=self.listen)
-        self.rendezvous.run(self.join_timeout)
-        numel = self.rendezvous.numel
+        rv = self.rendezvous = Rendezvous(self.engine, list(range(self.world_size)), welcome,
+                                          want_tcp=self.control == "tcp", include_table=False,
+                                          listen=self.listen)
+        rv.run(self.join_timeout)
+        numel = rv.numel
+        assert numel is not None, "a completed join knows the tensor size"
         self.parts = make_layout(numel, "ps", self.world_size)
         self.result = np.zeros(numel, np.float32)
         self.joined = True

@@ -72,13 +72,13 @@ class OutTransfer:
         "chunks_sent", "retransmitted", "probes", "t_done",
     )
 
-    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, data: np.ndarray,
+    def __init__(self, eng: Engine, kind: int, part: int, peer: int, data: np.ndarray,
                  bound_ppm: int, flags: int = 0):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
         data = np.ascontiguousarray(data, dtype="<f4")
         self.data = data
-        self.raw = memoryview(data.view(np.uint8))
+        self.raw = data.view(np.uint8).data
         self.nbytes = data.nbytes
         self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
         if self.count > wire.MAX_PART_CHUNKS:
@@ -95,7 +95,7 @@ class OutTransfer:
         self.probes = 0
         self.held: np.ndarray | None = None  # receiver's bitmap at STOP (or last BITMAP)
         self.required: np.ndarray | None = None  # repair mode: chunks that must arrive
-        self.t_done = None
+        self.t_done: float | None = None
         self.probe_id = 0
         self.probe_first = 1
         self.probe_times: dict[int, float] = {}
@@ -222,18 +222,22 @@ class OutTransfer:
         self.next_probe_t = math.inf
         self.eng.sender_done(self)
 
-    def overtaken(self) -> None:
-        """The owner's FINAL for this part arrived: the aggregate is fixed, our STOP is moot.
+    @property
+    def held_mask(self) -> np.ndarray:
+        """The receiver's last bitmap (its STOP's once DONE); nothing known counts as lacking."""
+        return self.held if self.held is not None else np.zeros(self.count, bool)
 
-        Waiting for a lost STOP would need the owner to answer probes, and the
-        owner may already have returned to its caller: that wait is how a round
-        used to hang until its deadline. Without any bitmap we assume all arrived
-        (error feedback then carries nothing rather than carrying twice).
+    def overtaken(self, taken: np.ndarray) -> None:
+        """The owner's FINAL for this part arrived, saying which chunks it ``taken``.
+
+        The aggregate is fixed, so a STOP still missing is moot: waiting for it
+        would need the owner to answer probes, and the owner may already have
+        returned to its caller (that wait is how a round used to hang until its
+        deadline). The FINAL's bitmap is the STOP's, so error feedback stays exact.
         """
         if self.state == DONE:
             return
-        if self.held is None:
-            self.held = np.ones(self.count, bool)
+        self.held = taken
         self._finish()
 
     def repair(self, chunks: np.ndarray) -> None:
@@ -275,19 +279,19 @@ class InTransfer:
         "bound_ppm", "allowed",
         # what arrived
         "have", "n_have", "max_pass", "t_first",
-        # STOP and its repeats, probe replies (and what we held when we answered)
-        "stopped", "t_stop", "last_stop_t", "last_probe", "have_at_probe",
+        # STOP and its repeats, probe replies
+        "stopped", "t_stop", "last_stop_t", "last_probe",
         # FINAL (pull streams): the zero-filled set, next bound and phase, last id acked
         "final", "final_next_bound", "final_flags", "last_final",
     )
 
-    def __init__(self, eng: "Engine", kind: int, part: int, peer: int, out: np.ndarray,
+    def __init__(self, eng: Engine, kind: int, part: int, peer: int, out: np.ndarray,
                  bound_ppm: int, *, add: bool, freeze: bool):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
         self.out = out
         self.nbytes = out.nbytes
-        self.out_u8 = memoryview(out.view(np.uint8)) if not add else None
+        self.out_u8 = out.view(np.uint8).data if not add else None
         self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
         self.add = add
         self.freeze = freeze
@@ -296,12 +300,13 @@ class InTransfer:
         self.have = np.zeros(self.count, bool)
         self.n_have = 0
         self.max_pass = 0
-        self.t_first = self.t_stop = None  # monotonic times, for latency breakdowns
+        # monotonic times, for latency breakdowns
+        self.t_first: float | None = None
+        self.t_stop: float | None = None
         self.stopped = False
         self.final: np.ndarray | None = None
         self.last_stop_t = -math.inf
         self.last_probe = 0  # highest probe id answered: copies of one probe get one reply
-        self.have_at_probe = -1  # chunks held when we last answered a probe
         self.last_final = 0  # highest FINAL transmission id acknowledged
         self.final_next_bound = 0
         self.final_flags = 0
@@ -338,7 +343,7 @@ class InTransfer:
             if self.stopped:
                 self._repeat_stop(h, now)
             return
-        if self.add:
+        if self.out_u8 is None:  # accumulate
             e0 = start // 4
             self.out[e0:e0 + h.length // 4] += np.frombuffer(buf, "<f4", h.length // 4, HEADER_SIZE)
         else:
@@ -377,15 +382,11 @@ class InTransfer:
             # ``copies`` replies. Answering every copy again would send copies^2 replies.
             return
         # Our own loss estimate sizes our replies (a request cannot amplify), so feed it
-        # what the receiving side sees: the loss of a whole first pass, and a probe
-        # repeated without any data in between (our answer, or the probe, was lost).
-        if self.last_probe == 0:
-            if not self.stopped and self.max_pass <= 1:
-                self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
-        elif self.n_have == self.have_at_probe:
-            self.eng.loss_timeout(self.peer)
+        # what the data we received shows: the loss of the whole first pass. Repeated
+        # probes are no evidence: anyone repeating requests could raise it at will.
+        if self.last_probe == 0 and not self.stopped and self.max_pass == 1:
+            self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
         self.last_probe = h.index
-        self.have_at_probe = self.n_have
         self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
 
     def on_final(self, h: wire.Header, payload) -> None:
@@ -393,7 +394,8 @@ class InTransfer:
             self.eng.counters.malformed += 1
             return
         if self.final is None:
-            dropped = unpack_bitmap(payload, self.count)
+            nb = (self.count + 7) // 8
+            dropped = unpack_bitmap(payload[:nb], self.count)
             # Zero-fill what every replica zero-fills; anything else we lack
             # (cannot happen with an honest aggregator) is zeroed and counted.
             zero = dropped | ~self.have
@@ -407,11 +409,9 @@ class InTransfer:
             self.eng.progress = True
             push = self.eng.senders.get((PUSH, self.part, self.peer))
             if push is not None:
-                push.overtaken()
+                push.overtaken(unpack_bitmap(payload[nb:], self.count))
         if h.index and h.index <= self.last_final:
             return  # another copy of a FINAL transmission we acknowledged already
-        if self.last_final:
-            self.eng.loss_timeout(self.peer)  # a retransmission: our DONE was lost
         self.last_final = h.index
         eng = self.eng
         done = wire.pack_header(MsgType.DONE, src=eng.rank, part=self.part, session=eng.session,

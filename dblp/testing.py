@@ -23,8 +23,13 @@ def gradients(n_workers: int, rounds: int, numel: int, seed: int = 0) -> list[li
 
 
 def run_job(n_workers=3, mode="ps", policy="reliable", rounds=2, numel=20_000, control="udp",
-            missing="zero", fault=0.0, round_timeout=20.0, knobs=None, grads=None):
-    """Returns (results[w][r] = (tensor, stats, last_result), server_stats or None)."""
+            missing="zero", fault=0.0, round_timeout=20.0, knobs=None, grads=None,
+            secret: str | None = None) -> tuple[dict, list, list]:
+    """Returns (results[w][r] = (tensor, stats, last_result), server stats, gradients).
+
+    ``secret`` (hex) authenticates the job as a launcher would; ``fault`` drops
+    that fraction of what every participant receives (the bench's loss, in process).
+    """
     knobs = knobs or {}
     grads = grads or gradients(n_workers, rounds, numel)
     results: dict = {}
@@ -34,7 +39,7 @@ def run_job(n_workers=3, mode="ps", policy="reliable", rounds=2, numel=20_000, c
     if mode == "ps":
         srv = dblp.ParameterServer("127.0.0.1", 0, n_workers, policy, control=control,
                                    missing=missing, round_timeout=round_timeout,
-                                   fault_rx_drop=fault, **knobs)
+                                   fault_rx_drop=fault, secret=secret, **knobs)
         port = srv.port
 
         def serve():
@@ -51,7 +56,7 @@ def run_job(n_workers=3, mode="ps", policy="reliable", rounds=2, numel=20_000, c
         try:
             with dblp.TransportGroup(w, n_workers, "127.0.0.1", port, mode=mode, policy=policy,
                                      control=control, missing=missing, round_timeout=round_timeout,
-                                     fault_rx_drop=fault, **knobs) as g:
+                                     fault_rx_drop=fault, secret=secret, **knobs) as g:
                 out = []
                 for r in range(rounds):
                     t = grads[w][r].copy()

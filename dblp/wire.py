@@ -23,7 +23,10 @@ Payload per message type:
 * BITMAP / STOP: the receiver's bitmap of held chunks, ``ceil(count/8)`` bytes,
   bit ``i`` = byte ``i // 8``, bit ``7 - i % 8`` (numpy ``packbits`` order).
   STOP means "the missing fraction is within the bound: stop sending".
-* FINAL: bitmap of the chunks every replica zero-fills in this round's pull;
+* FINAL: two bitmaps. First, the chunks every replica zero-fills in this
+  round's pull; second, the chunks of this member's push that the aggregate
+  took (its receiver's bitmap at STOP), so a member whose STOP was lost still
+  knows exactly what it delivered (error feedback needs it) without waiting;
   ``aux`` is the bound (ppm) the aggregator decided for the next round and
   ``flags & CRITICAL`` its phase; ``index`` numbers the transmissions (1, 2,
   ... on retransmission), and the member acknowledges each number once.
@@ -39,7 +42,6 @@ import enum
 import hashlib
 import hmac
 import struct
-from typing import NamedTuple
 
 MAGIC = 0xDB1B
 VERSION = 2  # 2: the MAC trailer
@@ -99,7 +101,7 @@ ZERO_TAG = bytes(TAG_SIZE)
 MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
 CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
 CHUNK_BYTES = CHUNK_ELEMS * 4
-MAX_PART_CHUNKS = MAX_PAYLOAD * 8  # a bitmap must fit one datagram
+MAX_PART_CHUNKS = MAX_PAYLOAD * 4  # a FINAL's two bitmaps must fit one datagram
 FIELD_NAMES = tuple(name for name, _, _ in HEADER_FIELDS)
 FIELD_OFFSETS = {}
 _off = 0
@@ -110,9 +112,14 @@ for _name, _code, _ in HEADER_FIELDS:
 assert HEADER_SIZE == 40, HEADER_SIZE
 
 
-class Header(NamedTuple):
-    """A decoded header; field order is ``HEADER_FIELDS``."""
+class Header:
+    """A decoded header; attributes are ``HEADER_FIELDS`` in order.
 
+    A slotted class, not a NamedTuple: fields called ``index`` and ``count``
+    would shadow the tuple methods of the same names.
+    """
+
+    __slots__ = FIELD_NAMES
     magic: int
     version: int
     type: int
@@ -128,8 +135,19 @@ class Header(NamedTuple):
     bound: int
     aux: int
 
+    def __init__(self, magic: int, version: int, type: int, flags: int, copies: int, src: int,
+                 part: int, session: int, round: int, index: int, count: int, length: int,
+                 bound: int, aux: int) -> None:
+        self.magic, self.version, self.type, self.flags = magic, version, type, flags
+        self.copies, self.src, self.part, self.session = copies, src, part, session
+        self.round, self.index, self.count, self.length = round, index, count, length
+        self.bound, self.aux = bound, aux
 
-assert Header._fields == FIELD_NAMES
+    def __repr__(self) -> str:
+        return "Header(" + ", ".join(f"{n}={getattr(self, n)}" for n in FIELD_NAMES) + ")"
+
+
+assert tuple(Header.__init__.__code__.co_varnames[1:len(FIELD_NAMES) + 1]) == FIELD_NAMES
 
 
 class MalformedDatagram(ValueError):
@@ -213,7 +231,7 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
         raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE} + tag {TAG_SIZE}")
     if n > MAX_DATAGRAM:
         raise MalformedDatagram(f"{n} bytes exceed one datagram ({MAX_DATAGRAM})")
-    h = Header._make(_HEADER.unpack_from(buf, 0))
+    h = Header(*_HEADER.unpack_from(buf, 0))
     if h.magic != MAGIC:
         raise MalformedDatagram(f"bad magic 0x{h.magic:04x}")
     if h.version != VERSION:
@@ -230,7 +248,8 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
             raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s "
                                     f"of at most one chunk ({CHUNK_BYTES})")
     elif h.type in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
-        if h.length != (h.count + 7) // 8:
+        bitmaps = 2 if h.type == MsgType.FINAL else 1
+        if h.length != bitmaps * ((h.count + 7) // 8) or h.count > MAX_PART_CHUNKS:
             raise MalformedDatagram(f"bitmap of {h.length} bytes for {h.count} chunks")
     if h.bound >= PPM or (h.type == MsgType.FINAL and h.aux >= PPM):
         raise MalformedDatagram(f"bound {h.bound} ppm out of range")

@@ -24,6 +24,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import secrets
 import time
 import uuid
 
@@ -158,19 +159,20 @@ def _agent_dblp(args: dict) -> None:
 
     import dblp
     role = args["role"]
-    common = dict(control=args["control"], rate_bps=args["rate_bps"],
-                  round_timeout=args["round_timeout"], join_timeout=30.0)
-    policy, knobs = args["policy"], args.get("knobs", {})
+    # The job's secret (auth rows) comes in the environment, never on the command line.
+    cfg = dblp.TransportConfig(
+        policy=args["policy"], control=args["control"], rate_bps=args["rate_bps"],
+        round_timeout=args["round_timeout"], join_timeout=30.0,
+        idle_timeout=args["round_timeout"] + 30, session_id=args["session"],
+        mode="sharded" if role == "peer" else "ps",
+        secret=os.environ.get(dblp.config.SECRET_ENV) or None, **args.get("knobs", {}))
     if role == "server":
-        obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, policy, session_id=args["session"],
-                                   idle_timeout=args["round_timeout"] + 30, **common, **knobs)
+        obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, config=cfg)
     elif role == "peer":  # sharded mode, two ranks: each aggregates half
-        obj = dblp.TransportGroup(args["rank"], 2, args["server"], args["port"], mode="sharded",
-                                  policy=policy, session_id=args["session"], **common, **knobs)
+        obj = dblp.TransportGroup(args["rank"], 2, args["server"], args["port"], config=cfg)
         grad = np.random.default_rng(args["rank"]).standard_normal(args["numel"]).astype(np.float32)
     else:
-        obj = dblp.TransportGroup(0, 1, args["server"], args["port"], policy=policy,
-                                  session_id=args["session"], **common, **knobs)
+        obj = dblp.TransportGroup(0, 1, args["server"], args["port"], config=cfg)
         grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
     _reply({"ready": True})
     for line in sys.stdin:
@@ -237,9 +239,12 @@ def agent_main(argv: list[str]) -> None:
 class Agent:
     """A process in a namespace that answers one JSON line per command."""
 
-    def __init__(self, pair: NetnsPair, side: int, args: dict):
+    def __init__(self, pair: NetnsPair, side: int, args: dict, secret: str | None = None):
         root = str(REPO_ROOT)
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.pop("DBLP_SECRET", None)
+        if secret is not None:
+            env["DBLP_SECRET"] = secret
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", pair.ns[side], sys.executable, "-m",
              "testbed.bench.transport", json.dumps(args)],
@@ -287,23 +292,30 @@ class Config:
     bound: float
     control: str  # udp | tcp
     mode: str = "ps"  # dblp: "ps" (worker + aggregator) or "sharded" (two peers)
+    auth: bool = False  # dblp: the job has a secret (every message carries a MAC)
 
     @property
     def label(self) -> str:
         if self.impl == "gloo":
             return "gloo all_reduce"
-        return f"{self.policy} P={self.bound:.1%} {self.control} {self.mode}"
+        return (f"{self.policy} P={self.bound:.1%} {self.control} {self.mode}"
+                + (" auth" if self.auth else ""))
 
 
 def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True,
-                    sharded=True):
+                    sharded=True, auth=(False, True)):
+    """Every bound x control (and sharded UDP), once per ``auth`` setting, side by side."""
     cfgs = []
     for control in controls:
         for b in bounds:
-            cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control))
+            for a in auth:
+                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control,
+                                   auth=a))
     if sharded:  # like gloo: both hosts send at once (UDP control; TCP is PS-only)
         for b in bounds:
-            cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp", "sharded"))
+            for a in auth:
+                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp",
+                                   "sharded", auth=a))
     if gloo:
         cfgs.append(Config("gloo", "reliable", 0.0, "tcp"))
     return cfgs
@@ -393,12 +405,13 @@ def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -
         base = {"kind": "dblp", "policy": cfg.policy, "knobs": knobs, "control": cfg.control,
                 "rate_bps": rate_bps, "round_timeout": round_timeout, "port": port,
                 "numel": numel, "session": int(uuid.uuid4().int >> 65) | 1}
+        secret = secrets.token_hex(32) if cfg.auth else None  # made by who starts the job
         if cfg.mode == "sharded":
-            agents = [Agent(pair, 0, dict(base, role="peer", rank=0, server=pair.ip[0])),
-                      Agent(pair, 1, dict(base, role="peer", rank=1, server=pair.ip[0]))]
+            agents = [Agent(pair, 0, dict(base, role="peer", rank=0, server=pair.ip[0]), secret),
+                      Agent(pair, 1, dict(base, role="peer", rank=1, server=pair.ip[0]), secret)]
         else:
-            agents = [Agent(pair, 1, dict(base, role="server")),
-                      Agent(pair, 0, dict(base, role="worker", server=pair.ip[1]))]
+            agents = [Agent(pair, 1, dict(base, role="server"), secret),
+                      Agent(pair, 0, dict(base, role="worker", server=pair.ip[1]), secret)]
         ready_timeout = 60
     for a in agents:
         r = a.read(ready_timeout)
@@ -441,7 +454,8 @@ def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeout
     rt = None if math.isinf(rt) else rt
     bound_s = floor_s * need
     row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
-           "mode": cfg.mode if cfg.impl == "dblp" else "allreduce", "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
+           "mode": cfg.mode if cfg.impl == "dblp" else "allreduce", "auth": cfg.auth,
+           "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
            "ratio": (rt / bound_s) if rt else None, "passes": passes, "ideal_passes": ideal,
            "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
            "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None}
@@ -463,13 +477,14 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'loss':>5} {'round_trip_s':>12} "
-          f"{'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5}")
+HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'auth':4} {'loss':>5} "
+          f"{'round_trip_s':>12} {'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5}")
 
 
 def _format_row(r: dict) -> str:
     impl = r["impl"] + ("/sh" if r.get("mode") == "sharded" else "")
-    s = (f"{impl:7} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {r['loss']:5.0%} "
+    auth = "yes" if r.get("auth") else "no"
+    s = (f"{impl:7} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {auth:4} {r['loss']:5.0%} "
          f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
          f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')}")
     if r.get("tcp"):
@@ -483,6 +498,12 @@ def format_table(doc: dict) -> str:
     lines = [f"floor_s = {doc['floor_s']:.3f} s ({doc['bytes']} B at {doc['rate_bps'] / 1e6:g} "
              f"Mbit/s), medians of {doc['reps']} round trips", HEADER]
     lines += [_format_row(r) for r in doc["rows"]]
+    lines += ["", "cost of authentication (round trip with a secret / without, same row):"]
+    for r in doc["rows"]:
+        twin = _auth_twin(doc, r)
+        if r.get("auth") and twin and r["round_trip_s"] and twin["round_trip_s"]:
+            lines.append(f"  {r['policy']:8} {r['bound']:6.1%} {r['control']} {r['mode']:7} "
+                         f"loss {r['loss']:4.0%}: {r['round_trip_s'] / twin['round_trip_s']:.3f}x")
     lines += ["", "speedup of the 40.8 % bound over static 0.8 % (same control):"]
     for control in ("udp", "tcp"):
         for loss in doc["losses"]:
@@ -500,11 +521,21 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def _find(doc, policy, bound, control, loss):
+def _find(doc, policy, bound, control, loss, auth=False):
     for r in doc["rows"]:
         if r["impl"] == "dblp" and r.get("mode", "ps") == "ps" and r["policy"] == policy \
                 and abs(r["bound"] - bound) < 1e-9 \
-                and r["control"] == control and r["loss"] == loss:
+                and r["control"] == control and r["loss"] == loss and r.get("auth", False) == auth:
+            return r
+    return None
+
+
+def _auth_twin(doc, row):
+    """The row measured under the same conditions without authentication."""
+    for r in doc["rows"]:
+        if r is not row and r["impl"] == row["impl"] == "dblp" and not r.get("auth") \
+                and (r["policy"], r["bound"], r["control"], r["mode"], r["loss"]) == \
+                (row["policy"], row["bound"], row["control"], row["mode"], row["loss"]):
             return r
     return None
 
@@ -521,12 +552,16 @@ def _find(doc, policy, bound, control, loss):
 @click.option("--bounds", default="0,0.008,0.408", show_default=True)
 @click.option("--no-gloo", is_flag=True, help="Skip the torch.distributed gloo rows.")
 @click.option("--no-sharded", is_flag=True, help="Skip the DBLP sharded-mode rows.")
+@click.option("--auth", type=click.Choice(["both", "on", "off"]), default="both",
+              show_default=True, help="DBLP rows with a job secret (MAC on every message), "
+              "without, or both side by side.")
 @click.option("--round-timeout", type=float, default=30.0, show_default=True,
               help="Per-round deadline; a row that misses it is reported as failed.")
 @click.option("--quick", is_flag=True,
-              help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo.")
+              help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo, "
+                   "authenticated.")
 def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
-                  no_sharded, round_timeout, quick):
+                  no_sharded, auth, round_timeout, quick):
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
         raise click.UsageError("bench transport needs root (network namespaces)")
@@ -546,10 +581,12 @@ def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, 
         raise click.BadParameter("must be >= 1", param_hint="--reps")
     if quick:
         reps, loss_list, mbytes, ctl, no_gloo, no_sharded = 2, (0.0, 0.5), 1.0, ("udp",), True, True
+        auth = "on"
         bound_list = (0.0, 0.408)
     numel = int(mbytes * (1 << 20)) // 4
     cfgs = default_configs(bound_list, ctl, gloo=not no_gloo,
-                           sharded=not no_sharded and "udp" in ctl)
+                           sharded=not no_sharded and "udp" in ctl,
+                           auth={"both": (False, True), "on": (True,), "off": (False,)}[auth])
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     click.echo(HEADER)

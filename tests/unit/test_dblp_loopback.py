@@ -177,3 +177,15 @@ def test_from_env_reads_optional_transport_knobs():
         g.close()
     with pytest.raises(ValueError, match="DBLP_RATE_BPS"):
         dblp.TransportGroup.from_env(dict(env, DBLP_RATE_BPS="fast"))
+
+
+@pytest.mark.parametrize("mode,control", [("ps", "udp"), ("ps", "tcp"), ("sharded", "udp")])
+def test_authenticated_job_under_loss(mode, control):
+    """A job with a secret: every message carries a MAC, results as promised."""
+    import secrets
+    n = 3
+    results, _, grads = run_job(n, mode, "static", fault=0.2, knobs={"p": 0.1}, numel=30_000,
+                                control=control, secret=secrets.token_hex(32))
+    _check(results, grads, n, mode)
+    assert all(results[w][r][1].counters["unauthenticated"] == 0 for w in range(n)
+               for r in range(2))
