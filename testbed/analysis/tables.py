@@ -31,6 +31,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
+from testbed.analysis import datasets
 from testbed.analysis import physics as phys
 from testbed.analysis.formats import SUMMARY_SCHEMA
 from testbed.config import spec as specmod
@@ -182,11 +183,7 @@ def requested_loss(kind: str, params: dict) -> float:
     return float(p) if ok else math.nan
 
 
-BURST_COLUMNS = ["arm", "id", "kind", "target", "trigger", "round", "requested_start_ns",
-                 "requested_end_ns", "actual_start_ns", "actual_end_ns", "requested_ms",
-                 "actual_ms", "start_delay_ms", "requested_loss", "dropped_packets",
-                 "seen_packets", "received_packets", "measured_loss", "measured_loss_source",
-                 "rounds_hit", "error", "params"]
+BURST_COLUMNS = datasets.BURSTS.names()
 
 
 def bursts_table(raw: RawRun) -> pd.DataFrame:
@@ -238,9 +235,7 @@ def _stat_columns(stats_list: list[dict], prefix: str) -> dict:
     return out
 
 
-ROUND_COLUMNS = ["arm", "transport", "mode", "round", "epoch", "workers", "t_start_ns",
-                 "t_end_ns", "duration_ms", "latency_ms", "comm_ms_max", "comm_ms_min",
-                 "compute_ms_max", "bound", "phase", "loss"]
+ROUND_COLUMNS = datasets.ROUND_BASE_COLUMNS
 
 
 def rounds_table(raw: RawRun) -> pd.DataFrame:
