@@ -98,7 +98,7 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
         s = link[link["arm"] == arm] if len(link) else link
         s = s[s["tx_mbps"].notna()] if len(s) else s
         if not len(r) or not len(s):
-            ax.set_title(f"{arm}: no port statistics of the bottleneck in this arm "
+            ax.set_title(f"{arm}: no port statistics of the bottleneck in this arm\n"
                          "(monitor off or no placement in the manifest); queue occupancy "
                          "is not measured", fontsize=8)
             ax.set_axis_off()
@@ -119,8 +119,8 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
         ax.legend(fontsize=7, loc="lower right")
         first = s.iloc[0]
         ax.set_title(f"{arm}: bottleneck {first['switch']} port {first['port']}, mean tx rate per "
-                     f"{float(s['interval_s'].median()):.3g} s sample (OpenFlow port counters; "
-                     "shaded: burst windows). Queue occupancy is not measured.", fontsize=8)
+                     f"{float(s['interval_s'].median()):.3g} s sample (OpenFlow port counters)\n"
+                     "shaded: burst windows. Queue occupancy is not measured.", fontsize=8)
     axes[-1].set_xlabel("seconds since the arm's first round")
     return _save(fig, path)
 
