@@ -22,7 +22,6 @@ from matplotlib import ticker  # noqa: E402
 # No version string or date: rebuilds stay identical across upgrades and days.
 _META = {"png": {"Software": "dblp-testbed"}, "svg": {"Creator": "dblp-testbed", "Date": None}}
 PRINT_DPI = 300
-matplotlib.rcParams["svg.hashsalt"] = "dblp-testbed"
 
 
 def _colors(arms):
@@ -35,7 +34,8 @@ def _save(fig, path):
     path = pathlib.Path(path)
     fig.tight_layout()
     fig.savefig(path, dpi=PRINT_DPI, metadata=_META["png"])
-    fig.savefig(path.with_suffix(".svg"), metadata=_META["svg"])
+    with matplotlib.rc_context({"svg.hashsalt": "dblp-testbed"}):  # fixed element ids
+        fig.savefig(path.with_suffix(".svg"), metadata=_META["svg"])
     plt.close(fig)
     return path
 

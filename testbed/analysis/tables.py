@@ -211,6 +211,10 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
                 "params": json.dumps(b["params"], sort_keys=True),
             })
     df = pd.DataFrame(rows, columns=BURST_COLUMNS)
+    # A missing value would turn a column of ns timestamps into float64, which
+    # rounds them to 128 ns at today's epoch: keep them exact integers.
+    for col in ("requested_start_ns", "requested_end_ns", "actual_start_ns", "actual_end_ns"):
+        df[col] = pd.array([r[col] for r in rows], dtype="Int64")
     # The controller's loss rule counts what it saw and what it dropped: exact loss.
     d = pd.to_numeric(df["dropped_packets"], errors="coerce")
     n = pd.to_numeric(df["seen_packets"], errors="coerce")

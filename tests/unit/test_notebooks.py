@@ -244,3 +244,18 @@ def test_readme_notebook_example_runs(notebook_run):
     from testbed.analysis import load
     doc = [line.strip() for line in load.__doc__.splitlines() if line.startswith("    ")]
     assert doc == [line.strip() for line in block]
+
+
+def test_burst_timestamps_stay_exact_when_one_is_missing(tmp_path):
+    """One burst without an end used to turn the column into float64 (128 ns steps at 10^18)."""
+    run = make_run(tmp_path / "run")
+    f = run / "raw" / "static" / "bursts.jsonl"
+    lines = [json.loads(x) for x in f.read_text().splitlines()]
+    lines[1]["actual_end_ns"] = None                       # the burst's end was never logged
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    build_outputs(run, figures=False)
+    b = load_run(run).bursts.set_index("id")
+    assert b.loc["static-b1", "actual_end_ns"] == lines[0]["actual_end_ns"]
+    assert b.loc["static-b1", "actual_start_ns"] == T0["static"] + 3 * PERIOD + 11_000_000
+    assert pd.isna(b.loc["static-b2", "actual_end_ns"])
+    assert pd.read_csv(run / "bursts.csv")["actual_start_ns"].astype(str).str.isdigit().all()
