@@ -13,7 +13,9 @@ it (``raw_log_schema``), and the analysis refuses a run directory written
 with a version it does not know. History:
 
 * 1: first declared version: ``start``, ``round``, ``eval`` and ``end`` from
-  the workloads, ``burst`` from the controller.
+  the workloads, ``burst`` from the controller; the controller's
+  ``port_stats`` lines (``PORT_STATS_FIELDS``, fabric-wide, not an arm's
+  event) were declared later as the controller already wrote them.
 """
 from __future__ import annotations
 
@@ -138,6 +140,30 @@ EVENTS: dict[str, tuple[Field, ...]] = {
 }
 
 
+# Written by the controller's port monitor into RUN/raw/port_stats.jsonl: one
+# line per switch and sampling period, from an OpenFlow port-stats reply.
+# Not an arm's event (the fabric outlives the arms, so a line has no arm):
+# readers place a sample in an arm by the manifest's arm windows. The
+# counters are cumulative since the port came up, as OpenFlow reports them;
+# they hold no queue length.
+PORT_STATS_FIELDS = (
+    _f("event", "str", "port_stats"),
+    _f("t_ns", "int", "time.time_ns() when the switch's reply arrived"),
+    _f("switch", "str", "switch name (its DPID in decimal if the switch is unknown)"),
+    _f("dpid", "int", "OpenFlow datapath id"),
+    _f("ports", "dict", "OpenFlow port number, as a string (a JSON key) -> PORT_COUNTER_FIELDS"),
+)
+PORT_COUNTER_FIELDS = tuple(_f(name, "int", doc) for name, doc in (
+    ("rx_packets", "packets the port received"),
+    ("tx_packets", "packets the port transmitted"),
+    ("rx_bytes", "bytes the port received"),
+    ("tx_bytes", "bytes the port transmitted"),
+    ("rx_dropped", "received packets the switch dropped"),
+    ("tx_dropped", "packets the switch dropped on transmit (not the link's qdisc drops)"),
+    ("tx_errors", "transmit errors"),
+))
+
+
 class MalformedEvent(ValueError):
     """A record that does not match its declaration; the message says which field."""
 
@@ -178,6 +204,18 @@ def check_event(obj) -> dict:
         raise MalformedEvent(f"unknown event {name!r}" if isinstance(obj, dict)
                              else f"not a JSON object but {type(obj).__name__}")
     return check_fields(obj, EVENTS[name], f"{name} event")
+
+
+def check_port_stats(obj) -> dict:
+    """Return ``obj`` if it is a well-formed ``port_stats`` line, else raise MalformedEvent."""
+    check_fields(obj, PORT_STATS_FIELDS, "port_stats line")
+    if obj["event"] != "port_stats":
+        raise MalformedEvent(f"port_stats line: event is {obj['event']!r}, not 'port_stats'")
+    for port, counters in obj["ports"].items():
+        if not port.isdigit():
+            raise MalformedEvent(f"port_stats line: port {port!r} is not a port number")
+        check_fields(counters, PORT_COUNTER_FIELDS, f"port_stats line port {port}")
+    return obj
 
 
 def _clean(v):

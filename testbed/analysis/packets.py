@@ -31,13 +31,10 @@ import pandas as pd
 
 from dblp import scapy_layer, wire
 from dblp.server import DEFAULT_PORT
+from testbed.analysis import datasets
 
-PACKET_COLUMNS = ["arm", "host", "t_ns", "src", "dst", "sport", "dport", "proto", "kind",
-                  "ip_bytes", "hdr_round", "seq", "stream", "pass_no", "tcp_seq", "payload",
-                  "is_data"]
-TABLE_COLUMNS = ["arm", "round", "direction", "src", "dst", "src_host", "dst_host",
-                 "sent_packets", "sent_bytes", "recv_packets", "recv_bytes",
-                 "retransmissions", "drops", "control_packets"]
+PACKET_COLUMNS = datasets.CAPTURE_COLUMNS
+TABLE_COLUMNS = datasets.FLOWS.names()
 
 _PULL_BIT = int(wire.Flag.PULL)
 _TYPES = {int(t): t.name.lower() for t in wire.MsgType}

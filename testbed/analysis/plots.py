@@ -1,8 +1,11 @@
 """The report's figures, drawn from the derived tables only (so they rebuild from raw/).
 
-Each function writes one PNG and returns its path. Matplotlib runs headless
-(Agg) and every input is sorted, so re-running on the same tables gives
-byte-identical files: the report's rebuild check relies on it.
+Each function writes one figure twice, a PNG at print resolution
+(``PRINT_DPI``) for the report and an SVG beside it for papers and slides,
+and returns the PNG's path. Matplotlib runs headless (Agg), every input is
+sorted, the SVG's element ids are salted with a constant and neither file
+carries a date, so re-running on the same tables gives byte-identical files:
+the report's rebuild check relies on it.
 """
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-_META = {"Software": "dblp-testbed"}  # no version string: rebuilds stay identical across upgrades
+# No version string or date: rebuilds stay identical across upgrades and days.
+_META = {"png": {"Software": "dblp-testbed"}, "svg": {"Creator": "dblp-testbed", "Date": None}}
+PRINT_DPI = 300
 
 
 def _colors(arms):
@@ -25,18 +30,37 @@ def _colors(arms):
 
 
 def _save(fig, path):
+    """Write PATH (PNG, PRINT_DPI) and PATH.svg; return the PNG's path."""
+    path = pathlib.Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=90, metadata=_META)
+    fig.savefig(path, dpi=PRINT_DPI, metadata=_META["png"])
+    with matplotlib.rc_context({"svg.hashsalt": "dblp-testbed"}):  # fixed element ids
+        fig.savefig(path.with_suffix(".svg"), metadata=_META["svg"])
     plt.close(fig)
     return path
 
 
+def _per_arm_axes(arms, height=1.9):
+    """One row of axes per arm, sharing the y axis (the per-arm time plots)."""
+    n = max(1, len(arms))
+    fig, axes = plt.subplots(n, 1, figsize=(8, height * n + 0.6), sharey=True, squeeze=False)
+    return fig, axes[:, 0]
+
+
+def _shade_bursts(ax, bursts: pd.DataFrame, arm, t0: int):
+    """The arm's actual burst windows, shaded, on an axis of seconds since t0."""
+    b = bursts[bursts["arm"] == arm] if len(bursts) else bursts
+    for bb in b.itertuples(index=False):
+        if pd.notna(bb.actual_start_ns) and pd.notna(bb.actual_end_ns):
+            ax.axvspan((bb.actual_start_ns - t0) / 1e9, (bb.actual_end_ns - t0) / 1e9,
+                       color="crimson", alpha=0.2, lw=0)
+
+
 def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
     """Round latency against time since the arm's first round; burst windows shaded."""
-    n = max(1, len(arms))
-    fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharey=True, squeeze=False)
+    fig, axes = _per_arm_axes(arms)
     col = _colors(arms)
-    for ax, arm in zip(axes[:, 0], arms, strict=True):
+    for ax, arm in zip(axes, arms, strict=True):
         r = rounds[rounds["arm"] == arm]
         if not len(r):
             ax.set_title(f"{arm}: no rounds", fontsize=9)
@@ -47,11 +71,7 @@ def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
         hit = r[r["in_burst"]]
         ax.plot((hit["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9, hit["latency_ms"], "o",
                 ms=5, mfc="none", color="crimson")
-        b = bursts[bursts["arm"] == arm] if len(bursts) else bursts
-        for bb in b.itertuples(index=False):
-            if pd.notna(bb.actual_start_ns) and pd.notna(bb.actual_end_ns):
-                ax.axvspan((bb.actual_start_ns - t0) / 1e9, (bb.actual_end_ns - t0) / 1e9,
-                           color="crimson", alpha=0.2, lw=0)
+        _shade_bursts(ax, bursts, arm, t0)
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
@@ -59,7 +79,49 @@ def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
         ax.set_ylabel("ms")
         ax.set_title(f"{arm}: round latency (shaded: burst windows, circled: burst rounds)",
                      fontsize=9)
-    axes[-1, 0].set_xlabel("seconds since the arm's first round")
+    axes[-1].set_xlabel("seconds since the arm's first round")
+    return _save(fig, path)
+
+
+def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFrame, arms,
+                         path):
+    """The bottleneck's transmit rate per sampling interval, burst windows shaded.
+
+    Drawn from port counters: the rate towards the server and the switch's
+    own drops, not the queue's occupancy, which no sample measures; every
+    panel says so, and says how coarse the sampling was.
+    """
+    fig, axes = _per_arm_axes(arms, height=2.1)
+    col = _colors(arms)
+    for ax, arm in zip(axes, arms, strict=True):
+        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
+        s = link[link["arm"] == arm] if len(link) else link
+        s = s[s["tx_mbps"].notna()] if len(s) else s
+        if not len(r) or not len(s):
+            ax.set_title(f"{arm}: no port statistics of the bottleneck in this arm\n"
+                         "(monitor off or no placement in the manifest); queue occupancy "
+                         "is not measured", fontsize=8)
+            ax.set_axis_off()
+            continue
+        t0 = int(r["t_start_ns"].min())
+        x = (s["t_ns"].to_numpy(dtype=float) - t0) / 1e9
+        ax.step(x, s["tx_mbps"].to_numpy(dtype=float), where="pre", color=col[arm],
+                label="tx rate towards the server")
+        ax.axhline(float(s["shaped_mbps"].iloc[0]), color="k", ls="--", lw=0.8, label="shaped rate")
+        drops = s[s["d_tx_dropped"].fillna(0) > 0]
+        if len(drops):
+            ax.plot((drops["t_ns"].to_numpy(dtype=float) - t0) / 1e9,
+                    drops["tx_mbps"].to_numpy(dtype=float), "x", color="crimson",
+                    label="switch tx drops in the interval")
+        _shade_bursts(ax, bursts, arm, t0)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("Mbit/s")
+        ax.legend(fontsize=7, loc="lower right")
+        first = s.iloc[0]
+        ax.set_title(f"{arm}: bottleneck {first['switch']} port {first['port']}, mean tx rate per "
+                     f"{float(s['interval_s'].median()):.3g} s sample (OpenFlow port counters)\n"
+                     "shaded: burst windows. Queue occupancy is not measured.", fontsize=8)
+    axes[-1].set_xlabel("seconds since the arm's first round")
     return _save(fig, path)
 
 
@@ -149,7 +211,7 @@ def bytes_per_round(rounds: pd.DataFrame, packets: pd.DataFrame, arms, path):
     return _save(fig, path)
 
 
-def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms) -> list[pathlib.Path]:
+def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms, link) -> list[pathlib.Path]:
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [
@@ -158,4 +220,5 @@ def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms) -> list[pa
         burst_rounds(summary, arms, out / "burst_rounds.png"),
         accuracy(evals, arms, out / "accuracy.png"),
         bytes_per_round(rounds, packets, arms, out / "bytes_per_round.png"),
+        bottleneck_over_time(link, rounds, bursts, arms, out / "bottleneck_over_time.png"),
     ]

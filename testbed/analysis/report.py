@@ -16,11 +16,15 @@ import pathlib
 
 import click
 
+from testbed.analysis import datasets
 from testbed.analysis import physics as phys
 from testbed.analysis.formats import write_summary
 
-DERIVED = ["rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
-           "report.html", "plots"]
+DERIVED = datasets.files() + ["summary.json", "report.md", "report.html", "plots"]
+# Derived files earlier versions wrote that no longer mean what their name
+# says (packets.csv held per-round flow counts, now flows.csv): a rebuild
+# removes them rather than leave a stale file beside packets.parquet.
+RETIRED = ["packets.csv"]
 
 
 def _grad_bytes(raw) -> int | None:
@@ -41,13 +45,13 @@ def _evals(raw, rounds):
                 rows.append({"arm": arm, "round": e["round"], "rank": e["rank"],
                              "t_s": (e["t_ns"] - t0) / 1e9 if t0 is not None else math.nan,
                              "test_accuracy": e["test_accuracy"], "test_loss": e["test_loss"]})
-    df = pd.DataFrame(rows, columns=["arm", "round", "rank", "t_s", "test_accuracy", "test_loss"])
+    df = pd.DataFrame(rows, columns=datasets.EVALS.names())
     return df.sort_values(["arm", "round", "rank"], kind="stable").reset_index(drop=True)
 
 
 def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
                   port: int | None = None, figures: bool = True) -> dict:
-    """Rebuild rounds/bursts/packets CSVs, summary.json, plots/ and report.md/html.
+    """Rebuild the tables (datasets.TABLES), summary.json, plots/ and report.md/html.
 
     physics: optional PhysicsInputs (or a dict of its fields) overriding what
     the spec and manifest say (see physics.inputs_for_run). port: the DBLP UDP
@@ -55,9 +59,10 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     figures=False skips plots/ and report.md/html (a second per call saved for
     callers that only need the numbers, e.g. tests).
     A capture that cannot be read costs only its own packets (a warning
-    names it); summary.json is written before the figures, so a failing plot
+    names it); summary.json is written first, so a failing table or plot
     never costs it either. Returns the summary that was written.
     """
+    from testbed.analysis import bottleneck as bn
     from testbed.analysis import packets as pkts
     from testbed.analysis import plots  # pandas/matplotlib: only when building
     from testbed.analysis import tables as analysis
@@ -74,16 +79,21 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     rounds = analysis.join_bursts(rounds, bursts)
     bursts = analysis.count_rounds_hit(bursts, rounds)
     rounds = analysis.add_physics(rounds, inputs)
+    link = bn.bottleneck_table(run_dir, raw.spec, raw.manifest, notes)
     summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes)
+    evals = _evals(raw, rounds)
 
-    rounds.to_csv(run_dir / "rounds.csv", index=False)
-    bursts.to_csv(run_dir / "bursts.csv", index=False)
-    packet_table.to_csv(run_dir / "packets.csv", index=False)
     write_summary(run_dir / "summary.json", summary)
+    for name in RETIRED:
+        (run_dir / name).unlink(missing_ok=True)
+    for table, df in ((datasets.ROUNDS, rounds), (datasets.BURSTS, bursts),
+                      (datasets.FLOWS, packet_table), (datasets.PACKETS, packet_rows),
+                      (datasets.BOTTLENECK, link), (datasets.EVALS, evals)):
+        datasets.write(run_dir, table, df)
     if not figures:
         return summary
-    evals = _evals(raw, rounds)
-    pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms)
+    pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms,
+                           link)
     sections = _sections(summary, rounds, bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))
@@ -215,7 +225,7 @@ def _sections(s: dict, rounds, bursts) -> list[dict]:
                          "control replies included), peer = between workers. Sent: packets the "
                          "captured hosts transmitted; received: packets the captured hosts "
                          "received; drops: sent minus received on flows captured at both ends "
-                         "only (packets.csv has them per round and flow)."]
+                         "only (flows.csv has them per round and flow)."]
                 if rows else ["No captures in raw/."],
                 "tables": [(["arm", "direction", "sent pkts", "of which control", "sent bytes",
                              "recv pkts", "retransmissions", "drops (both ends captured)"], rows)]

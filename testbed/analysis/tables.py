@@ -31,6 +31,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
+from testbed.analysis import datasets
 from testbed.analysis import physics as phys
 from testbed.analysis.formats import SUMMARY_SCHEMA
 from testbed.config import spec as specmod
@@ -184,11 +185,7 @@ def requested_loss(kind: str, params: dict) -> float:
     return float(p) if ok else math.nan
 
 
-BURST_COLUMNS = ["arm", "id", "kind", "target", "trigger", "round", "requested_start_ns",
-                 "requested_end_ns", "actual_start_ns", "actual_end_ns", "requested_ms",
-                 "actual_ms", "start_delay_ms", "requested_loss", "dropped_packets",
-                 "seen_packets", "received_packets", "measured_loss", "measured_loss_source",
-                 "rounds_hit", "error", "params"]
+BURST_COLUMNS = datasets.BURSTS.names()
 
 
 def bursts_table(raw: RawRun) -> pd.DataFrame:
@@ -216,6 +213,10 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
                 "params": json.dumps(b["params"], sort_keys=True),
             })
     df = pd.DataFrame(rows, columns=BURST_COLUMNS)
+    # A missing value would turn a column of ns timestamps into float64, which
+    # rounds them to 128 ns at today's epoch: keep them exact integers.
+    for col in ("requested_start_ns", "requested_end_ns", "actual_start_ns", "actual_end_ns"):
+        df[col] = pd.array([r[col] for r in rows], dtype="Int64")
     # The controller's loss rule counts what it saw and what it dropped: exact loss.
     d = pd.to_numeric(df["dropped_packets"], errors="coerce")
     n = pd.to_numeric(df["seen_packets"], errors="coerce")
@@ -240,9 +241,7 @@ def _stat_columns(stats_list: list[dict], prefix: str) -> dict:
     return out
 
 
-ROUND_COLUMNS = ["arm", "transport", "mode", "round", "epoch", "workers", "t_start_ns",
-                 "t_end_ns", "duration_ms", "latency_ms", "comm_ms_max", "comm_ms_min",
-                 "compute_ms_max", "bound", "phase", "loss"]
+ROUND_COLUMNS = datasets.ROUND_BASE_COLUMNS
 
 
 def rounds_table(raw: RawRun) -> pd.DataFrame:

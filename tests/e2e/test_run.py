@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "testbed.cli"]
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
-DERIVED = ["summary.json", "rounds.csv", "bursts.csv", "packets.csv", "report.md",
+DERIVED = ["summary.json", "rounds.csv", "bursts.csv", "flows.csv", "packets.parquet", "report.md",
            "report.html", "manifest.json", "spec.toml"]
 
 

@@ -183,9 +183,11 @@ def test_summary_speedups_are_exact(run_dir):
     assert s["bursts"]["count"] == 6 and s["bursts"]["rounds_hit"] == 6
     assert s["bursts"]["dropped_packets"] == 3 * 20
     assert s["bursts"]["requested_loss"] == pytest.approx(0.8)
-    for f in ("rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
+    for f in ("rounds.csv", "bursts.csv", "flows.csv", "rounds.parquet", "packets.parquet",
+              "summary.json", "report.md",
               "report.html", "plots/latency_over_time.png", "plots/latency_cdf.png",
-              "plots/burst_rounds.png", "plots/accuracy.png", "plots/bytes_per_round.png"):
+              "plots/burst_rounds.png", "plots/accuracy.png", "plots/bytes_per_round.png",
+              "plots/bottleneck_over_time.png", "plots/bottleneck_over_time.svg"):
         assert (run_dir / f).stat().st_size > 0, f
 
 

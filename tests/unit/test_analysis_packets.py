@@ -1,4 +1,4 @@
-"""Captures -> packets.csv: a small pcap written with scapy and the dblp layer, known counts.
+"""Captures -> flows.csv: a small pcap written with scapy and the dblp layer, known counts.
 
 Round 3 of the dblp arm is a burst round: worker0 sends 4 chunks of which 2
 are lost, resends one (pass 1), probes once; worker1 (not captured) sends 4
@@ -104,7 +104,7 @@ def _row(t, arm, rnd, src, dst):
 
 def test_packet_table_counts(captured_run):
     build_outputs(captured_run, figures=False)
-    t = pd.read_csv(captured_run / "packets.csv")
+    t = pd.read_csv(captured_run / "flows.csv")
     push = _row(t, "dblp", 3, W0, SERVER)
     assert push.direction == "push"
     assert (push.sent_packets, push.recv_packets, push.drops) == (6, 4, 2)

@@ -31,6 +31,12 @@ COVERED = {
     "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",
     "dblp-testbed clean": "tests/emu/test_fabric_cleanup.py",
     "python -m workloads.loopback": "test_loopback_command (below)",
+    # The Notebooks block, run line by line on a built run directory:
+    "from testbed.analysis import load_run": "tests/unit/test_notebooks.py",
+    "run = load_run(": "tests/unit/test_notebooks.py",
+    "run.rounds": "tests/unit/test_notebooks.py",
+    "run.packets": "tests/unit/test_notebooks.py",
+    "run.bottleneck": "tests/unit/test_notebooks.py",
     ".venv/bin/pytest": "make test runs every file named",
     "group = dblp.TransportGroup.from_env": "tests/unit/test_dblp_loopback.py",
     "stats = group.allreduce_": "tests/unit/test_dblp_loopback.py",

@@ -33,14 +33,15 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "dblp_vs_static: burst-round 4.00x" in res.stdout
     first = _digest(run)
-    assert len(first) == 11  # 3 CSVs, summary, report.md/html, 5 plots
+    # 5 CSVs, 6 Parquet tables, summary, report.md/html, 6 plots as PNG and SVG
+    assert len(first) == 26
     # Derived files deleted or tampered with: the rebuild restores them exactly.
     (run / "summary.json").write_text("{}")
     (run / "rounds.csv").unlink()
     build_outputs(run)
     assert _digest(run) == first
     html = (run / "report.html").read_text()
-    assert html.count("src='data:image/png;base64,") == 5
+    assert html.count("src='data:image/png;base64,") == 6
     assert "src='plots/" not in html and "http" not in html.split("<body>")[1]
     md = (run / "report.md").read_text()
     assert "| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | 25.0 % |" in md
@@ -84,8 +85,8 @@ def test_unreadable_capture_is_a_warning_naming_it(tmp_path, content):
     res = _cli("report", run)
     assert res.returncode == 0, res.stderr
     assert "raw/dblp/server.pcap unreadable" in res.stdout
-    for name in ("rounds.csv", "bursts.csv", "packets.csv", "summary.json", "report.md",
-                 "report.html"):
+    for name in ("rounds.csv", "bursts.csv", "flows.csv", "packets.parquet", "summary.json",
+                 "report.md", "report.html"):
         assert (run / name).stat().st_size > 0, name
     s = json.loads((run / "summary.json").read_text())
     assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)

@@ -1,0 +1,52 @@
+"""`load_run`: a run directory's data as pandas DataFrames, for notebooks.
+
+    from testbed.analysis import load_run
+    run = load_run("results/default-20260101T000000Z")   # refuses versions it does not know
+    run.rounds[run.rounds.in_burst].groupby("arm").latency_ms.median()
+    run.packets.groupby(["arm", "kind"]).size()           # every captured packet
+    run.bottleneck.plot(x="t_ns", y="tx_mbps")            # port counters, not queue occupancy
+
+Everything comes from the derived files (`dblp-testbed report DIR` rebuilds
+them from raw/) and every file's version is checked first: the manifest,
+summary.json and each table's Parquet metadata. A version this code does
+not know is refused with one line (an InputError), never read by guessing.
+The columns are those `testbed.analysis.datasets` declares (`TABLES[name]
+.columns`, each with its kind and meaning).
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pandas as pd
+
+from testbed.analysis import datasets
+from testbed.analysis.formats import read_summary
+from testbed.analysis.tables import load_spec
+from testbed.config.spec import Spec
+from testbed.run.rundir import read_manifest
+
+
+@dataclasses.dataclass
+class RunData:
+    """One run directory's tables, summary, spec and manifest (see datasets for the columns)."""
+
+    run_dir: pathlib.Path
+    rounds: pd.DataFrame       # one row per arm x round
+    bursts: pd.DataFrame       # one row per burst
+    flows: pd.DataFrame        # packets per arm x round x flow, from the captures
+    packets: pd.DataFrame      # every captured packet
+    bottleneck: pd.DataFrame   # port counters of the server's downlink per sample
+    evals: pd.DataFrame        # test accuracy per evaluation
+    summary: dict              # summary.json (testbed.analysis.formats)
+    spec: Spec                 # the resolved spec.toml; spec["topology"]["bw_mbps"], ...
+    manifest: dict             # manifest.json (testbed.run.rundir)
+
+
+def load_run(run_dir) -> RunData:
+    """Read RUN_DIR's derived data, refusing any file of an unknown version (InputError)."""
+    run_dir = pathlib.Path(run_dir)
+    manifest = read_manifest(run_dir)
+    tables = {name: datasets.read(run_dir, t) for name, t in datasets.TABLES.items()}
+    return RunData(run_dir=run_dir, summary=read_summary(run_dir), spec=load_spec(run_dir),
+                   manifest=manifest, **tables)

@@ -1,0 +1,261 @@
+"""Run data for notebooks: declared tables as Parquet and CSV, load_run, print figures, the bottleneck.
+
+The run directory is the analysis tests' (`make_run`, with the captures of
+test_analysis_packets) plus a placement in the manifest and port statistics
+of the bottleneck whose rates are known: 10 Mbit/s in every 1 s interval,
+one malformed line, one counter reset, and samples of other ports and
+switches that must be left out.
+"""
+import json
+import pathlib
+import re
+import sys
+
+import pandas as pd
+import pytest
+from PIL import Image
+from scapy.utils import wrpcap
+
+from testbed.analysis import datasets, load_run
+from testbed.analysis.report import build_outputs
+from testbed.errors import InputError
+from workloads.runlog import MalformedEvent, check_port_stats
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_analysis import PERIOD, ROUNDS, T0  # noqa: E402
+from test_analysis_packets import _gloo_capture, _rounds_packets, make_run  # noqa: E402
+
+pytestmark = pytest.mark.unit
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SEC = 10**9
+BOTTLENECK_DPID, OTHER_DPID = 196608, 196864      # dte00 (the server h000's edge), dte10
+RATE_BYTES = 1_250_000                            # per 1 s interval: 10 Mbit/s
+
+
+def _counters(tx_bytes, tx_dropped=0):
+    return {"rx_packets": 7, "tx_packets": tx_bytes // 1000, "rx_bytes": 700,
+            "tx_bytes": tx_bytes, "rx_dropped": 0, "tx_dropped": tx_dropped, "tx_errors": 0}
+
+
+def _port_stats(arms) -> list[str]:
+    lines, tx = [], 0
+    for arm in arms:
+        for k in range(ROUNDS + 1):
+            t = T0[arm] + k * SEC
+            if arm == "dblp" and k == 6:
+                tx = 0                            # the switch reconnected: counters restart
+            else:
+                tx += RATE_BYTES
+            drops = 3 if (arm == "static" and k >= 4) else 0
+            lines.append(json.dumps({"event": "port_stats", "t_ns": t, "switch": "dte00",
+                                     "dpid": BOTTLENECK_DPID,
+                                     "ports": {"1": _counters(tx, drops), "2": _counters(5)}}))
+            lines.append(json.dumps({"event": "port_stats", "t_ns": t + 1, "switch": "dte10",
+                                     "dpid": OTHER_DPID, "ports": {"1": _counters(99)}}))
+    lines.insert(3, json.dumps({"event": "port_stats", "t_ns": "later", "switch": "dte00",
+                                "dpid": BOTTLENECK_DPID, "ports": {}}))
+    return lines
+
+
+@pytest.fixture
+def notebook_run(tmp_path):
+    arms = ("gloo", "static", "dblp")
+    run = make_run(tmp_path / "run", arms=arms)
+    srv, w0 = _rounds_packets()
+    wrpcap(str(run / "raw" / "dblp" / "server.pcap"), srv)
+    wrpcap(str(run / "raw" / "dblp" / "worker0.pcap"), w0)
+    wrpcap(str(run / "raw" / "gloo" / "worker0.pcap"), _gloo_capture())
+    (run / "raw" / "port_stats.jsonl").write_text("\n".join(_port_stats(arms)) + "\n")
+    man = json.loads((run / "manifest.json").read_text())
+    man["placement"] = {"server": "h000", "workers": ["h100", "h200", "h300"]}
+    for arm in arms:
+        man["arms"][arm].update(started_ns=T0[arm], ended_ns=T0[arm] + ROUNDS * PERIOD)
+    (run / "manifest.json").write_text(json.dumps(man))
+    build_outputs(run)
+    return run
+
+
+def test_load_run_returns_the_declared_frames(notebook_run):
+    run = load_run(notebook_run)
+    for name, table in datasets.TABLES.items():
+        df = getattr(run, name)
+        assert list(df.columns[:len(table.columns)]) == table.names(), name
+        for col in df.columns:
+            want = {"int": "Int64", "float": "float64", "str": "string", "bool": "bool"}
+            assert str(df[col].dtype) == want[table.kind_of(col)], (name, col)
+    assert [c for c in run.rounds.columns if c.startswith("stats_")] == [
+        "stats_bytes_sent", "stats_chunks_sent", "stats_probe_rounds", "stats_retransmitted"]
+    assert len(run.rounds) == 3 * ROUNDS and run.rounds["in_burst"].sum() == 6
+    # Timestamps stay exact integers (a float64 loses nanoseconds at 10^18).
+    r = run.rounds.set_index(["arm", "round"])
+    assert r.loc[("gloo", 0), "t_start_ns"] == T0["gloo"] and r.loc[("gloo", 3), "in_burst"]
+    b = run.bursts.set_index("id")
+    assert b.loc["gloo-b1", "actual_start_ns"] == T0["gloo"] + 3 * PERIOD + 11_000_000
+    # Every captured packet: the dblp server and worker0 captures, gloo's worker0 capture.
+    srv, w0 = _rounds_packets()
+    assert len(run.packets) == len(srv) + len(w0) + len(_gloo_capture())
+    dblp = run.packets[run.packets["arm"] == "dblp"]
+    assert set(dblp["round"].dropna()) == {2, 3}                # header counter offset undone
+    assert (dblp[(dblp["kind"] == "data") & (dblp["pass_no"] == 1)]["seq"] == 1).all()
+    assert run.flows["sent_packets"].dtype == "Int64"
+    assert run.summary["schema"] == 1 and run.manifest["placement"]["server"] == "h000"
+    assert run.spec["topology"]["bw_mbps"] == 20.0
+    assert len(run.evals) == 6 and run.evals["test_accuracy"].max() == pytest.approx(0.97)
+
+
+def test_bottleneck_table_is_the_servers_downlink_counters(notebook_run):
+    b = load_run(notebook_run).bottleneck
+    assert set(b["switch"]) == {"dte00"} and set(b["port"]) == {1}   # other ports/switches left out
+    assert b.groupby("arm").size().to_dict() == {"dblp": 11, "gloo": 11, "static": 11}
+    g = b[b["arm"] == "gloo"]
+    assert g["tx_mbps"].iloc[1:].tolist() == pytest.approx([10.0] * 10)
+    assert pd.isna(g["tx_mbps"].iloc[0])                    # no sample before the first
+    d = b[b["arm"] == "dblp"].reset_index(drop=True)
+    assert pd.isna(d.loc[6, "tx_mbps"]) and pd.isna(d.loc[6, "d_tx_bytes"])   # reset: no rate
+    assert d.loc[7, "tx_mbps"] == pytest.approx(10.0)
+    s = b[b["arm"] == "static"].reset_index(drop=True)
+    assert s["d_tx_dropped"].tolist()[3:6] == [0, 3, 0]
+    assert (b["shaped_mbps"] == 20.0).all()
+    summary = json.loads((notebook_run / "summary.json").read_text())
+    assert any(w.startswith("raw/port_stats.jsonl:4: port_stats line: field 't_ns' must be int")
+               for w in summary["warnings"])
+
+
+def test_parquet_round_trips_equal_to_the_csvs(notebook_run):
+    for table in datasets.TABLES.values():
+        if table.csv:
+            pd.testing.assert_frame_equal(datasets.read_csv(notebook_run, table),
+                                          datasets.read(notebook_run, table), obj=table.name)
+    assert not (notebook_run / "packets.csv").exists()       # per packet: Parquet only
+
+
+def test_figures_are_svg_beside_print_resolution_png(notebook_run):
+    from testbed.analysis.plots import PRINT_DPI
+
+    assert PRINT_DPI >= 300
+    pngs = sorted((notebook_run / "plots").glob("*.png"))
+    assert [p.stem for p in pngs] == ["accuracy", "bottleneck_over_time", "burst_rounds",
+                                      "bytes_per_round", "latency_cdf", "latency_over_time"]
+    for png in pngs:
+        dpi = Image.open(png).info["dpi"]
+        assert min(dpi) == pytest.approx(PRINT_DPI, abs=0.01), png.name
+        svg = png.with_suffix(".svg").read_text()
+        assert svg.lstrip().startswith("<?xml") and "<svg" in svg, png.name
+        assert "<dc:date>" not in svg                         # rebuilds stay identical
+
+
+def test_bottleneck_plot_says_what_it_measures(notebook_run, monkeypatch, tmp_path):
+    from testbed.analysis import plots
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    run = load_run(notebook_run)
+    plots.bottleneck_over_time(run.bottleneck, run.rounds, run.bursts, ["gloo", "dblp"],
+                               tmp_path / "b.png")
+    titles = [ax.get_title() for ax in figs[0].axes]
+    assert all("Queue occupancy is not measured" in t for t in titles)
+    assert titles[0].startswith("gloo: bottleneck dte00 port 1, mean tx rate per 1 s sample")
+    assert len(figs[0].axes[0].patches) == 2                 # the arm's two burst windows
+    empty = run.bottleneck.iloc[:0]
+    plots.bottleneck_over_time(empty, run.rounds, run.bursts, ["gloo"], tmp_path / "c.png")
+    assert "no port statistics of the bottleneck" in figs[1].axes[0].get_title()
+
+
+def _set_table_schema(path: pathlib.Path, value):
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    meta = dict(t.schema.metadata)
+    if value is None:
+        del meta[datasets.META_KEY]
+    else:
+        meta[datasets.META_KEY] = json.dumps({"table": path.stem, "schema": value}).encode()
+    pq.write_table(t.replace_schema_metadata(meta), path)
+
+
+@pytest.mark.parametrize("table,value,needle", [
+    ("rounds", 99, "table schema version 99 is unknown"),
+    ("packets", None, "no dblp-testbed 'packets' table metadata"),
+])
+def test_load_run_refuses_an_unknown_table_version(notebook_run, table, value, needle):
+    _set_table_schema(notebook_run / f"{table}.parquet", value)
+    with pytest.raises(InputError) as exc:
+        load_run(notebook_run)
+    msg = str(exc.value)
+    assert needle in msg and f"{table}.parquet" in msg and "\n" not in msg
+
+
+def test_load_run_refuses_an_unversioned_manifest_and_a_missing_table(notebook_run):
+    man = json.loads((notebook_run / "manifest.json").read_text())
+    del man["schema"]                        # as the runs before the formats were declared
+    (notebook_run / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(InputError, match="field 'schema' missing"):
+        load_run(notebook_run)
+    man["schema"] = 1
+    (notebook_run / "manifest.json").write_text(json.dumps(man))
+    (notebook_run / "evals.parquet").unlink()
+    with pytest.raises(InputError, match=r"evals.parquet: not found \(run `dblp-testbed report"):
+        load_run(notebook_run)
+
+
+def test_a_table_off_its_declaration_is_a_bug(tmp_path):
+    df = pd.DataFrame({c: [] for c in datasets.EVALS.names()})
+    with pytest.raises(ValueError, match="undeclared column"):
+        datasets.write(tmp_path, datasets.EVALS, df.assign(extra=[]))
+    with pytest.raises(ValueError, match="column.*test_loss missing"):
+        datasets.write(tmp_path, datasets.EVALS, df.drop(columns="test_loss"))
+
+
+def test_rebuild_removes_the_retired_packets_csv(notebook_run):
+    (notebook_run / "packets.csv").write_text("arm,round\n")    # per-flow counts, old name
+    build_outputs(notebook_run, figures=False)
+    assert not (notebook_run / "packets.csv").exists()
+
+
+def test_port_stats_line_declaration():
+    # A line as the controller writes it (copied from a real run's raw/port_stats.jsonl).
+    line = ('{"event": "port_stats", "t_ns": 1796092565715467091, "switch": "dte10", '
+            '"dpid": 196864, "ports": {"4": {"rx_packets": 7, "tx_packets": 7, "rx_bytes": 586, '
+            '"tx_bytes": 586, "rx_dropped": 0, "tx_dropped": 0, "tx_errors": 0}}}')
+    assert check_port_stats(json.loads(line))["dpid"] == 196864
+    bad = json.loads(line)
+    bad["ports"]["4"]["queue_len"] = 3
+    with pytest.raises(MalformedEvent, match="undeclared field"):
+        check_port_stats(bad)
+    bad = json.loads(line)
+    bad["ports"] = {"eth4": bad["ports"]["4"]}
+    with pytest.raises(MalformedEvent, match="not a port number"):
+        check_port_stats(bad)
+
+
+def readme_notebook_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    sec = text.split("### Notebooks", 1)[1].split("\n#", 1)[0]
+    return [line[4:] for line in sec.splitlines() if line.startswith("    ") and line.strip()]
+
+
+def test_readme_notebook_example_runs(notebook_run):
+    block = readme_notebook_block()
+    assert block and block[0] == "from testbed.analysis import load_run"
+    code = "\n".join(re.sub(r'load_run\("[^"]*"\)', f"load_run({str(notebook_run)!r})", line)
+                     for line in block)
+    exec(compile(code, "README.md", "exec"), {})
+    # The docstring's example is the README's.
+    from testbed.analysis import load
+    doc = [line.strip() for line in load.__doc__.splitlines() if line.startswith("    ")]
+    assert doc == [line.strip() for line in block]
+
+
+def test_burst_timestamps_stay_exact_when_one_is_missing(tmp_path):
+    """One burst without an end used to turn the column into float64 (128 ns steps at 10^18)."""
+    run = make_run(tmp_path / "run")
+    f = run / "raw" / "static" / "bursts.jsonl"
+    lines = [json.loads(x) for x in f.read_text().splitlines()]
+    lines[1]["actual_end_ns"] = None                       # the burst's end was never logged
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    build_outputs(run, figures=False)
+    b = load_run(run).bursts.set_index("id")
+    assert b.loc["static-b1", "actual_end_ns"] == lines[0]["actual_end_ns"]
+    assert b.loc["static-b1", "actual_start_ns"] == T0["static"] + 3 * PERIOD + 11_000_000
+    assert pd.isna(b.loc["static-b2", "actual_end_ns"])
+    assert pd.read_csv(run / "bursts.csv")["actual_start_ns"].astype(str).str.isdigit().all()
