@@ -39,8 +39,8 @@ Parameter-server mode (N workers + 1 server; the paper's setup)::
     stats.as_dict()  # round, rank, role, mode, control, latency_s, bound, phase, next_bound,
                      # chunks, bytes_sent, chunks_sent, retransmitted, missing_at_stop,
                      # pull_missing, probe_rounds, passes_push, passes_pull, rtt_s,
-                     # grad_norm, counters{malformed, foreign, stale, duplicates, late,
-                     # early_dropped}
+                     # grad_norm, counters{unauthenticated, malformed, foreign, stale,
+                     # duplicates, late, early_dropped}
     group.close()
 
     model.register_comm_hook(group, dblp.ddp_comm_hook)   # DDP, single bucket
@@ -54,8 +54,18 @@ runs the rendezvous on MASTER_PORT. In PS mode ``world_size`` counts workers
 
 Loopback helper for tests and demos: ``dblp.testing.run_job(...)``.
 
-Wire format: ``dblp.wire`` (one declaration, ``HEADER_FIELDS``); scapy layer:
-``dblp.scapy_layer.DBLP`` and ``dblp.scapy_layer.bind(port)``.
+Wire format: ``dblp.wire`` (one declaration: ``HEADER_FIELDS`` and the MAC
+trailer ``TRAILER_FIELDS``); scapy layer: ``dblp.scapy_layer.DBLP`` and
+``dblp.scapy_layer.bind(port)``.
+
+Security: give every job a secret (``TransportConfig(secret=secrets.token_hex(32))``,
+or ``$DBLP_SECRET``), made by whoever starts the job and never sent. Every
+message then carries a keyed BLAKE2b-128 tag over header and payload; one that
+fails is counted (``unauthenticated``) and dropped before it is parsed, and
+nothing (not even the session id) is told to a sender without the secret.
+Without a secret the job is open to anyone who can reach its port, but a
+rank's address is pinned at its join and only that address speaks for it.
+Either way no datagram and no TCP byte sequence raises out of the engine.
 
 Errors: ``dblp.TransportError``; a dead or silent peer raises ``dblp.PeerTimeout``
 within ``round_timeout`` naming the rank and what was missing; a closed TCP
@@ -64,7 +74,11 @@ control connection raises ``dblp.PeerClosed``.
 Identical replicas: every member answers the pull with a bitmap; the aggregator
 takes the union U of chunks any member lacks, repairs until |U| <= P x chunks,
 and sends FINAL(U); every replica (the aggregator's included) zero-fills exactly
-U, so all apply a bit-identical aggregate.
+U, so all apply a bit-identical aggregate. FINAL also tells each member which of
+its pushed chunks the aggregate took, so a lost STOP costs no wait. In sharded
+mode a rank returns from ``allreduce_`` once its FINALs are acknowledged (or
+repeated a bounded number of times): a caller that then blocks elsewhere cannot
+leave a peer waiting for a FINAL until the deadline.
 """
 from .config import CONFIG_FILE, CONTROLS, MISSING, MODES, TransportConfig
 from .errors import PeerClosed, PeerTimeout, TransportError
