@@ -11,7 +11,7 @@ PYTHON=${PYTHON:-python3}
 DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps)
 # Optional groups, installed only by what uses them: `./setup.sh vagrant`
 # (the Vagrantfile check: Vagrant is a Ruby stack nothing else needs).
-declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant")
+declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark")
 # Every Python package's exact version (torch included): CI, the VM and every
 # machine install the same set. Regenerate with `make lock`.
 CONSTRAINTS=constraints.txt

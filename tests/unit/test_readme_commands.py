@@ -40,6 +40,9 @@ COVERED = {
     ".venv/bin/pytest": "make test runs every file named",
     "group = dblp.TransportGroup.from_env": "tests/unit/test_dblp_loopback.py",
     "stats = group.allreduce_": "tests/unit/test_dblp_loopback.py",
+    "python -m dblp.wireshark": "test_wireshark_command (below); its output loaded by "
+                                "tests/e2e/test_wireshark_dissector.py",
+    "tshark -X lua_script:dblp.lua": "tests/e2e/test_wireshark_dissector.py",
 }
 
 
@@ -84,3 +87,16 @@ def test_loopback_command(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "raw" / "reliable" / "server.jsonl").exists()
+
+
+@pytest.mark.unit
+def test_wireshark_command(tmp_path):
+    from dblp.wireshark import lua_dissector
+    cmd = next(c for c in readme_commands() if c.startswith("python -m dblp.wireshark"))
+    assert cmd == "python -m dblp.wireshark > dblp.lua"
+    with open(tmp_path / "dblp.lua", "w") as fh:  # the README's "> dblp.lua"
+        out = subprocess.run([sys.executable, "-m", "dblp.wireshark"], cwd=tmp_path, stdout=fh,
+                             stderr=subprocess.PIPE, text=True, timeout=60,
+                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "dblp.lua").read_text() == lua_dissector()
