@@ -102,6 +102,23 @@ def leftovers():
     return machine_leftovers
 
 
+@pytest.fixture(scope="session")
+def optional_tool():
+    """``optional_tool(group, tool)``: install setup.sh's optional GROUP unless TOOL is there.
+
+    Heavy or rarely used Debian packages (Vagrant, tshark) are installed by
+    the end-to-end test that uses them (``./setup.sh GROUP``, root), not by
+    every set-up.
+    """
+    def install(group: str, tool: str) -> None:
+        if shutil.which(tool) is None:
+            setup = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.sh")
+            out = subprocess.run(["bash", setup, group], capture_output=True, text=True, timeout=900)
+            assert out.returncode == 0, out.stderr
+        assert shutil.which(tool), f"./setup.sh {group} did not install {tool}"
+    return install
+
+
 # The folder says what a test needs: tests/unit (no root, no network beyond
 # loopback), tests/emu (root + OVS), tests/e2e (whole runs, the machine's
 # set-up). The marker follows from the folder, so `-m unit` selects exactly

@@ -24,13 +24,9 @@ def _validate(directory: pathlib.Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def vagrant():
+def vagrant(optional_tool):
     """Vagrant is installed here, where it is used, not by every set-up."""
-    if shutil.which("vagrant") is None:
-        out = subprocess.run(["bash", str(ROOT / "setup.sh"), "vagrant"], capture_output=True,
-                             text=True, timeout=900)
-        assert out.returncode == 0, out.stderr
-    assert shutil.which("vagrant"), "./setup.sh vagrant did not install vagrant"
+    optional_tool("vagrant", "vagrant")
     return True
 
 

@@ -17,7 +17,6 @@ import json
 import pathlib
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,13 +37,9 @@ FIELDS = wireshark.fields()
 
 
 @pytest.fixture(scope="module")
-def tshark():
+def tshark(optional_tool):
     """tshark is installed here, where it is used, not by every set-up."""
-    if shutil.which("tshark") is None:
-        out = subprocess.run(["bash", str(ROOT / "setup.sh"), "tshark"], capture_output=True,
-                             text=True, timeout=900)
-        assert out.returncode == 0, out.stderr
-    assert shutil.which("tshark"), "./setup.sh tshark did not install tshark"
+    optional_tool("tshark", "tshark")
     return True
 
 
@@ -66,8 +61,10 @@ def capture(tshark, tmp_path_factory):
     dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "-s", "0", "-n", "-w", str(pcap), "udp"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        line = dump.stderr.readline()  # "listening on lo, ..." once packets are being taken
-        assert "listening on" in line, line
+        seen = []  # "listening on lo, ..." once packets are being taken (warnings may come first)
+        while not (seen and "listening on" in seen[-1]):
+            seen.append(dump.stderr.readline())
+            assert seen[-1], f"tcpdump did not start: {''.join(seen)}"
         # dblp with a phase check every round: the CRITICAL bit and FINAL's next
         # bound change; static: a non-zero bound in every header.
         run_job(n_workers=3, mode="ps", policy="dblp", rounds=4, numel=20_000, fault=0.1,
