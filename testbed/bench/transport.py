@@ -20,15 +20,16 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import signal
 import statistics
 import subprocess
 import sys
-import secrets
 import time
 import uuid
 
 import click
+
 from testbed import REPO_ROOT
 
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
@@ -62,7 +63,7 @@ class NetnsPair:
         self.loss = 0.0
         self._created = False
 
-    def __enter__(self) -> "NetnsPair":
+    def __enter__(self) -> NetnsPair:
         try:
             self.create()
         except BaseException:
@@ -490,7 +491,8 @@ def _format_row(r: dict) -> str:
     if r.get("tcp"):
         s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
     if r.get("timeouts"):
-        s += f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the {r['round_timeout_s']:g} s deadline)"
+        s += (f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the "
+              f"{r['round_timeout_s']:g} s deadline)")
     return s
 
 
