@@ -30,7 +30,8 @@ import uuid
 
 import click
 
-from testbed import REPO_ROOT
+from testbed import REPO_ROOT, output
+from testbed.output import json_option, results
 
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
 DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
@@ -543,8 +544,7 @@ def _auth_twin(doc, row):
 
 
 @click.command("transport")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the result document here.")
+@json_option
 @click.option("--reps", type=int, default=5, show_default=True, help="Round trips per row (median).")
 @click.option("--losses", default=",".join(f"{x:g}" for x in DEFAULT_LOSSES), show_default=True,
               help="Comma-separated loss fractions.")
@@ -562,7 +562,7 @@ def _auth_twin(doc, row):
 @click.option("--quick", is_flag=True,
               help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo, "
                    "authenticated.")
-def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
+def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
                   no_sharded, auth, round_timeout, quick):
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
@@ -591,15 +591,9 @@ def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, 
                            auth={"both": (False, True), "on": (True,), "off": (False,)}[auth])
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    click.echo(HEADER)
-    doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
-                    log=lambda s: click.echo(s))
-    click.echo("")
-    click.echo(format_table(doc))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(doc, f, indent=1)
-        click.echo(f"wrote {json_path}")
+    output.say(HEADER)
+    doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout, log=output.say)
+    results(doc, json_out, lambda: click.echo(format_table(doc)))
 
 
 if __name__ == "__main__":
