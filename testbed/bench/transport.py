@@ -176,24 +176,30 @@ def _agent_dblp(args: dict) -> None:
     else:
         obj = dblp.TransportGroup(0, 1, args["server"], args["port"], config=cfg)
         grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
+
+    def rounds(n: int) -> list[dict]:
+        if role == "server":
+            return [s.as_dict() for s in obj.serve(n)]
+        return [obj.allreduce_(grad.copy()).as_dict() for _ in range(n)]
+
+    _serve_commands(rounds)
+    obj.close()
+
+
+def _serve_commands(rounds) -> None:
+    """Say ready, then run `rounds(n)` per command line until "quit" or the first failure.
+
+    A failure is reported to the driver, which restarts the agents."""
     _reply({"ready": True})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
             break
         try:
-            if role == "server":
-                stats = obj.serve(cmd["rounds"])
-            else:
-                stats = []
-                for _ in range(cmd["rounds"]):
-                    t = grad.copy()
-                    stats.append(obj.allreduce_(t))
-            _reply({"ok": True, "stats": [s.as_dict() for s in stats]})
-        except Exception as exc:  # reported to the driver, which restarts the agents
+            _reply({"ok": True, "stats": rounds(cmd["rounds"])})
+        except Exception as exc:
             _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             break
-    obj.close()
 
 
 def _agent_gloo(args: dict) -> None:
@@ -209,24 +215,19 @@ def _agent_gloo(args: dict) -> None:
     small = torch.zeros(1)
     dist.all_reduce(small)
     dist.all_reduce(t.clone())  # warm-up: connections and buffers
-    _reply({"ready": True})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["cmd"] == "quit":
-            break
-        try:
-            stats = []
-            for _ in range(cmd["rounds"]):
-                x = t.clone()
-                dist.all_reduce(small)  # line both ranks up before timing
-                t0 = time.monotonic()
-                dist.all_reduce(x)
-                x /= 2
-                stats.append({"latency_s": time.monotonic() - t0})
-            _reply({"ok": True, "stats": stats})
-        except Exception as exc:
-            _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-            break
+
+    def rounds(n: int) -> list[dict]:
+        stats = []
+        for _ in range(n):
+            x = t.clone()
+            dist.all_reduce(small)  # line both ranks up before timing
+            t0 = time.monotonic()
+            dist.all_reduce(x)
+            x /= 2
+            stats.append({"latency_s": time.monotonic() - t0})
+        return stats
+
+    _serve_commands(rounds)
     os._exit(0)  # a gloo group after a timeout can hang in its destructor
 
 
