@@ -257,9 +257,9 @@ def _as_flat_float32(tensor):
             return tensor.reshape(-1), None
         tmp = np.ascontiguousarray(tensor, dtype=np.float32).reshape(-1)
 
-        def wb(a, t=tensor):
+        def wb_array(a, t=tensor):
             t[...] = a.reshape(t.shape)
-        return tmp, wb
+        return tmp, wb_array
     try:
         import torch
     except ImportError:  # pragma: no cover
@@ -271,10 +271,10 @@ def _as_flat_float32(tensor):
         return t.view(-1).numpy(), None
     tmp = t.to("cpu", torch.float32).contiguous().view(-1).numpy().copy()
 
-    def wb(a, t=tensor):
+    def wb_tensor(a, t=tensor):
         with torch.no_grad():
             t.copy_(torch.from_numpy(a).view(t.shape))
-    return tmp, wb
+    return tmp, wb_tensor
 
 
 def ddp_comm_hook(group: TransportGroup, bucket):

@@ -117,7 +117,7 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
         for fh in errs:
             fh.close()
     wall = time.perf_counter() - t0
-    codes = {n: p.returncode for n, p in zip(names, procs)}
+    codes = {n: p.returncode for n, p in zip(names, procs, strict=True)}
     return summarize_arm(arm, raw, codes, wall)
 
 

@@ -20,8 +20,17 @@ import torch
 
 from . import exchange as ex
 from .control import RoundAnnouncer
-from .models import (DEFAULT_MODEL, LR_SCHEDULES, MODELS, build_model, get_spec, grad_bytes,
-                     make_optimizer, make_scheduler, num_params)
+from .models import (
+    DEFAULT_MODEL,
+    LR_SCHEDULES,
+    MODELS,
+    build_model,
+    get_spec,
+    grad_bytes,
+    make_optimizer,
+    make_scheduler,
+    num_params,
+)
 from .runlog import RunLog
 from .tasks import make_task
 

@@ -20,16 +20,18 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import signal
 import statistics
 import subprocess
 import sys
-import secrets
 import time
 import uuid
 
 import click
-from testbed import REPO_ROOT
+
+from testbed import REPO_ROOT, output
+from testbed.output import json_option, results
 
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
 DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
@@ -62,7 +64,7 @@ class NetnsPair:
         self.loss = 0.0
         self._created = False
 
-    def __enter__(self) -> "NetnsPair":
+    def __enter__(self) -> NetnsPair:
         try:
             self.create()
         except BaseException:
@@ -174,24 +176,30 @@ def _agent_dblp(args: dict) -> None:
     else:
         obj = dblp.TransportGroup(0, 1, args["server"], args["port"], config=cfg)
         grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
+
+    def rounds(n: int) -> list[dict]:
+        if role == "server":
+            return [s.as_dict() for s in obj.serve(n)]
+        return [obj.allreduce_(grad.copy()).as_dict() for _ in range(n)]
+
+    _serve_commands(rounds)
+    obj.close()
+
+
+def _serve_commands(rounds) -> None:
+    """Say ready, then run `rounds(n)` per command line until "quit" or the first failure.
+
+    A failure is reported to the driver, which restarts the agents."""
     _reply({"ready": True})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
             break
         try:
-            if role == "server":
-                stats = obj.serve(cmd["rounds"])
-            else:
-                stats = []
-                for _ in range(cmd["rounds"]):
-                    t = grad.copy()
-                    stats.append(obj.allreduce_(t))
-            _reply({"ok": True, "stats": [s.as_dict() for s in stats]})
-        except Exception as exc:  # reported to the driver, which restarts the agents
+            _reply({"ok": True, "stats": rounds(cmd["rounds"])})
+        except Exception as exc:
             _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             break
-    obj.close()
 
 
 def _agent_gloo(args: dict) -> None:
@@ -207,24 +215,19 @@ def _agent_gloo(args: dict) -> None:
     small = torch.zeros(1)
     dist.all_reduce(small)
     dist.all_reduce(t.clone())  # warm-up: connections and buffers
-    _reply({"ready": True})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["cmd"] == "quit":
-            break
-        try:
-            stats = []
-            for _ in range(cmd["rounds"]):
-                x = t.clone()
-                dist.all_reduce(small)  # line both ranks up before timing
-                t0 = time.monotonic()
-                dist.all_reduce(x)
-                x /= 2
-                stats.append({"latency_s": time.monotonic() - t0})
-            _reply({"ok": True, "stats": stats})
-        except Exception as exc:
-            _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-            break
+
+    def rounds(n: int) -> list[dict]:
+        stats = []
+        for _ in range(n):
+            x = t.clone()
+            dist.all_reduce(small)  # line both ranks up before timing
+            t0 = time.monotonic()
+            dist.all_reduce(x)
+            x /= 2
+            stats.append({"latency_s": time.monotonic() - t0})
+        return stats
+
+    _serve_commands(rounds)
     os._exit(0)  # a gloo group after a timeout can hang in its destructor
 
 
@@ -490,7 +493,8 @@ def _format_row(r: dict) -> str:
     if r.get("tcp"):
         s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
     if r.get("timeouts"):
-        s += f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the {r['round_timeout_s']:g} s deadline)"
+        s += (f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the "
+              f"{r['round_timeout_s']:g} s deadline)")
     return s
 
 
@@ -541,8 +545,7 @@ def _auth_twin(doc, row):
 
 
 @click.command("transport")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the result document here.")
+@json_option
 @click.option("--reps", type=int, default=5, show_default=True, help="Round trips per row (median).")
 @click.option("--losses", default=",".join(f"{x:g}" for x in DEFAULT_LOSSES), show_default=True,
               help="Comma-separated loss fractions.")
@@ -560,7 +563,7 @@ def _auth_twin(doc, row):
 @click.option("--quick", is_flag=True,
               help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo, "
                    "authenticated.")
-def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
+def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
                   no_sharded, auth, round_timeout, quick):
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
@@ -589,15 +592,9 @@ def transport_cmd(json_path, reps, losses, rate_mbit, mbytes, controls, bounds, 
                            auth={"both": (False, True), "on": (True,), "off": (False,)}[auth])
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    click.echo(HEADER)
-    doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
-                    log=lambda s: click.echo(s))
-    click.echo("")
-    click.echo(format_table(doc))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(doc, f, indent=1)
-        click.echo(f"wrote {json_path}")
+    output.say(HEADER)
+    doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout, log=output.say)
+    results(doc, json_out, lambda: click.echo(format_table(doc)))
 
 
 if __name__ == "__main__":

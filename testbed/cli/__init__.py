@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from testbed import output
 from testbed.config.arms import ARMS
 from testbed.config.presets import PRESETS
 from testbed.errors import TestbedError
@@ -46,8 +47,12 @@ class _ArmList(click.ParamType):
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
-def main():
+@click.version_option(package_name="dblp-testbed", prog_name="dblp-testbed")
+@click.option("-q", "--quiet", "quiet", count=True, help="Less progress on stderr (results and errors stay).")
+@click.option("-v", "--verbose", "verbose", count=True, help="More progress on stderr (fabric steps).")
+def main(quiet, verbose):
     """Emulated fat-tree testbed for bounded-loss gradient transports."""
+    output.set_level(output.NORMAL - quiet + verbose)
 
 
 @main.command()

@@ -11,7 +11,9 @@ import time
 import click
 
 from controllers.bursts import KINDS
+from testbed import output
 from testbed.errors import ExperimentFailed, InputError
+from testbed.output import json_option, results
 from topologies import TOPOLOGIES
 
 
@@ -57,14 +59,13 @@ queue_option = click.option("--queue", type=int, default=100, show_default=True,
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def doctor(as_json):
+@json_option
+def doctor(json_out):
     """What this machine can emulate, and why not."""
     from testbed.emulation.capabilities import check
     rep = check()
-    if as_json:
-        click.echo(json.dumps(rep, indent=1))
-    else:
+
+    def text():
         click.echo(f"root: {rep['root']}   OVS running: {rep['ovs_running']}   "
                    f"datapath: {rep['datapath']}")
         click.echo("tools: " + " ".join(f"{t}{'' if ok else '(MISSING)'}" for t, ok in rep["tools"].items()))
@@ -78,6 +79,7 @@ def doctor(as_json):
         for n in rep["notes"]:
             click.echo(f"note: {n}")
         click.echo("ok: the fabric can be built" if rep["ok"] else "not ok")
+    results(rep, json_out, text)
     sys.exit(0 if rep["ok"] else 1)
 
 
@@ -97,8 +99,8 @@ def net():
               help="Concurrent cross-pod TCP flows (disjoint host pairs).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory for logs (default: a fresh temporary one).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
+@json_option
+def net_check(topo, k, bw, queue, goodput_s, flows, out, json_out):
     """Build the fabric; all-pairs reachability, core spread, TCP goodput, startup time."""
     t_process = time.monotonic() - process_age_s()
     _sigterm_as_interrupt()
@@ -112,7 +114,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
     res = {"topology": graph.name, "hosts": len(graph.hosts()), "switches": len(graph.switches()),
            "shaped_mbps": bw, "queue_pkts": queue, "run_dir": run_dir}
     with Fabric(graph, run_dir=run_dir, bw_mbps=bw, queue_pkts=queue,
-                log=(lambda m: None) if as_json else None) as fab:
+                log=output.detail if json_out == "-" else None) as fab:
         res["startup_s"] = round(time.monotonic() - t_process, 2)
         res["fabric_startup_s"] = round(fab.startup_s, 2)
         res["datapath"] = fab.datapath
@@ -133,9 +135,8 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
         else:
             res["tcp_goodput_mbps"] = None
     res["ok"] = res["pairs_ok"] == res["pairs"] and res["core_switches_used"] == res["core_switches"]
-    if as_json:
-        click.echo(json.dumps(res))
-    else:
+
+    def text():
         click.echo(f"{res['topology']}: {res['switches']} switches, {res['hosts']} hosts, "
                    f"{res['datapath']} datapath; routed {res['startup_s']} s after process start")
         click.echo(f"reachability: {res['pairs_ok']}/{res['pairs']} pairs "
@@ -145,6 +146,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, as_json):
         if res["tcp_goodput_mbps"] is not None:
             click.echo(f"TCP goodput: {res['tcp_goodput_mbps']} Mbit/s per flow over {flows} flow(s) "
                        f"at {bw} Mbit/s shaping ({100 * res['tcp_goodput_mbps'] / bw:.0f} %)")
+    results(res, json_out, text)
     sys.exit(0 if res["ok"] else 1)
 
 
@@ -177,8 +179,8 @@ def net_cli(topo, k, bw, queue, out):
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
 @click.option("--force", is_flag=True,
               help="Also tear down a live run's fabric (its recorded processes, bridges, tables).")
-@click.option("--json", "as_json", is_flag=True)
-def clean(dry_run, force, as_json):
+@json_option
+def clean(dry_run, force, json_out):
     """Remove the project's leftovers: what dead runs recorded, and dt* bridges, veths, tables.
 
     A live run is left alone unless --force; processes are stopped only by
@@ -186,17 +188,18 @@ def clean(dry_run, force, as_json):
     """
     from testbed.emulation import cleanup
     rep = cleanup.leftovers() if dry_run else cleanup.clean(force=force)
-    if as_json:
-        click.echo(json.dumps(rep))
-        return
-    live = rep.pop("live")
-    for k, v in rep.items():
-        verb = "found (never stopped by name)" if k == "host_shells" else \
-            "would remove" if dry_run else "removed"
-        click.echo(f"{verb} {k}: {len(v)} {v[:10] if v else ''}")
-    for what in live:
-        click.echo(f"left alone: live {what} (and any dt* name it may own); "
-                   "use --force to tear it down")
+
+    def text():
+        for k, v in rep.items():
+            if k == "live":
+                continue
+            verb = "found (never stopped by name)" if k == "host_shells" else \
+                "would remove" if dry_run else "removed"
+            click.echo(f"{verb} {k}: {len(v)} {v[:10] if v else ''}")
+        for what in rep["live"]:
+            click.echo(f"left alone: live {what} (and any dt* name it may own); "
+                       "use --force to tear it down")
+    results(rep, json_out, text)
 
 
 @click.command()
@@ -243,10 +246,9 @@ def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
 @bw_option
 @queue_option
 @click.option("--tries", type=int, default=20, show_default=True, help="Round-trigger tries.")
-@click.option("--json", "json_file", default=None, type=click.Path(dir_okay=False),
-              help="Also write the rows to this file.")
+@json_option
 @click.option("--out", type=click.Path(file_okay=False), default=None)
-def bench_bursts(k, bw, queue, tries, json_file, out):
+def bench_bursts(k, bw, queue, tries, json_out, out):
     """Requested vs measured burst loss and timing on the fat-tree (paced UDP through the target)."""
     from testbed.bench.bursts import run_bench
     from testbed.emulation.fabric import Fabric
@@ -254,15 +256,15 @@ def bench_bursts(k, bw, queue, tries, json_file, out):
     with Fabric(_topology("fattree", k), run_dir=_run_dir(out, "benchbursts"), bw_mbps=bw,
                 queue_pkts=queue) as fab:
         res = run_bench(fab, tries=tries)
-    click.echo(f"{'kind':<20}{'requested':>10}{'in window':>11}{'outside':>9}{'start lag ms':>14}")
-    for r in res["rows"]:
-        label = r["kind"] + (f" p={r['params']['p']}" if r.get("params", {}).get("p") else "")
-        out_s = "-" if r["measured_outside"] is None else f"{r['measured_outside']:.4f}"
-        click.echo(f"{label:<20}{r['requested']:>10.3f}{r['measured_in_window']:>11.4f}{out_s:>9}"
-                   f"{r['start_lag_ms']:>14.2f}")
-    if json_file:
-        with open(json_file, "w") as f:
-            json.dump(res, f, indent=1)
+
+    def text():
+        click.echo(f"{'kind':<20}{'requested':>10}{'in window':>11}{'outside':>9}{'start lag ms':>14}")
+        for r in res["rows"]:
+            label = r["kind"] + (f" p={r['params']['p']}" if r.get("params", {}).get("p") else "")
+            out_s = "-" if r["measured_outside"] is None else f"{r['measured_outside']:.4f}"
+            click.echo(f"{label:<20}{r['requested']:>10.3f}{r['measured_in_window']:>11.4f}{out_s:>9}"
+                       f"{r['start_lag_ms']:>14.2f}")
+    results(res, json_out, text)
 
 
 def register(main):

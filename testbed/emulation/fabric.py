@@ -62,7 +62,7 @@ import uuid
 from dataclasses import dataclass
 
 from controllers.protocol import ControlClient, StatusRequest
-from testbed import REPO_ROOT
+from testbed import REPO_ROOT, output
 from testbed.emulation import capabilities, cleanup
 from topologies import TopoGraph
 
@@ -141,7 +141,7 @@ class Fabric:
         if not isinstance(monitor_s, (int, float)) or monitor_s < 0:
             raise ValueError(f"monitor_s must be >= 0 (0: no port statistics), got {monitor_s!r}")
         self.monitor_s = monitor_s
-        self.log = log or (lambda msg: print(f"fabric: {msg}", file=sys.stderr))
+        self.log = log or (lambda msg: output.say(f"fabric: {msg}"))
         self.control_socket = controller_socket or os.path.join(self.run_dir, "control.sock")
         if len(self.control_socket.encode()) > 100:
             # AF_UNIX paths are limited to 108 bytes

@@ -19,8 +19,7 @@ import signal
 import sys
 import time
 
-import click
-
+from testbed import output
 from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
 from testbed.errors import MachineError
@@ -65,7 +64,7 @@ def run_experiment(spec: Spec, out: str | None) -> str:
         raise MachineError(f"cannot emulate here: {caps['problems'][0]}")
     run_dir = new_run_dir(spec, out)
     manifest = Manifest(run_dir, spec, caps)
-    click.echo(f"run directory: {run_dir}", err=True)
+    output.say(f"run directory: {run_dir}")
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     status, error = "ok", None
     try:
@@ -81,9 +80,9 @@ def run_experiment(spec: Spec, out: str | None) -> str:
             signal.signal(s, h)
         manifest.finish(status, error)
         if error:
-            click.echo(f"dblp-testbed: run {status}: {error}", err=True)
+            output.warn(f"dblp-testbed: run {status}: {error}")
         _build_outputs(run_dir, manifest)
-    click.echo(f"run {status}: {run_dir}", err=True)
+    output.say(f"run {status}: {run_dir}")
     return status
 
 
@@ -94,7 +93,7 @@ def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
         build_outputs(run_dir)
     except Exception as exc:  # noqa: BLE001
         manifest.update(report_error=f"{type(exc).__name__}: {exc}")
-        click.echo(f"dblp-testbed: report failed: {exc}", err=True)
+        output.warn(f"dblp-testbed: report failed: {exc}")
 
 
 def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
@@ -112,8 +111,8 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
                 roles={"server": server, "workers": list(workers)}) as fab:
         manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DATA_PORT,
                         rtt_ms=measure_rtt_ms(fab, workers[0], server))
-        click.echo(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
-                   f"server {server}, workers {', '.join(workers)}", err=True)
+        output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
+                   f"server {server}, workers {', '.join(workers)}")
         for i, arm in enumerate(spec.arms):
             manifest.arm(arm, status="running", started_ns=time.time_ns())
             try:
@@ -125,7 +124,7 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
                 manifest.arm(arm, status="failed", ended_ns=time.time_ns(), error=str(exc))
                 for later in spec.arms[i + 1:]:
                     manifest.arm(later, status="skipped")
-                click.echo(f"[{arm}] failed:\n{exc}", err=True)
+                output.warn(f"[{arm}] failed:\n{exc}")
                 return "failed"
             except Interrupted:
                 manifest.arm(arm, status="interrupted", ended_ns=time.time_ns())
@@ -359,9 +358,9 @@ class Progress:
         msg = (f"[{self.arm}] round {self.round}/{self.rounds}  elapsed {el:5.0f} s  "
                f"ETA {eta:5.0f} s")
         if self.tty and not final:
-            click.echo("\r" + msg, nl=False, err=True)
+            output.say("\r" + msg, nl=False)
         else:
-            click.echo(("\r" if self.tty else "") + msg, err=True)
+            output.say(("\r" if self.tty else "") + msg)
 
 
 class OvsWatch:

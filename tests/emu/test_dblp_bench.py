@@ -21,8 +21,8 @@ def test_bench_transport_quick(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["floor_s"] == pytest.approx((1 << 20) * 8 / 100e6)
     rows = {(r["policy"], r["bound"], r["loss"]): r for r in doc["rows"]}
-    assert set(rows) == {(pol, b, l) for pol, b in (("reliable", 0.0), ("static", 0.408))
-                         for l in (0.0, 0.5)}
+    assert set(rows) == {(pol, b, loss) for pol, b in (("reliable", 0.0), ("static", 0.408))
+                         for loss in (0.0, 0.5)}
     for r in doc["rows"]:
         assert r["impl"] == "dblp" and r["control"] == "udp"
         assert r["round_trip_s"] is not None, r

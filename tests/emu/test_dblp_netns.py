@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from dblp.testing import collect_agents
-
 from testbed.bench.transport import NetnsPair
 
 pytestmark = pytest.mark.emu
@@ -89,7 +88,7 @@ def test_loss_is_real(pair):
 
 def test_reliable_delivers_everything_at_50_percent_udp_loss(pair):
     srv, workers = _ps(pair, "reliable", {})
-    for rank, rounds in workers.items():
+    for rounds in workers.values():
         for d in rounds:
             assert d["err_vs_mean"] < 1e-5
             assert d["stats"]["missing_at_stop"] == 0 and d["stats"]["pull_missing"] == 0

@@ -35,10 +35,10 @@ def test_ddp_comm_hook_averages_gradients():
             ref_model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(),
                                             torch.nn.Linear(16, 3))
             with torch.no_grad():
-                for p, r in zip(ref_model.parameters(), ref):
+                for p, r in zip(ref_model.parameters(), ref, strict=True):
                     p.copy_(r)
             torch.nn.functional.cross_entropy(ref_model(x), y).backward()
-            for p, q in zip(model.parameters(), ref_model.parameters()):
+            for p, q in zip(model.parameters(), ref_model.parameters(), strict=True):
                 assert torch.allclose(p.grad, q.grad, atol=1e-6)
     finally:
         dist.destroy_process_group()

@@ -28,14 +28,6 @@ S0, S1 = wire.FIELD_OFFSETS["session"][0], sum(wire.FIELD_OFFSETS["session"])
 R0, R1 = wire.FIELD_OFFSETS["round"][0], sum(wire.FIELD_OFFSETS["round"])
 
 
-@pytest.fixture
-def sink():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    yield s
-    s.close()
-
-
 def _engine(sink, early_cap=256):
     eng = Engine(2, bind=("127.0.0.1", 0), session=SESSION, early_cap=early_cap)
     eng.peers = {0: sink.getsockname(), 1: sink.getsockname()}
@@ -127,7 +119,7 @@ def test_fuzz_100k_inputs_never_raise_and_stay_bounded(sink):
     corpus = _corpus()
     shapes = (acc.shape, recvs[0].have.shape, pull_in.have.shape)
     n = 0
-    for i in range(100_000):
+    for _ in range(100_000):
         _feed(eng, _mutate(rng, rng.choice(corpus)))
         n += 1
         assert len(eng.early) <= 256
@@ -149,7 +141,7 @@ def test_fuzz_100k_inputs_never_raise_and_stay_bounded(sink):
     import tracemalloc
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    for i in range(20_000):
+    for _ in range(20_000):
         _feed(eng, _mutate(rng, rng.choice(corpus)))
     grown = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
@@ -165,7 +157,7 @@ def test_foreign_sessions_never_enter_the_aggregate(sink):
     for raw in other:
         _feed(eng, raw)
     assert not acc.any() and not any(r.n_have for r in recvs)
-    for a, b in zip(_chunks(0), _chunks(1)):
+    for a, b in zip(_chunks(0), _chunks(1), strict=True):
         _feed(eng, a[:S0] + (SESSION ^ 99).to_bytes(8, "big") + a[S1:])
         _feed(eng, a)
         _feed(eng, b)
@@ -182,7 +174,7 @@ JUNK = st.sampled_from(["foreign", "stale", "future", "duplicate", "truncated", 
 @given(st.lists(st.tuples(JUNK, st.integers(0, 81), st.binary(max_size=80)), max_size=60),
        st.integers(0, 300_000), st.randoms(use_true_random=False))
 def test_junk_never_changes_the_result(sink, junk, bound_ppm, rnd):
-    valid = [x for pair in zip(_chunks(0), _chunks(1)) for x in pair]
+    valid = [x for pair in zip(_chunks(0), _chunks(1), strict=True) for x in pair]
     rnd.shuffle(valid)
 
     def run(with_junk):
@@ -222,7 +214,7 @@ def test_junk_never_changes_the_result(sink, junk, bound_ppm, rnd):
 
     clean, dirty = run(False), run(True)
     assert np.array_equal(clean[0], dirty[0])
-    assert all(np.array_equal(a, b) for a, b in zip(clean[1], dirty[1]))
+    assert all(np.array_equal(a, b) for a, b in zip(clean[1], dirty[1], strict=True))
     assert clean[2] == dirty[2] == [True, True]
     if bound_ppm == 0:
         assert np.array_equal(clean[0], _truth())

@@ -20,7 +20,6 @@ from dblp import TransportConfig, wire
 from dblp.engine import PULL, PUSH, Engine, InTransfer, OutTransfer
 from dblp.join import Refused, Rendezvous, parse_hello, parse_welcome
 from dblp.wire import CHUNK_ELEMS, Flag, MsgType
-from test_dblp_fuzz import sink  # noqa: F401 (the loopback sink fixture, shared)
 
 pytestmark = pytest.mark.unit
 
@@ -157,7 +156,7 @@ def test_fuzz_data_control_and_join_with_production_defaults(sink):
         raw = SEAL.seal(body) if i % 4 else body + wire.ZERO_TAG
         eng.handle(memoryview(raw), len(raw), pinned if i % 5 else other, None, time.monotonic())
         n += 1
-    for i in range(10_000):  # the member side's parsers directly
+    for _ in range(10_000):  # the member side's parsers directly
         pay = _join_payload(rng)
         for parse in (parse_hello, lambda p: parse_welcome(p, 0)):
             try:

@@ -19,7 +19,6 @@ import pytest
 
 import dblp
 from dblp import wire
-from dblp.testing import free_port
 from dblp.wire import Flag, MsgType
 
 pytestmark = pytest.mark.unit
@@ -53,7 +52,7 @@ def _replies(sock: socket.socket, wait: float = 0.3) -> list[bytes]:
     while time.monotonic() < end:
         try:
             out.append(sock.recv(65536))
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             break
     return out
 

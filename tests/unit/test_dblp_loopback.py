@@ -4,7 +4,6 @@ import pytest
 
 import dblp
 from dblp import rounds as rounds_mod
-
 from dblp.testing import expected_aggregate, run_job
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,6 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from scapy.packet import Raw
 
 from dblp import wire

@@ -29,6 +29,7 @@ COVERED = {
     "dblp-testbed bench transport": "tests/emu/test_dblp_bench.py",
     "dblp-testbed bench bursts": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",
+    "dblp-testbed --version": "tests/unit/test_cli_conventions.py",
     "dblp-testbed clean": "tests/emu/test_fabric_cleanup.py",
     "python -m workloads.loopback": "test_loopback_command (below)",
     # The Notebooks block, run line by line on a built run directory:
