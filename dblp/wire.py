@@ -73,7 +73,7 @@ class Flag(enum.IntFlag):
 # (name, struct code, description) -- THE declaration of the header.
 HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("magic", "H", "0xDB1B"),
-    ("version", "B", "wire version, 1"),
+    ("version", "B", "wire version (VERSION)"),
     ("type", "B", "MsgType"),
     ("flags", "B", "Flag bits"),
     ("copies", "B", "redundancy the peer should use for its control reply"),
