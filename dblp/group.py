@@ -297,7 +297,9 @@ def ddp_comm_hook(group: TransportGroup, bucket):
 
     The group has a fixed tensor size, so give DDP a single bucket
     (``bucket_cap_mb`` >= the model's gradient size); a bucket of another size
-    raises ValueError.
+    raises ValueError. The hook blocks and DDP still needs a process group
+    beside it; ``dblp.torch_backend`` (``init_process_group("dblp")``) needs
+    neither and takes any number of buckets.
     """
     import torch
     buf = bucket.buffer()

@@ -39,6 +39,11 @@ barrier, so all members are known alive when the UDP join starts. A member
 whose aggregator does not answer within ``hello_timeout`` (5 s by default)
 after that raises ``TransportError`` naming the address it tried.
 
+Timeouts: ``round_timeout`` (30 s by default) bounds how long a rank waits
+inside a collective, including for a peer that is still computing; raise it
+in the options if ranks may drift apart longer (e.g. rank-0-only evaluation
+between steps).
+
 Collectives run in order on one worker thread per process group and return a
 Work whose future completes when the round does, so DDP overlaps a bucket's
 round with the rest of backward. A failed round fails every later collective
@@ -357,42 +362,6 @@ class DblpProcessGroup(_ProcessGroup):
             self._exact_sum(np.zeros(1, np.uint16))
         return self._submit(run, [])
 
-    def _unsupported(self, name: str):
-        raise NotImplementedError(
-            f"dblp backend: {name} is not supported (this backend implements all_reduce, "
-            "broadcast, all_gather and barrier: what DistributedDataParallel needs); "
-            f"create a gloo group for {name}: dist.new_group(backend='gloo')")
-
-    def reduce(self, *args, **kwargs):
-        self._unsupported("reduce")
-
-    def gather(self, *args, **kwargs):
-        self._unsupported("gather")
-
-    def scatter(self, *args, **kwargs):
-        self._unsupported("scatter")
-
-    def reduce_scatter(self, *args, **kwargs):
-        self._unsupported("reduce_scatter")
-
-    def _reduce_scatter_base(self, *args, **kwargs):
-        self._unsupported("reduce_scatter_tensor")
-
-    def alltoall(self, *args, **kwargs):
-        self._unsupported("all_to_all")
-
-    def alltoall_base(self, *args, **kwargs):
-        self._unsupported("all_to_all_single")
-
-    def send(self, *args, **kwargs):
-        self._unsupported("send")
-
-    def recv(self, *args, **kwargs):
-        self._unsupported("recv")
-
-    def recv_anysource(self, *args, **kwargs):
-        self._unsupported("recv")
-
     # -- introspection and teardown ---------------------------------------------------------
     def stats(self) -> dict[str, list[RoundStats]]:
         """Every stream's per-round statistics, keyed ``"grad/<numel>"`` or ``"exact/<n>"``."""
@@ -414,6 +383,25 @@ class DblpProcessGroup(_ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _unsupported(method: str, name: str):
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"dblp backend: {name} is not supported (this backend implements all_reduce, "
+            "broadcast, all_gather and barrier: what DistributedDataParallel needs); "
+            f"create a gloo group for {name}: dist.new_group(backend='gloo')")
+    refuse.__name__ = method
+    return refuse
+
+
+# c10d method -> the torch.distributed call a user made
+for _method, _name in (("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+                       ("reduce_scatter", "reduce_scatter"),
+                       ("_reduce_scatter_base", "reduce_scatter_tensor"),
+                       ("alltoall", "all_to_all"), ("alltoall_base", "all_to_all_single"),
+                       ("send", "send"), ("recv", "recv"), ("recv_anysource", "recv")):
+    setattr(DblpProcessGroup, _method, _unsupported(_method, _name))
 
 
 def _tensor_list(tensors, what: str) -> list[torch.Tensor]:

@@ -4,7 +4,11 @@ Run it from the repository root with plain torchrun and nothing else (no
 parameter server, no gloo group: the ``dblp`` backend runs sharded, rank 0
 hosts the join):
 
-    .venv/bin/torchrun --nproc_per_node 3 examples/ddp_dblp.py
+    .venv/bin/torchrun --standalone --nproc_per_node 3 examples/ddp_dblp.py
+
+(``--standalone`` lets torchrun pick a free port on this host; across hosts use
+``--nnodes``/``--rdzv-endpoint`` as usual: rank 0 must be reachable over UDP at
+MASTER_ADDR.)
 
 Options: ``--policy`` and ``--p`` pick the loss bound (``--policy reliable``
 is bound 0), ``--backend gloo`` runs the same training over gloo for
@@ -43,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=["dblp", "gloo"], default="dblp")
     ap.add_argument("--policy", default=None, help="dblp, static or reliable (bound 0)")
     ap.add_argument("--p", type=float, default=None, help="static bound P")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bucket-cap-mb", type=float, default=0.05,
                     help="DDP bucket cap (0.05: the digits CNN's gradient makes 2 buckets)")
