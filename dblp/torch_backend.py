@@ -85,7 +85,9 @@ _ProcessGroup: Any = dist.ProcessGroup
 _WorkBase: Any = torch._C._distributed_c10d.Work
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_LOSSY_OPS = ("SUM", "AVG")
+_LOSSY_OPS = ("SUM", "AVG")  # on floating tensors: the configured bound
+_INT_OPS = ("BAND", "BOR", "BXOR")  # integer and bool tensors only
+_EXACT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG") + _INT_OPS
 
 
 def options(**settings) -> TransportConfig:
@@ -284,6 +286,11 @@ class DblpProcessGroup(_ProcessGroup):
     def allreduce(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "all_reduce")
         op = _reduce_op_name(opts) if opts is not None else "SUM"
+        for t in tensors:  # refused here, before anything runs: the group stays usable
+            floating = t.is_floating_point()
+            if op not in _EXACT_OPS or (op in _INT_OPS and floating) \
+                    or (op == "AVG" and not floating):
+                raise NotImplementedError(f"dblp backend: all_reduce with op {op} on {t.dtype}")
         if op in _LOSSY_OPS and all(t.dtype in _FLOAT_DTYPES for t in tensors):
             return self._submit(lambda: self._lossy_allreduce(tensors, op), tensors)
         return self._submit(lambda: self._exact_allreduce(tensors, op), tensors)
@@ -429,6 +436,7 @@ def _scatter_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
 
 
 def _reduce_stack(stack: torch.Tensor, op: str) -> torch.Tensor:
+    """``op`` over the ranks (dim 0), the same arithmetic in the same order on every rank."""
     if op == "SUM":
         return stack.sum(0, dtype=stack.dtype)
     if op == "PRODUCT":
@@ -437,15 +445,13 @@ def _reduce_stack(stack: torch.Tensor, op: str) -> torch.Tensor:
         return stack.min(0).values
     if op == "MAX":
         return stack.max(0).values
-    if op == "AVG" and stack.is_floating_point():
+    if op == "AVG":  # floating only (checked by allreduce)
         return stack.mean(0)
-    if op in ("BAND", "BOR", "BXOR") and not stack.is_floating_point():
-        fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
-        out = stack[0]
-        for x in stack[1:]:
-            out = fn(out, x)
-        return out
-    raise NotImplementedError(f"dblp backend: all_reduce with op {op} on {stack.dtype}")
+    fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[op]
+    out = stack[0]
+    for x in stack[1:]:
+        out = fn(out, x)
+    return out
 
 
 def _advertised_host(store) -> str:

@@ -103,10 +103,10 @@ def main(argv=None) -> dict:
             "replicas_identical": all(torch.equal(replicas[0], r) for r in replicas[1:]),
             "params_sha": _digest(flat),
         }
-        if args.backend == "dblp":
-            pg = dist.group.WORLD
-            summary["transport"] = pg.config.public_dict()  # type: ignore[union-attr]
-            summary["rounds"] = {k: len(v) for k, v in pg.stats().items()}  # type: ignore[union-attr]
+        pg = dist.group.WORLD
+        if isinstance(pg, dblp.torch_backend.DblpProcessGroup):
+            summary["transport"] = pg.config.public_dict()
+            summary["rounds"] = {k: len(v) for k, v in pg.stats().items()}
         if rank == 0:
             print(json.dumps(summary), flush=True)
             if args.json:

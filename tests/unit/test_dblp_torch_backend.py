@@ -139,6 +139,12 @@ def test_unsupported_collectives_and_settings_say_what_to_do():
             pg.reduce_scatter([torch.zeros(1)], [[torch.zeros(1)]])
         with pytest.raises(NotImplementedError, match="send is not supported"):
             pg.send([torch.zeros(1)], 0, 0)
+        # an op the backend cannot do is refused at the call and leaves the group usable
+        with pytest.raises(NotImplementedError, match="op BAND on torch.float32"):
+            pg.allreduce([torch.zeros(2)], _opts(dist.ReduceOp.BAND))
+        t = torch.tensor([5, 3])
+        pg.allreduce([t], _opts(dist.ReduceOp.BXOR)).wait()
+        assert t.tolist() == [5, 3]  # one rank
     finally:
         pg.shutdown()
 
