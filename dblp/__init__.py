@@ -45,6 +45,17 @@ Parameter-server mode (N workers + 1 server; the paper's setup)::
 
     model.register_comm_hook(group, dblp.ddp_comm_hook)   # DDP, single bucket
 
+torch.distributed backend (``dblp.torch_backend``; imports torch, so not imported here)::
+
+    import dblp.torch_backend   # registers "dblp"
+    dist.init_process_group("dblp", pg_options=dblp.torch_backend.options(policy="static",
+                                                                          p=0.01))
+    ddp = DistributedDataParallel(model)   # unchanged; plain torchrun, no other process
+    dist.group.WORLD.stats()   # {"grad/<numel>" | "exact/<n>": [RoundStats, ...]}
+    # sharded only (mode="ps" / control="tcp" options: ValueError); all_reduce of floats
+    # with SUM/AVG is bounded (one stream per size), broadcast/all_gather/barrier and
+    # other all_reduces exact; reduce/gather/scatter/... raise NotImplementedError
+
 Pacing: set ``rate_bps`` (server and workers) to the bottleneck link rate; unpaced
 senders overflow shallow switch queues and turn that into loss.
 
@@ -69,7 +80,10 @@ Either way no datagram and no TCP byte sequence raises out of the engine.
 
 Errors: ``dblp.TransportError``; a dead or silent peer raises ``dblp.PeerTimeout``
 within ``round_timeout`` naming the rank and what was missing; a closed TCP
-control connection raises ``dblp.PeerClosed``.
+control connection raises ``dblp.PeerClosed``. A member that hears nothing
+from its aggregator logs a warning (logger ``dblp``) naming the address after
+``hello_timeout`` and raises after ``join_timeout``; under the torch backend,
+where the store already proved every rank alive, it raises after ``hello_timeout``.
 
 Identical replicas: every member answers the pull with a bitmap; the aggregator
 takes the union U of chunks any member lacks, repairs until |U| <= P x chunks,

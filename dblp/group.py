@@ -36,6 +36,15 @@ def _int_knob(name: str, value, lo: int, hi: int) -> int:
     return v
 
 
+#: What a member that hears nothing from its aggregator should check, by mode.
+_AGGREGATOR_HINT = {
+    "ps": "is a dblp.ParameterServer running there? torchrun starts none: use "
+          "mode='sharded' (DBLP_MODE=sharded) or the torch.distributed backend "
+          "(dblp.torch_backend)",
+    "sharded": "has rank 0 started, and is MASTER_ADDR:MASTER_PORT its address?",
+}
+
+
 class TransportGroup:
     """A member of a DBLP job. ``allreduce_(t)`` -> RoundStats, ``t`` now the mean.
 
@@ -49,8 +58,11 @@ class TransportGroup:
                  bind_host: str = "0.0.0.0", fault_rx_drop: float = 0.0, **settings):
         self.world_size = _int_knob("world_size", world_size, 1, 65534)
         self.rank = _int_knob("rank", rank, 0, self.world_size - 1)
-        self.master_port = _int_knob("master_port", master_port, 1, 65535)
         cfg, self.policy = merge(config, settings)
+        # Port 0: the sharded rendezvous (rank 0) binds an ephemeral port and
+        # advertises ``self.master_port`` out of band (the torch.distributed store).
+        ephemeral = cfg.mode == "sharded" and self.rank == 0
+        self.master_port = _int_knob("master_port", master_port, 0 if ephemeral else 1, 65535)
         if cfg.mode == "sharded" and cfg.control == "tcp":
             raise ValueError("control='tcp' is supported in mode='ps' only (the paper's design)")
         try:
@@ -75,6 +87,8 @@ class TransportGroup:
                              rate_bps=rate_bps, peer_rate_bps=peer_rate, session=session_id or 0,
                              key=cfg.key, early_bytes=cfg.early_bytes,
                              hello_timeout=cfg.hello_timeout, fault_rx_drop=fault_rx_drop)
+        if bind_port == 0 and ephemeral:
+            self.master_port = self.engine.address[1]
         self.round = -1
         self.numel: int | None = None
         self.residual: np.ndarray | None = None
@@ -133,7 +147,8 @@ class TransportGroup:
             return
         hello = {"rank": self.rank, "numel": numel, "mode": self.mode, "nonce": new_nonce()}
         w = join_aggregator(eng, master, self.server_rank, hello, self.join_timeout,
-                            self.session_id)
+                            self.session_id, quiet_after=self.config.hello_timeout,
+                            hint=_AGGREGATOR_HINT[self.mode])
         if w["numel"] != numel:
             raise ValueError(f"tensor of {numel} elements, but the job uses {w['numel']}")
         if w["mode"] != self.mode:
@@ -282,7 +297,9 @@ def ddp_comm_hook(group: TransportGroup, bucket):
 
     The group has a fixed tensor size, so give DDP a single bucket
     (``bucket_cap_mb`` >= the model's gradient size); a bucket of another size
-    raises ValueError.
+    raises ValueError. The hook blocks and DDP still needs a process group
+    beside it; ``dblp.torch_backend`` (``init_process_group("dblp")``) needs
+    neither and takes any number of buckets.
     """
     import torch
     buf = bucket.buffer()

@@ -19,6 +19,7 @@ strings, nothing else); anything off is counted and dropped, never raised.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import socket
 import time
@@ -29,6 +30,8 @@ from .engine import Engine
 from .errors import TransportError
 from .framing import TcpControl
 from .wire import MsgType
+
+log = logging.getLogger("dblp")
 
 MAX_NONCES = 64  # joins remembered per rank (replay protection); older ones are forgotten
 
@@ -256,12 +259,17 @@ class Rendezvous:
 
 
 def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int, hello: dict,
-                    timeout: float, session: int | None) -> dict:
+                    timeout: float, session: int | None, *, quiet_after: float | None = None,
+                    hint: str = "is the server running? same session id and secret?") -> dict:
     """Member side: HELLO every 20 ms until WELCOME; returns ``parse_welcome``'s dict.
 
     ``hello`` must hold ``rank``, ``numel`` and ``nonce``. A WELCOME counts only
     from the aggregator's rank (and, without a secret, its address) and for
-    our session when we know it.
+    our session when we know it. The aggregator may legitimately start later
+    than its members, so silence is an error only after ``timeout``; but after
+    ``quiet_after`` seconds of it the member says so once (logger ``dblp``,
+    WARNING) naming the address it is trying, so a missing aggregator is not
+    a silent two-minute hang. ``hint`` says what to check.
     """
     eng.peers[server_rank] = server_addr
     got: dict = {}
@@ -284,13 +292,21 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
 
     eng.join_handler = on_join
     msg = _msg(MsgType.HELLO, hello, src=eng.rank, session=session or 0)
-    deadline = time.monotonic() + timeout
+    t_start = time.monotonic()
+    deadline = t_start + timeout
+    where = f"{server_addr[0]}:{server_addr[1]}"
+    warned = quiet_after is None or quiet_after >= timeout
     sent = 0
     while not got:
-        if time.monotonic() >= deadline:
-            raise TransportError(f"rank {eng.rank}: no WELCOME from the aggregator at "
-                                 f"{server_addr[0]}:{server_addr[1]} within {timeout} s "
-                                 "(is the server running? same session id and secret?)")
+        now = time.monotonic()
+        if now >= deadline:
+            raise TransportError(f"rank {eng.rank}: no WELCOME from the aggregator at {where} "
+                                 f"(UDP) within {timeout} s ({hint})")
+        if not warned and quiet_after is not None and now - t_start >= quiet_after:
+            warned = True
+            log.warning("rank %d: no answer from the aggregator at %s (UDP) after %.0f s; "
+                        "still trying until join_timeout=%s s (%s)", eng.rank, where,
+                        now - t_start, timeout, hint)
         t_sent = time.monotonic()
         eng.send_raw(msg, server_addr)
         sent += 1

@@ -32,6 +32,8 @@ COVERED = {
     "dblp-testbed --version": "tests/unit/test_cli_conventions.py",
     "dblp-testbed clean": "tests/emu/test_fabric_cleanup.py",
     "python -m workloads.loopback": "test_loopback_command (below)",
+    ".venv/bin/torchrun": "test_torchrun_ddp_command (below); the comparison with gloo: "
+                          "tests/unit/test_dblp_torch_backend.py",
     # The Notebooks block, run line by line on a built run directory:
     "from testbed.analysis import load_run": "tests/unit/test_notebooks.py",
     "run = load_run(": "tests/unit/test_notebooks.py",
@@ -79,6 +81,22 @@ def test_make_run_is_setup_then_the_default_experiment():
     assert out.returncode == 0
     assert [line.strip() for line in out.stdout.splitlines()] == ["./setup.sh",
                                                              ".venv/bin/dblp-testbed run"]
+
+
+@pytest.mark.unit
+def test_torchrun_ddp_command():
+    """The README's torchrun line, as shown: DDP over the dblp backend and nothing else."""
+    import json
+    import os
+    [cmd] = [c for c in readme_commands() if c.startswith(".venv/bin/torchrun")]
+    argv = [sys.executable, "-m", "torch.distributed.run", *cmd.split()[1:]]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads([x for x in out.stdout.splitlines() if x.startswith("{")][-1])
+    assert summary["backend"] == "dblp" and summary["world_size"] == 3
+    assert summary["replicas_identical"] is True
+    assert len(summary["bucket_sizes_bytes"]) >= 2
 
 
 @pytest.mark.unit
