@@ -1,6 +1,6 @@
 """`dblp-testbed run`: one experiment from a validated spec to its report.
 
-The run path (DESIGN.md): a fresh run directory with the resolved spec and a
+The path of one run (README, "Layout"): a fresh run directory with the resolved spec and a
 manifest; the capability check; one routed fabric with the controller and
 its burst schedule; for each arm the server and workers on their hosts with
 packet captures around them; then the derived tables, plots and report.
