@@ -133,10 +133,32 @@ def describe_environment() -> dict:
         "git_revision": rev,
         "git_dirty": bool(dirty) if dirty is not None else None,
         "versions": {d: _version(d) for d in
-                     ("dblp-testbed", "torch", "os-ken", "mininet", "scapy", "pandas",
+                     ("dblp-testbed", "torch", "os-ken", "scapy", "pandas",
                       "numpy", "scikit-learn", "matplotlib")},
         "ovs": ovs.splitlines()[0] if ovs else None,
+        # Every package, so a result can be re-run on the same set a year later.
+        "python_packages": python_packages(),
+        "debian_packages": debian_packages(),
     }
+
+
+def python_packages() -> dict[str, str]:
+    """Every installed Python distribution and its version (the venv's `pip freeze`)."""
+    return dict(sorted((d.metadata["Name"], d.version)
+                       for d in importlib.metadata.distributions() if d.metadata["Name"]))
+
+
+def debian_packages() -> dict[str, str] | None:
+    """Every installed Debian package and its version; None off Debian (no dpkg-query)."""
+    out = _cmd(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\n"])
+    if out is None:
+        return None
+    pkgs = {}
+    for line in out.splitlines():
+        name, version, status = (line.split("\t") + ["", "", ""])[:3]
+        if status.startswith("ii"):
+            pkgs[name] = version
+    return pkgs
 
 
 # The manifest.json format, declared once: its writer (Manifest) and its
@@ -158,7 +180,8 @@ MANIFEST_FIELDS = (
     _F("started_utc", "str", doc="ISO time the run started"),
     _F("started_ns", "int", doc="time.time_ns() the run started"),
     _F("pid", "int", doc="the harness's process id"),
-    _F("environment", "dict", doc="versions and revision (describe_environment)"),
+    _F("environment", "dict", doc="versions, revision and every installed Python and Debian "
+       "package (describe_environment)"),
     _F("capabilities", "dict", doc="what the machine could emulate"),
     _F("ended_utc", "str", required=False, doc="ISO time the run ended"),
     _F("error", "str", required=False, doc="why the run ended early"),

@@ -51,3 +51,15 @@ def test_make_lock_rewrites_constraints_from_the_venv():
                          capture_output=True, text=True)
     assert out.returncode == 0 and "pip freeze --exclude-editable" in out.stdout
     assert "> constraints.txt" in out.stdout
+
+
+def test_the_manifest_records_every_python_and_debian_package():
+    from testbed.run.rundir import describe_environment
+    env = describe_environment()
+    locked = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    recorded = {n.lower().replace("_", "-"): v for n, v in env["python_packages"].items()}
+    assert all(recorded.get(n) == v for n, v in _pins(
+        subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+                       capture_output=True, text=True, check=True).stdout.splitlines()).items())
+    assert recorded["torch"] == locked["torch"]
+    assert env["debian_packages"]["mininet"] and env["debian_packages"]["openvswitch-switch"]
