@@ -72,7 +72,7 @@ def _offset_of(field: str) -> int:
 assert len(DBLP.fields_desc) == len(wire.HEADER_FIELDS)
 
 
-def bind(port: int = 47474) -> None:
+def bind(port: int = wire.DEFAULT_PORT) -> None:
     """Dissect UDP traffic to or from ``port`` as DBLP."""
     bind_layers(UDP, DBLP, dport=port)
     bind_layers(UDP, DBLP, sport=port)

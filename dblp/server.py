@@ -13,7 +13,7 @@ from .join import Rendezvous, new_session_id
 from .rounds import Part, grad_norm, make_layout, max_passes, run_round
 from .stats import RoundStats
 
-DEFAULT_PORT = 47474
+DEFAULT_PORT = wire.DEFAULT_PORT
 
 
 def policy_phase(policy) -> str:

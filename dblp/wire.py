@@ -46,6 +46,7 @@ import struct
 MAGIC = 0xDB1B
 VERSION = 2  # 2: the MAC trailer
 MAX_DATAGRAM = 1472  # 1500 MTU - 20 IPv4 - 8 UDP
+DEFAULT_PORT = 47474  # the transport's UDP (and TCP control) port unless a job says otherwise
 PPM = 1_000_000  # bounds travel as parts per million (integers: all peers agree exactly)
 
 

@@ -18,6 +18,8 @@ import traceback
 
 import torch
 
+from dblp import wire
+
 from . import exchange as ex
 from .control import RoundAnnouncer
 from .models import (
@@ -37,7 +39,6 @@ from .tasks import make_task
 DEFAULT_ROUNDS = 300
 DEFAULT_EVAL_EVERY = 25
 DEFAULT_TIMEOUT_S = 60.0
-DBLP_DEFAULT_PORT = 47474  # = dblp.DEFAULT_PORT, without importing the transport for other arms
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-addr", default=None,
                    help="gloo: rank 0's address; dblp arms: the server's. Default: $MASTER_ADDR")
     p.add_argument("--master-port", type=int, default=None,
-                   help=f"default: $MASTER_PORT; dblp arms fall back to {DBLP_DEFAULT_PORT}")
+                   help=f"default: $MASTER_PORT; dblp arms fall back to {wire.DEFAULT_PORT}")
     p.add_argument("--timeout-s", type=float, default=None,
                    help=f"gloo arm: give up when peers are silent this long (default "
                         f"{DEFAULT_TIMEOUT_S:g}); dblp arms: round_timeout in --transport-config")
@@ -109,7 +110,7 @@ def resolve(args) -> argparse.Namespace:
         if args.timeout_s <= 0:
             raise SystemExit(f"--timeout-s must be > 0, got {args.timeout_s}")
     if args.master_port is None and args.arm in ex.DBLP_ARMS:
-        args.master_port = DBLP_DEFAULT_PORT          # the transport's well-known port
+        args.master_port = wire.DEFAULT_PORT          # the transport's well-known port
     if args.arm == "gloo" and args.master_port is None:
         raise SystemExit("arm gloo needs --master-port or MASTER_PORT (rank 0's rendezvous port)")
     spec = get_spec(args.model)

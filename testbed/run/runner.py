@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 
+from dblp.wire import DEFAULT_PORT
 from testbed import output
 from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
@@ -27,8 +28,6 @@ from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
 from testbed.run.rundir import Manifest, new_run_dir
-
-DATA_PORT = 47474
 
 
 class Interrupted(Exception):
@@ -109,7 +108,7 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
     with Fabric(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
                 queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
                 roles={"server": server, "workers": list(workers)}) as fab:
-        manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DATA_PORT,
+        manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DEFAULT_PORT,
                         rtt_ms=measure_rtt_ms(fab, workers[0], server))
         output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
                    f"server {server}, workers {', '.join(workers)}")
@@ -162,7 +161,7 @@ class ArmRun:
         self.workers = [server] + workers[1:] if self.serverless else list(workers)
         self.procs = ProcessGroup()
         self.captures = ProcessGroup()
-        self.port = DATA_PORT
+        self.port = DEFAULT_PORT
         # One job per arm: its own key and session, shared by its server and workers.
         self.secret = secrets.token_hex(32)
         self.session_id = secrets.randbits(63) | 1
