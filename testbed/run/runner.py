@@ -260,7 +260,8 @@ class ArmRun:
                     env=self._env(rank))
             cpu = CpuSampler()
             sw, port = self.fab.topo.host_switch(self.server)
-            link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"])
+            link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"],
+                                     arm=self.arm.name, queue_log=self.raw / "queue.jsonl")
             self._supervise(cpu)
             return {"cpu_busy_frac": cpu.busy_fraction(), **link.summary()}
         finally:
