@@ -265,7 +265,7 @@ class RunLog:
 
     def write(self, event: str, **fields) -> dict:
         """Write one event; a field the declaration lacks is a bug and raises here."""
-        head = {"event": event, "arm": self.arm}
+        head: dict[str, object] = {"event": event, "arm": self.arm}
         if self.role is not None:
             head.update(role=self.role, rank=self.rank)
         rec = _clean({**head, **fields})

@@ -64,7 +64,7 @@ def bounded_queue(qdiscs: list[dict]) -> dict | None:
     """
     full = [q for q in qdiscs if "backlog_packets" in q and "dropped" in q]
     fifo = [q for q in full if q["kind"] == "pfifo"]
-    return (fifo or full or [None])[0]
+    return (fifo or full)[0] if full else None
 
 
 def _tc_show(intf: str) -> str | None:
@@ -134,7 +134,7 @@ class BottleneckMonitor:
         self._log = RunLog(os.fspath(queue_log), arm) if queue_log else None
         if self._log:
             self._threads.append(threading.Thread(target=self._sample_queue, daemon=True,
-                                                  args=(queue_period_s,)))
+                                                  args=(self._log, queue_period_s)))
         for t in self._threads:
             t.start()
 
@@ -147,14 +147,14 @@ class BottleneckMonitor:
                 return
             self._stop.wait(0.02)
 
-    def _sample_queue(self, period: float):
+    def _sample_queue(self, log: RunLog, period: float):
         due = time.monotonic()
         while not self._stop.is_set():
             t0 = time.time_ns()
             q = bounded_queue(parse_qdiscs(_tc_show(self.intf) or ""))
             t1 = time.time_ns()
             if q is not None:
-                self._log.write("queue", t_ns=(t0 + t1) // 2, interface=self.intf,
+                log.write("queue", t_ns=(t0 + t1) // 2, interface=self.intf,
                                 backlog_bytes=q["backlog_bytes"],
                                 backlog_packets=q["backlog_packets"], dropped=q["dropped"],
                                 limit_packets=q["limit_packets"])
