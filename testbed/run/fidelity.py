@@ -163,12 +163,17 @@ class BottleneckMonitor:
             due = max(due + period, time.monotonic())   # a late sample skips, never bunches
             self._stop.wait(due - time.monotonic())
 
-    def summary(self) -> dict:
+    def stop(self) -> None:
+        """End the sampling; idempotent. The runner calls it also when the arm
+        failed, or the queue sampler would fork tc through the next arms."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=6)   # a tc call in flight has a 5 s timeout
         if self._log:
             self._log.close()
+
+    def summary(self) -> dict:
+        self.stop()
         best, j = 0.0, 0
         s = self.samples
         for i in range(len(s)):

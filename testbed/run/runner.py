@@ -262,7 +262,10 @@ class ArmRun:
             sw, port = self.fab.topo.host_switch(self.server)
             link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"],
                                      arm=self.arm.name, queue_log=self.raw / "queue.jsonl")
-            self._supervise(cpu)
+            try:
+                self._supervise(cpu)
+            finally:
+                link.stop()   # a failed arm's sampler would fork tc on through the next arms
             return {"cpu_busy_frac": cpu.busy_fraction(), **link.summary()}
         finally:
             self.procs.stop()

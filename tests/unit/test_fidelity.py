@@ -112,3 +112,19 @@ def test_monitor_writes_declared_queue_lines(tmp_path, monkeypatch):
     assert n == list(range(1, len(lines) + 1)) and [e["dropped"] for e in lines] == n
     assert lines[0]["backlog_bytes"] == 1500 and out["queue_peak_packets"] == n[-1]
     runlog.check_fields(out, FIDELITY_FIELDS, "fidelity")       # the manifest declares them
+
+
+@pytest.mark.unit
+def test_a_stopped_monitor_forks_no_more_tc(tmp_path, monkeypatch):
+    """The runner stops the monitor when an arm fails too: no sampler may outlive it."""
+    _fake_tc(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    mon = BottleneckMonitor("lo", shaped_mbps=20.0, arm="dblp",
+                            queue_log=tmp_path / "queue.jsonl", queue_period_s=0.02)
+    time.sleep(0.1)
+    mon.stop()
+    mon.stop()                                                  # idempotent
+    calls = (tmp_path / "bin" / "tc.n").read_text()
+    time.sleep(0.15)
+    assert (tmp_path / "bin" / "tc.n").read_text() == calls
+    assert not any(t.is_alive() for t in mon._threads)
