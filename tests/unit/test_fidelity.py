@@ -40,16 +40,9 @@ def test_monitor_sees_traffic_on_loopback():
 
 # Real `tc -s qdisc show dev lo` output (iproute2 6.1.0) of the fabric's
 # shaping (testbed.emulation.fabric.shaping_batch) in a private network
-# namespace: idle, then just after 100 datagrams were sent at 1 Mbit/s into
-# a 20-packet queue. tc ends the Sent lines with a space.
-TC_IDLE = """\
-qdisc htb 1: root refcnt 2 r2q 10 default 0x1 direct_packets_stat 0 direct_qlen 1000
- Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0)\x20
- backlog 0b 0p requeues 0
-qdisc pfifo 10: parent 1:1 limit 5p
- Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0)\x20
- backlog 0b 0p requeues 0
-"""
+# namespace, just after 100 datagrams were sent at 1 Mbit/s into a 20-packet
+# queue; tc ends the Sent lines with a space. Before them, tc printed the
+# same lines with every counter 0 (TC_IDLE).
 TC_FULL = """\
 qdisc htb 1: root refcnt 2 r2q 10 default 0x1 direct_packets_stat 0 direct_qlen 1000
  Sent 4306 bytes 5 pkt (dropped 78, overlimits 2 requeues 0)\x20
@@ -58,6 +51,8 @@ qdisc pfifo 10: parent 1:1 limit 20p
  Sent 4306 bytes 5 pkt (dropped 78, overlimits 0 requeues 0)\x20
  backlog 20388b 20p requeues 0
 """
+TC_IDLE = (TC_FULL.replace("overlimits 2", "overlimits 0").replace("backlog 20388b 20p", "backlog 0b 0p")
+           .replace("Sent 4306 bytes 5 pkt (dropped 78", "Sent 0 bytes 0 pkt (dropped 0"))
 
 
 @pytest.mark.unit
@@ -71,7 +66,7 @@ def test_tc_parser_reads_the_htb_root_and_its_pfifo_child():
     assert bounded_queue(parse_qdiscs(TC_FULL)) is not None
     assert bounded_queue(parse_qdiscs(TC_FULL))["kind"] == "pfifo"
     idle = bounded_queue(parse_qdiscs(TC_IDLE))
-    assert (idle["backlog_packets"], idle["dropped"], idle["limit_packets"]) == (0, 0, 5)
+    assert (idle["backlog_packets"], idle["dropped"], idle["limit_packets"]) == (0, 0, 20)
     # No pfifo (an unshaped interface): the root describes the queue; no tc output: none.
     assert bounded_queue(parse_qdiscs(TC_FULL.split("qdisc pfifo")[0]))["kind"] == "htb"
     assert bounded_queue(parse_qdiscs("")) is None
