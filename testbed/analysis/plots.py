@@ -156,9 +156,10 @@ def queue_over_time(queue: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFr
                     drops["limit_packets"].fillna(drops["backlog_packets"]).to_numpy(dtype=float),
                     "x", color="crimson", ms=4, label="tail drops since the previous sample")
         _shade_bursts(ax, bursts, arm, t0)
-        ax.set_ylim(bottom=0)
+        top = max(float(limit.max()) if len(limit) else 0.0, float(q["backlog_packets"].max()), 1.0)
+        ax.set_ylim(0, top * 1.4)   # room above the limit line for the legend
         ax.set_ylabel("packets")
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="upper right", ncol=3)
         period_ms = float(q["t_ns"].diff().median()) / 1e6 if len(q) > 1 else float("nan")
         ax.set_title(f"{arm}: bottleneck {q['interface'].iloc[0]} queue occupancy, sampled every "
                      f"{period_ms:.3g} ms (tc qdisc backlog of the pfifo)\n"
