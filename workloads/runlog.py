@@ -25,8 +25,8 @@ import math
 import os
 import sys
 
-SCHEMA_VERSION = 1
-KNOWN_VERSIONS = frozenset({1})
+SCHEMA_VERSION = 2
+KNOWN_VERSIONS = frozenset({1, 2})
 
 # Value kinds a field can hold; bool is never a number here.
 _KINDS = {
@@ -137,6 +137,23 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("error", "str", "why the burst failed", required=False),
         _f("detail", "dict", "mechanism details", required=False),
     ),
+    # Written by the runner's bottleneck monitor (testbed/run/fidelity.py)
+    # into RUN/raw/<arm>/queue.jsonl, one line per `tc -s qdisc` sample of
+    # the switch port towards the server. The queue is the HTB root's
+    # `pfifo limit N` child, the bounded drop-tail queue the links have.
+    "queue": (
+        _f("event", "str", "queue"),
+        _f("arm", "str", "the arm during which the sample was taken"),
+        _f("t_ns", "int", "time.time_ns() halfway through the tc call that read the sample"),
+        _f("interface", "str", "the bottleneck interface (switch port towards the server)"),
+    ) + tuple(_f(name, "int", doc) for name, doc in (
+        ("backlog_bytes", "bytes waiting in the queue"),
+        ("backlog_packets", "packets waiting in the queue"),
+        ("dropped", "packets the queue dropped since it was set up (cumulative)"),
+    )) + (
+        _f("limit_packets", "int", "the queue's capacity (pfifo limit), null if tc shows none",
+           nullable=True),
+    ),
 }
 
 
@@ -230,9 +247,14 @@ def _clean(v):
 
 
 class RunLog:
-    """Appends events for one (arm, role, rank), each checked against ``EVENTS``."""
+    """Appends events for one (arm, role, rank), each checked against ``EVENTS``.
 
-    def __init__(self, path: str | None, arm: str, role: str, rank: int):
+    A writer that is no process of the training (the bottleneck monitor)
+    passes no role and rank: its events declare neither.
+    """
+
+    def __init__(self, path: str | None, arm: str, role: str | None = None,
+                 rank: int | None = None):
         self.arm, self.role, self.rank = arm, role, rank
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -243,8 +265,10 @@ class RunLog:
 
     def write(self, event: str, **fields) -> dict:
         """Write one event; a field the declaration lacks is a bug and raises here."""
-        rec = _clean({"event": event, "arm": self.arm, "role": self.role, "rank": self.rank,
-                      **fields})
+        head: dict[str, object] = {"event": event, "arm": self.arm}
+        if self.role is not None:
+            head.update(role=self.role, rank=self.rank)
+        rec = _clean({**head, **fields})
         check_event(rec)
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()

@@ -6,14 +6,17 @@ facing the server; the runner names that port from the spec's topology and
 the manifest's placement (`TopoGraph.host_switch`), and so does this module,
 so nothing is inferred from the data.
 
-What is measured there: the controller samples OpenFlow port counters
-(`workloads.runlog.PORT_STATS_FIELDS`) every few seconds into
-raw/port_stats.jsonl. Cumulative packet and byte counters give the mean
-transmit rate towards the server per sampling interval, and the switch's own
-transmit drops. They do not give the queue's occupancy (no sample of the
-qdisc's backlog is taken) nor its tail drops (the qdisc counts those; the
-manifest keeps one total per arm, fidelity.queue_drops): the table and its
-plot say so rather than fake either.
+What is measured there, twice:
+
+* the controller samples OpenFlow port counters
+  (`workloads.runlog.PORT_STATS_FIELDS`) every few seconds into
+  raw/port_stats.jsonl. Cumulative packet and byte counters give the mean
+  transmit rate towards the server per sampling interval, and the switch's
+  own transmit drops: the `bottleneck` table. They hold no occupancy.
+* the runner's bottleneck monitor samples the queue itself (`tc -s qdisc`:
+  backlog, cumulative tail drops, limit) every 50 ms into
+  raw/<arm>/queue.jsonl (the ``queue`` event): the `queue` table, each
+  sample tagged with the burst windows that hold it.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from testbed.analysis.datasets import BOTTLENECK
+from testbed.analysis.datasets import BOTTLENECK, QUEUE
 from testbed.config.spec import Spec, build_topology
 from workloads.runlog import PORT_COUNTER_FIELDS, MalformedEvent, check_port_stats
 
@@ -106,3 +109,27 @@ def bottleneck_table(run_dir, spec: Spec, manifest: dict, notes: list[str]) -> p
     df["shaped_mbps"] = float(spec["topology"]["bw_mbps"])
     df["tx_mbps"] = df["tx_mbps"].replace([np.inf, -np.inf], np.nan)
     return df[cols]
+
+
+def queue_table(queue: dict[str, list[dict]], bursts: pd.DataFrame) -> pd.DataFrame:
+    """One row per queue sample (RawRun.queue), in time order per arm.
+
+    `d_dropped` is the tail drops since the previous sample; a counter that
+    went backwards (the queue was set up again) gives none. A sample is
+    tagged with every burst of its arm whose actual window holds it: the
+    same clock on both sides, so the join is exact.
+    """
+    rows = [{k: e[k] for k in ("arm", "t_ns", "interface", "backlog_packets", "backlog_bytes",
+                               "limit_packets", "dropped")}
+            for arm in queue for e in sorted(queue[arm], key=lambda e: e["t_ns"])]
+    if not rows:
+        return pd.DataFrame(columns=QUEUE.names())
+    df = pd.DataFrame(rows)
+    d = df.groupby("arm", sort=False)["dropped"].diff()
+    df["d_dropped"] = d.where(d >= 0).astype("Int64")
+    windows = [(b.arm, b.actual_start_ns, b.actual_end_ns, b.id)
+               for b in bursts.itertuples(index=False)
+               if pd.notna(b.actual_start_ns) and pd.notna(b.actual_end_ns)] if len(bursts) else []
+    df["burst_id"] = [";".join(i for a, s, e, i in windows if a == arm and s <= t <= e)
+                      for arm, t in zip(df["arm"], df["t_ns"], strict=True)]
+    return df[QUEUE.names()]

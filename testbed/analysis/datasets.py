@@ -19,6 +19,10 @@ Parquet file describes itself wherever it is copied. History:
   is now every captured packet (formerly computed and dropped);
   ``bottleneck`` and ``evals`` are new; integer columns (timestamps in ns
   among them) stay integers where a value may be missing.
+* 2: ``queue`` is new: the bottleneck queue's occupancy per sample (raw-log
+  schema 2's ``queue`` events). The other tables are unchanged, so their
+  version-1 files are still read; a version-1 run directory has no
+  ``queue`` file until `dblp-testbed report DIR` rebuilds it (empty).
 
 Kinds: ``int`` (pandas ``Int64``: missing is <NA>, nanosecond timestamps
 stay exact), ``float`` (missing is NaN), ``str`` (pandas ``string``; an
@@ -35,8 +39,8 @@ import pandas as pd
 
 from testbed.errors import InputError
 
-TABLES_SCHEMA = 1
-KNOWN_TABLES_SCHEMAS = frozenset({1})
+TABLES_SCHEMA = 2
+KNOWN_TABLES_SCHEMAS = frozenset({1, 2})
 META_KEY = b"dblp_testbed"
 
 _DTYPES = {"int": "Int64", "float": "float64", "str": "string", "bool": "bool"}
@@ -194,7 +198,7 @@ PACKETS = Table("packets", "every captured IPv4 packet, one row each",
 BOTTLENECK = Table(
     "bottleneck",
     "port counters of the bottleneck (the switch port facing the server) per sample; "
-    "these are rates and drops, NOT queue occupancy, which nothing measures",
+    "these are rates and drops, NOT queue occupancy (the queue table)",
     _cols(
         ("arm", "str", "arm whose window [started_ns, ended_ns] holds the sample (else missing)"),
         ("t_ns", "int", "when the switch's reply arrived"),
@@ -216,6 +220,23 @@ BOTTLENECK = Table(
         ("shaped_mbps", "float", "the link's shaped rate (spec topology.bw_mbps)"),
     ))
 
+QUEUE = Table(
+    "queue",
+    "the bottleneck queue's occupancy (its pfifo child under HTB) per `tc -s qdisc` sample, "
+    "raw/<arm>/queue.jsonl",
+    _cols(
+        ("arm", "str", "arm during which the sample was taken"),
+        ("t_ns", "int", "time.time_ns() of the sample, the clock of the burst windows"),
+        ("interface", "str", "the switch port towards the server"),
+        ("backlog_packets", "int", "packets queued"),
+        ("backlog_bytes", "int", "bytes queued"),
+        ("limit_packets", "int", "the queue's capacity (missing: tc showed none)"),
+        ("dropped", "int", "packets the queue dropped, cumulative since it was set up"),
+        ("d_dropped", "int", "drops since the previous sample (missing: first sample or reset)"),
+        ("burst_id", "str", "ids of the arm's bursts whose actual window holds t_ns, "
+                            "';'-separated (missing: none)"),
+    ))
+
 EVALS = Table("evals", "test accuracy and loss per evaluation", _cols(
     ("arm", "str", "spec arm name"),
     ("round", "int", "round after which the model was evaluated"),
@@ -225,7 +246,7 @@ EVALS = Table("evals", "test accuracy and loss per evaluation", _cols(
     ("test_loss", "float", ""),
 ))
 
-TABLES = {t.name: t for t in (ROUNDS, BURSTS, FLOWS, PACKETS, BOTTLENECK, EVALS)}
+TABLES = {t.name: t for t in (ROUNDS, BURSTS, FLOWS, PACKETS, BOTTLENECK, QUEUE, EVALS)}
 
 
 def files() -> list[str]:

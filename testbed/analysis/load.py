@@ -4,7 +4,8 @@
     run = load_run("results/default-20260101T000000Z")   # refuses versions it does not know
     run.rounds[run.rounds.in_burst].groupby("arm").latency_ms.median()
     run.packets.groupby(["arm", "kind"]).size()           # every captured packet
-    run.bottleneck.plot(x="t_ns", y="tx_mbps")            # port counters, not queue occupancy
+    run.bottleneck.plot(x="t_ns", y="tx_mbps")            # port counters, every 5 s
+    run.queue.plot(x="t_ns", y="backlog_packets")         # the bottleneck queue, every 50 ms
 
 Everything comes from the derived files (`dblp-testbed report DIR` rebuilds
 them from raw/) and every file's version is checked first: the manifest,
@@ -37,6 +38,7 @@ class RunData:
     flows: pd.DataFrame        # packets per arm x round x flow, from the captures
     packets: pd.DataFrame      # every captured packet
     bottleneck: pd.DataFrame   # port counters of the server's downlink per sample
+    queue: pd.DataFrame        # that port's queue occupancy per sample
     evals: pd.DataFrame        # test accuracy per evaluation
     summary: dict              # summary.json (testbed.analysis.formats)
     spec: Spec                 # the resolved spec.toml; spec["topology"]["bw_mbps"], ...

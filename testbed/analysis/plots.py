@@ -87,9 +87,9 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
                          path):
     """The bottleneck's transmit rate per sampling interval, burst windows shaded.
 
-    Drawn from port counters: the rate towards the server and the switch's
-    own drops, not the queue's occupancy, which no sample measures; every
-    panel says so, and says how coarse the sampling was.
+    Drawn from port counters: the rate towards the server against the
+    shaped rate, and the switch's own drops (what `queue_over_time`, the
+    occupancy, does not show); every panel says how coarse the sampling was.
     """
     fig, axes = _per_arm_axes(arms, height=2.1)
     col = _colors(arms)
@@ -99,8 +99,7 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
         s = s[s["tx_mbps"].notna()] if len(s) else s
         if not len(r) or not len(s):
             ax.set_title(f"{arm}: no port statistics of the bottleneck in this arm\n"
-                         "(monitor off or no placement in the manifest); queue occupancy "
-                         "is not measured", fontsize=8)
+                         "(monitor off or no placement in the manifest)", fontsize=8)
             ax.set_axis_off()
             continue
         t0 = int(r["t_start_ns"].min())
@@ -120,7 +119,51 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
         first = s.iloc[0]
         ax.set_title(f"{arm}: bottleneck {first['switch']} port {first['port']}, mean tx rate per "
                      f"{float(s['interval_s'].median()):.3g} s sample (OpenFlow port counters)\n"
-                     "shaded: burst windows. Queue occupancy is not measured.", fontsize=8)
+                     "shaded: burst windows. Queue occupancy: queue_over_time", fontsize=8)
+    axes[-1].set_xlabel("seconds since the arm's first round")
+    return _save(fig, path)
+
+
+def queue_over_time(queue: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFrame, arms,
+                    path):
+    """The bottleneck queue's occupancy per sample against its limit, burst windows shaded.
+
+    Tail drops are marked at the limit in the samples where the queue's
+    drop counter rose, so a burst that overflowed the queue shows as a
+    plateau at the line with crosses on it.
+    """
+    fig, axes = _per_arm_axes(arms, height=2.1)
+    col = _colors(arms)
+    for ax, arm in zip(axes, arms, strict=True):
+        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
+        q = queue[queue["arm"] == arm] if len(queue) else queue
+        if not len(r) or not len(q):
+            ax.set_title(f"{arm}: no queue samples of the bottleneck in this arm\n"
+                         f"(no raw/{arm}/queue.jsonl: run before raw-log schema 2, or tc failed)",
+                         fontsize=8)
+            ax.set_axis_off()
+            continue
+        t0 = int(r["t_start_ns"].min())
+        x = (q["t_ns"].to_numpy(dtype=float) - t0) / 1e9
+        ax.step(x, q["backlog_packets"].to_numpy(dtype=float), where="post", lw=0.8,
+                color=col[arm], label="packets queued")
+        limit = q["limit_packets"].dropna()
+        if len(limit):
+            ax.axhline(float(limit.max()), color="k", ls="--", lw=0.8, label="queue limit")
+        drops = q[q["d_dropped"].fillna(0) > 0]
+        if len(drops):
+            ax.plot((drops["t_ns"].to_numpy(dtype=float) - t0) / 1e9,
+                    drops["limit_packets"].fillna(drops["backlog_packets"]).to_numpy(dtype=float),
+                    "x", color="crimson", ms=4, label="tail drops since the previous sample")
+        _shade_bursts(ax, bursts, arm, t0)
+        top = max(float(limit.max()) if len(limit) else 0.0, float(q["backlog_packets"].max()), 1.0)
+        ax.set_ylim(0, top * 1.4)   # room above the limit line for the legend
+        ax.set_ylabel("packets")
+        ax.legend(fontsize=7, loc="upper right", ncol=3)
+        period_ms = float(q["t_ns"].diff().median()) / 1e6 if len(q) > 1 else float("nan")
+        ax.set_title(f"{arm}: bottleneck {q['interface'].iloc[0]} queue occupancy, sampled every "
+                     f"{period_ms:.3g} ms (tc qdisc backlog of the pfifo)\n"
+                     "shaded: burst windows", fontsize=8)
     axes[-1].set_xlabel("seconds since the arm's first round")
     return _save(fig, path)
 
@@ -211,7 +254,8 @@ def bytes_per_round(rounds: pd.DataFrame, packets: pd.DataFrame, arms, path):
     return _save(fig, path)
 
 
-def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms, link) -> list[pathlib.Path]:
+def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms, link,
+              queue) -> list[pathlib.Path]:
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [
@@ -221,4 +265,5 @@ def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms, link) -> l
         accuracy(evals, arms, out / "accuracy.png"),
         bytes_per_round(rounds, packets, arms, out / "bytes_per_round.png"),
         bottleneck_over_time(link, rounds, bursts, arms, out / "bottleneck_over_time.png"),
+        queue_over_time(queue, rounds, bursts, arms, out / "queue_over_time.png"),
     ]

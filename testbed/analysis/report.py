@@ -80,6 +80,7 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     bursts = analysis.count_rounds_hit(bursts, rounds)
     rounds = analysis.add_physics(rounds, inputs)
     link = bn.bottleneck_table(run_dir, raw.spec, raw.manifest, notes)
+    queue = bn.queue_table(raw.queue, bursts)
     summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes)
     evals = _evals(raw, rounds)
 
@@ -88,12 +89,13 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
         (run_dir / name).unlink(missing_ok=True)
     for table, df in ((datasets.ROUNDS, rounds), (datasets.BURSTS, bursts),
                       (datasets.FLOWS, packet_table), (datasets.PACKETS, packet_rows),
-                      (datasets.BOTTLENECK, link), (datasets.EVALS, evals)):
+                      (datasets.BOTTLENECK, link), (datasets.QUEUE, queue),
+                      (datasets.EVALS, evals)):
         datasets.write(run_dir, table, df)
     if not figures:
         return summary
     pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms,
-                           link)
+                           link, queue)
     sections = _sections(summary, rounds, bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))

@@ -78,6 +78,7 @@ class RawRun:
     spec: specmod.Spec
     manifest: dict
     problems: list[str]
+    queue: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # arm -> queue samples
 
 
 def arm_kind(arm: str) -> tuple[str, str | None, str | None]:
@@ -160,17 +161,16 @@ def load_raw(run_dir) -> RawRun:
     for p in sorted(raw.iterdir()):
         if p.is_dir() and p.name not in arms and any(p.glob("*.jsonl")):
             problems.append(f"raw/{p.name}/: not an arm of the spec, ignored")
-    events, bursts = {}, {}
+    events, bursts, queue = {}, {}, {}
     for arm in arms:
-        evs, bs = [], []
+        evs, bs, qs = [], [], []
         if not (raw / arm).is_dir():
             problems.append(f"arm {arm}: no raw/{arm}/ directory (the arm never started)")
         for path in sorted((raw / arm).glob("*.jsonl")):
             for obj in _read_jsonl(path, arm, problems):
-                (bs if obj["event"] == "burst" else evs).append(obj)
-        events[arm] = evs
-        bursts[arm] = bs
-    return RawRun(run_dir, arms, events, bursts, spec, manifest, problems)
+                {"burst": bs, "queue": qs}.get(obj["event"], evs).append(obj)
+        events[arm], bursts[arm], queue[arm] = evs, bs, qs
+    return RawRun(run_dir, arms, events, bursts, spec, manifest, problems, queue)
 
 
 def _q(values, q) -> float:

@@ -206,6 +206,11 @@ FIDELITY_FIELDS = (
     _F("achieved_mbps", "num", required=False, doc="best rate it carried over a window"),
     _F("queue_drops", "int", required=False, nullable=True, doc="its qdisc's drops"),
     _F("ovs_drops", "int", required=False, nullable=True, doc="packets Open vSwitch dropped"),
+    # With raw-log schema 2 (an older reader refuses the manifest on that first):
+    _F("queue_samples", "int", required=False,
+       doc="occupancy samples of its queue written to raw/<arm>/queue.jsonl"),
+    _F("queue_peak_packets", "int", required=False, nullable=True,
+       doc="most packets those samples saw queued (null: no sample)"),
 )
 
 

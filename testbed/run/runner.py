@@ -259,8 +259,12 @@ class ArmRun:
                     env=self._env(rank))
             cpu = CpuSampler()
             sw, port = self.fab.topo.host_switch(self.server)
-            link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"])
-            self._supervise(cpu)
+            link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"],
+                                     arm=self.arm.name, queue_log=self.raw / "queue.jsonl")
+            try:
+                self._supervise(cpu)
+            finally:
+                link.stop()   # a failed arm's sampler would fork tc on through the next arms
             return {"cpu_busy_frac": cpu.busy_fraction(), **link.summary()}
         finally:
             self.procs.stop()

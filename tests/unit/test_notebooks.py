@@ -4,7 +4,9 @@ The run directory is the analysis tests' (`make_run`, with the captures of
 test_analysis_packets) plus a placement in the manifest and port statistics
 of the bottleneck whose rates are known: 10 Mbit/s in every 1 s interval,
 one malformed line, one counter reset, and samples of other ports and
-switches that must be left out.
+switches that must be left out. Each arm also has queue samples every 10 ms
+(`_queue_samples`): 100 packets queued and 2 more drops per sample inside a
+burst window, 3 packets outside, one drop-counter reset in the dblp arm.
 """
 import json
 import pathlib
@@ -57,6 +59,28 @@ def _port_stats(arms) -> list[str]:
     return lines
 
 
+QUEUE_MS, LIMIT = 10, 100
+
+
+def _burst_windows(run, arm) -> list[tuple[int, int, str]]:
+    lines = [json.loads(x) for x in (run / "raw" / arm / "bursts.jsonl").read_text().splitlines()]
+    return [(b["actual_start_ns"], b["actual_end_ns"], b["id"]) for b in lines]
+
+
+def _queue_samples(run, arm) -> list[str]:
+    lines, dropped = [], 0
+    windows = _burst_windows(run, arm)
+    for k in range(ROUNDS * 1000 // QUEUE_MS + 1):
+        t = T0[arm] + k * QUEUE_MS * 10**6 + 7
+        hit = any(s <= t <= e for s, e, _ in windows)
+        dropped = 0 if (arm == "dblp" and k == 500) else dropped + 2 * hit
+        lines.append(json.dumps({"event": "queue", "arm": arm, "t_ns": t,
+                                 "interface": "dte00-eth1", "backlog_bytes": 1500 * (
+                                     LIMIT if hit else 3), "backlog_packets": LIMIT if hit else 3,
+                                 "dropped": dropped, "limit_packets": LIMIT}))
+    return lines
+
+
 @pytest.fixture
 def notebook_run(tmp_path):
     arms = ("gloo", "static", "dblp")
@@ -66,6 +90,8 @@ def notebook_run(tmp_path):
     wrpcap(str(run / "raw" / "dblp" / "worker0.pcap"), w0)
     wrpcap(str(run / "raw" / "gloo" / "worker0.pcap"), _gloo_capture())
     (run / "raw" / "port_stats.jsonl").write_text("\n".join(_port_stats(arms)) + "\n")
+    for arm in arms:
+        (run / "raw" / arm / "queue.jsonl").write_text("\n".join(_queue_samples(run, arm)) + "\n")
     man = json.loads((run / "manifest.json").read_text())
     man["placement"] = {"server": "h000", "workers": ["h100", "h200", "h300"]}
     for arm in arms:
@@ -135,7 +161,8 @@ def test_figures_are_svg_beside_print_resolution_png(notebook_run):
     assert PRINT_DPI >= 300
     pngs = sorted((notebook_run / "plots").glob("*.png"))
     assert [p.stem for p in pngs] == ["accuracy", "bottleneck_over_time", "burst_rounds",
-                                      "bytes_per_round", "latency_cdf", "latency_over_time"]
+                                      "bytes_per_round", "latency_cdf", "latency_over_time",
+                                      "queue_over_time"]
     for png in pngs:
         dpi = Image.open(png).info["dpi"]
         assert min(dpi) == pytest.approx(PRINT_DPI, abs=0.01), png.name
@@ -153,12 +180,52 @@ def test_bottleneck_plot_says_what_it_measures(notebook_run, monkeypatch, tmp_pa
     plots.bottleneck_over_time(run.bottleneck, run.rounds, run.bursts, ["gloo", "dblp"],
                                tmp_path / "b.png")
     titles = [ax.get_title() for ax in figs[0].axes]
-    assert all("Queue occupancy is not measured" in t for t in titles)
+    assert all("Queue occupancy: queue_over_time" in t for t in titles)
     assert titles[0].startswith("gloo: bottleneck dte00 port 1, mean tx rate per 1 s sample")
     assert len(figs[0].axes[0].patches) == 2                 # the arm's two burst windows
     empty = run.bottleneck.iloc[:0]
     plots.bottleneck_over_time(empty, run.rounds, run.bursts, ["gloo"], tmp_path / "c.png")
     assert "no port statistics of the bottleneck" in figs[1].axes[0].get_title()
+
+
+def test_queue_table_is_the_sampled_occupancy_joined_to_the_bursts(notebook_run):
+    q = load_run(notebook_run).queue
+    assert q.groupby("arm").size().to_dict() == {a: ROUNDS * 100 + 1 for a in ("dblp", "gloo",
+                                                                              "static")}
+    assert q["t_ns"].dtype == "Int64" and set(q["interface"]) == {"dte00-eth1"}
+    assert (q["limit_packets"] == LIMIT).all()
+    for arm in ("gloo", "static", "dblp"):
+        a = q[q["arm"] == arm].reset_index(drop=True)
+        assert a["t_ns"].iloc[0] == T0[arm] + 7                   # nanoseconds stay exact
+        for start, end, bid in _burst_windows(notebook_run, arm):
+            inside = a[(a["t_ns"] >= start) & (a["t_ns"] <= end)]
+            assert len(inside) >= 4 and (inside["burst_id"] == bid).all()
+            assert (inside["backlog_packets"] == LIMIT).all()
+            assert (inside["d_dropped"] == 2).all()
+        assert (a[a["burst_id"].isna()]["backlog_packets"] == 3).all()
+        assert pd.isna(a.loc[0, "d_dropped"])                     # no sample before the first
+    d = q[q["arm"] == "dblp"].reset_index(drop=True)
+    assert pd.isna(d.loc[500, "d_dropped"]) and d.loc[501, "d_dropped"] == 0   # reset: none
+    assert q[q["arm"] == "static"]["d_dropped"].sum() == q[q["arm"] == "static"][
+        "burst_id"].notna().sum() * 2
+
+
+def test_queue_plot_shows_occupancy_limit_and_burst_windows(notebook_run, monkeypatch, tmp_path):
+    from testbed.analysis import plots
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    run = load_run(notebook_run)
+    plots.queue_over_time(run.queue, run.rounds, run.bursts, ["gloo", "dblp"], tmp_path / "q.png")
+    ax = figs[0].axes[0]
+    assert ax.get_title().startswith("gloo: bottleneck dte00-eth1 queue occupancy, sampled every "
+                                     "10 ms")
+    assert len(ax.patches) == 2                              # the arm's two burst windows
+    step, limit, drops = ax.lines[:3]
+    assert max(step.get_ydata()) == LIMIT and list(limit.get_ydata()) == [LIMIT, LIMIT]
+    assert len(drops.get_xdata()) == (run.queue[run.queue["arm"] == "gloo"]["d_dropped"] > 0).sum()
+    plots.queue_over_time(run.queue.iloc[:0], run.rounds, run.bursts, ["gloo"], tmp_path / "e.png")
+    assert "no queue samples of the bottleneck" in figs[1].axes[0].get_title()
 
 
 def _set_table_schema(path: pathlib.Path, value):

@@ -40,6 +40,7 @@ COVERED = {
     "run.rounds": "tests/unit/test_notebooks.py",
     "run.packets": "tests/unit/test_notebooks.py",
     "run.bottleneck": "tests/unit/test_notebooks.py",
+    "run.queue": "tests/unit/test_notebooks.py",
     ".venv/bin/pytest": "make test runs every file named",
     "group = dblp.TransportGroup.from_env": "tests/unit/test_dblp_loopback.py",
     "stats = group.allreduce_": "tests/unit/test_dblp_loopback.py",

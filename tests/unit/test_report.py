@@ -33,15 +33,15 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "dblp_vs_static: burst-round 4.00x" in res.stdout
     first = _digest(run)
-    # 5 CSVs, 6 Parquet tables, summary, report.md/html, 6 plots as PNG and SVG
-    assert len(first) == 26
+    # 6 CSVs, 7 Parquet tables, summary, report.md/html, 7 plots as PNG and SVG
+    assert len(first) == 30
     # Derived files deleted or tampered with: the rebuild restores them exactly.
     (run / "summary.json").write_text("{}")
     (run / "rounds.csv").unlink()
     build_outputs(run)
     assert _digest(run) == first
     html = (run / "report.html").read_text()
-    assert html.count("src='data:image/png;base64,") == 6
+    assert html.count("src='data:image/png;base64,") == 7
     assert "src='plots/" not in html and "http" not in html.split("<body>")[1]
     md = (run / "report.md").read_text()
     assert "| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | 25.0 % |" in md
@@ -132,7 +132,7 @@ def test_bad_capture_inside_run_keeps_the_summary(tmp_path):
 
 @pytest.mark.parametrize("change,needle", [
     ({"schema": 3}, "schema version 3 is unknown"),
-    ({"raw_log_schema": 2}, "raw-log schema version 2 is unknown"),
+    ({"raw_log_schema": 9}, "raw-log schema version 9 is unknown"),
 ])
 def test_report_refuses_an_unknown_version(tmp_path, change, needle):
     run = make_run(tmp_path / "run")
