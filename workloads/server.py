@@ -20,12 +20,13 @@ import signal
 import sys
 import time
 
+from dblp.wire import DEFAULT_PORT
+
 from . import exchange as ex
 from .control import RoundAnnouncer
 from .dblp_exchange import load_transport_config
 from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, num_params
 from .runlog import RunLog
-from .worker import DBLP_DEFAULT_PORT as DEFAULT_PORT
 from .worker import DEFAULT_ROUNDS, _env_int
 
 
