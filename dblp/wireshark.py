@@ -232,7 +232,9 @@ local PAYLOADS = {payloads}
 
 local malformed = ProtoExpert.new("dblp.malformed", "Malformed DBLP message",
                                   expert.group.MALFORMED, expert.severity.ERROR)
-dblp.experts = {{malformed}}
+local truncated = ProtoExpert.new("dblp.truncated", "DBLP message cut by the snap length",
+                                  expert.group.UNDECODED, expert.severity.NOTE)
+dblp.experts = {{malformed, truncated}}
 
 local json = Dissector.get("json")
 
@@ -240,10 +242,11 @@ local function read(tvb, name)
     return tvb(OFF[name][1], OFF[name][2]):uint()
 end
 
--- Whether tvb is one whole DBLP message of this wire version.
+-- Whether tvb is a DBLP message of this wire version. Only the header must be
+-- captured: the harness records runs with a short snap length (headers only).
 local function looks_like_dblp(tvb)
     local n = tvb:reported_len()
-    if tvb:len() < n or n < HEADER_SIZE + TAG_SIZE or n > MAX_DATAGRAM then
+    if tvb:len() < HEADER_SIZE or n < HEADER_SIZE + TAG_SIZE or n > MAX_DATAGRAM then
         return false
     end
     return read(tvb, "magic") == MAGIC and read(tvb, "version") == VERSION
@@ -335,9 +338,15 @@ local function dissect(tvb, pinfo, tree)
     end
     local mtype = read(tvb, "type")
     local length = read(tvb, "length")
-    dissect_payload(tvb, pinfo, root, mtype, length)
-    for _, t in ipairs(TRAILER) do
-        root:add(t[1], tvb(HEADER_SIZE + length + t[2], t[3]))
+    if tvb:len() < n then
+        root:add_proto_expert_info(truncated, string.format(
+            "capture holds %d of %d bytes (snap length): payload and trailer not shown",
+            tvb:len(), n))
+    else
+        dissect_payload(tvb, pinfo, root, mtype, length)
+        for _, t in ipairs(TRAILER) do
+            root:add(t[1], tvb(HEADER_SIZE + length + t[2], t[3]))
+        end
     end
     root:append_text(", " .. TYPES[mtype])
     pinfo.cols.protocol = "DBLP"

@@ -251,3 +251,22 @@ def test_a_misplaced_field_fails_the_comparison(dissector, capture, messages, tm
     decoded = _tshark(broken, capture[0], "-o", "udp.try_heuristic_first:TRUE")
     with pytest.raises(AssertionError, match="dblp.round"):
         _assert_same(decoded, messages, sorted(messages))
+
+
+def test_a_run_capture_cut_by_the_snap_length_still_decodes_every_header(dissector, capture,
+                                                                         messages, tmp_path):
+    """The harness captures runs with a 96-byte snap length: every header field must
+    still decode, and the message is marked cut, not malformed."""
+    cut = tmp_path / "cut.pcap"
+    subprocess.run(["editcap", "-s", "96", str(capture[0]), str(cut)], check=True, timeout=120)
+    decoded = _tshark(dissector, cut, "-o", "udp.try_heuristic_first:TRUE")
+    assert set(messages) <= set(decoded)
+    for number, (_mode, d, _raw, _pair) in messages.items():
+        got = decoded[number]
+        for name in wire.FIELD_NAMES:
+            assert got[f"dblp.{name}"] == int(getattr(d, name)), (number, name)
+        assert "dblp.tag" not in got and "dblp.payload" not in got
+    out = subprocess.run(["tshark", "-X", f"lua_script:{dissector}", "-r", str(cut), "-Y",
+                          "dblp.malformed", "-o", "udp.try_heuristic_first:TRUE"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "", out.stdout[:500]
