@@ -65,7 +65,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .config import TransportConfig
+from .config import SECRET_ENV, TransportConfig
 from .errors import TransportError
 from .group import TransportGroup
 from .stats import RoundStats
@@ -91,7 +91,14 @@ _EXACT_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG") + _INT_OPS
 
 
 def options(**settings) -> TransportConfig:
-    """A ``TransportConfig`` for the backend: ``mode="sharded"`` plus ``settings``."""
+    """A ``TransportConfig`` for the backend: ``mode="sharded"`` plus ``settings``.
+
+    The job's secret comes from ``$DBLP_SECRET`` unless ``secret`` is given: it
+    is the one way to hand every rank the key without sending it anywhere.
+    """
+    env_secret = os.environ.get(SECRET_ENV)
+    if "secret" not in settings and env_secret:
+        settings["secret"] = env_secret
     return TransportConfig(**{"mode": "sharded", **settings})
 
 

@@ -214,3 +214,12 @@ def test_ddp_unchanged_over_dblp_matches_gloo_at_bound_zero(record_property):
     print(f"per-step time dblp/gloo on loopback: {ratio:.2f} "
           f"({ours['step_s_median'] * 1e3:.1f} ms / {gloo['step_s_median'] * 1e3:.1f} ms); "
           f"accuracy {ours['accuracy']:.4f} / {gloo['accuracy']:.4f}")
+
+
+def test_options_take_the_jobs_secret_from_the_environment(monkeypatch):
+    from dblp.torch_backend import options
+    monkeypatch.setenv("DBLP_SECRET", "ab" * 32)
+    assert options(policy="static", p=0.01).secret == "ab" * 32
+    assert options(secret="cd" * 32).secret == "cd" * 32
+    monkeypatch.delenv("DBLP_SECRET")
+    assert options().secret is None
