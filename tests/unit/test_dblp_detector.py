@@ -48,7 +48,7 @@ def _switches(signal: str, rounds: int = 120, threshold: float = 0.3) -> int:
     for r in range(rounds):
         policy.observe(r, _round(rng, policy.bound(r), signal, numel, direction))
         phases.append(policy.phase)
-    return sum(a != b for a, b in zip(phases, phases[1:]))
+    return sum(a != b for a, b in zip(phases[:-1], phases[1:], strict=True))
 
 
 def test_relaxing_the_bound_does_not_flip_the_phase_with_the_rescaled_signal():
