@@ -372,6 +372,14 @@ def transport_config(transport: dict, arm, rate_bps: float | None = None):
                 for name, key in fields.items()}
     # A round may legitimately take as long as the deadline; joining must not time out first.
     settings["join_timeout"] = max(default_of("join_timeout"), settings["round_timeout"])
+    if arm.bound_from is not None:
+        # The arm runs its fixed bound at another of the spec's bounds (static-high: p_high).
+        if arm.bound_from not in transport:
+            raise SpecError("arms", f"arm {arm.name!r} takes its bound from "
+                            f"transport.{arm.bound_from}, which the spec does not have",
+                            f"use one of: {', '.join(SCHEMA['transport'])}")
+        settings["p"] = transport[arm.bound_from]
+        fields["p"] = arm.bound_from
     try:
         return TransportConfig(policy=arm.transport, control=arm.control, mode=arm.mode,
                                rate_bps=rate_bps, **settings)
