@@ -396,8 +396,11 @@ def test_static_high_separates_the_loose_bound_from_phase_awareness(tmp_path):
 
 def test_summary_counts_each_dblp_arms_phase_switches(tmp_path):
     run = make_run(tmp_path / "run")
-    s = build_outputs(run, figures=False)
+    s = build_outputs(run)
     # critical in rounds 0-1, stable from round 2: one switch; arms without a phase: null.
     assert s["arms"]["dblp"]["phase_switches"] == 1
     assert s["arms"]["static"]["phase_switches"] is None
     assert s["arms"]["gloo"]["phase_switches"] is None
+    # The timeline of the detector's phase, for the arms that have one.
+    assert (run / "plots" / "phase_timeline.png").stat().st_size > 0
+    assert "phase_timeline.png" in (run / "report.md").read_text()
