@@ -33,15 +33,16 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "dblp_vs_static: burst-round 4.00x" in res.stdout
     first = _digest(run)
-    # 5 CSVs, 6 Parquet tables, summary, report.md/html, 6 plots as PNG and SVG
-    assert len(first) == 26
+    # 5 CSVs, 6 Parquet tables, summary, report.md/html, 7 plots as PNG and SVG
+    # (the seventh: the dblp arm's phase timeline)
+    assert len(first) == 28
     # Derived files deleted or tampered with: the rebuild restores them exactly.
     (run / "summary.json").write_text("{}")
     (run / "rounds.csv").unlink()
     build_outputs(run)
     assert _digest(run) == first
     html = (run / "report.html").read_text()
-    assert html.count("src='data:image/png;base64,") == 6
+    assert html.count("src='data:image/png;base64,") == 7
     assert "src='plots/" not in html and "http" not in html.split("<body>")[1]
     md = (run / "report.md").read_text()
     assert "| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | 25.0 % |" in md
