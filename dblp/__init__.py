@@ -7,6 +7,7 @@ Settings: one frozen, typed, validated object (``dblp.config``)::
     cfg = dblp.TransportConfig(policy="dblp" | "static" | "reliable", p=0.008,   # static
                                p_low=0.008, p_high=None (= p_low + 0.40), threshold=0.5,
                                check_every=10 | "epoch", rounds_per_epoch=None, norm="mean",
+                               signal="rescaled" | "delivered",
                                control="udp" | "tcp", mode="ps" | "sharded",
                                missing="zero" | "mean" | "error_feedback",
                                rate_bps=None, round_timeout=30.0, join_timeout=120.0,
@@ -16,7 +17,9 @@ Settings: one frozen, typed, validated object (``dblp.config``)::
     cfg.write(run_dir / dblp.CONFIG_FILE); cfg = dblp.TransportConfig.read(path)  # JSON, 0600
     cfg.to_json() / dblp.TransportConfig.from_json(text)   # "schema": 1; others refused
     cfg = dblp.TransportConfig.from_env()   # $DBLP_CONFIG file, DBLP_<SETTING>, $DBLP_SECRET
-    dblp.POLICIES, dblp.CONTROLS, dblp.MODES, dblp.MISSING   # the registries of names
+    dblp.POLICIES, dblp.CONTROLS, dblp.MODES, dblp.MISSING, dblp.SIGNALS   # registries of names
+    # signal: what the phase detector measures (dblp.rounds.detector_norm); "rescaled"
+    # corrects for the round's own drops, "delivered" (the zero-filled norm) does not
 
 Policies (only the aggregator consults them; its decision reaches everyone)::
 
@@ -94,7 +97,7 @@ mode a rank returns from ``allreduce_`` once its FINALs are acknowledged (or
 repeated a bounded number of times): a caller that then blocks elsewhere cannot
 leave a peer waiting for a FINAL until the deadline.
 """
-from .config import CONFIG_FILE, CONTROLS, MISSING, MODES, TransportConfig
+from .config import CONFIG_FILE, CONTROLS, MISSING, MODES, SIGNALS, TransportConfig
 from .errors import PeerClosed, PeerTimeout, TransportError
 from .group import TransportGroup, ddp_comm_hook
 from .policy import POLICIES, PhaseAwareBound, ReliablePolicy, StaticBound, make_policy
@@ -102,7 +105,7 @@ from .server import DEFAULT_PORT, ParameterServer
 from .stats import Counters, RoundStats
 
 __all__ = [
-    "TransportConfig", "CONFIG_FILE", "CONTROLS", "MODES", "MISSING",
+    "TransportConfig", "CONFIG_FILE", "CONTROLS", "MODES", "MISSING", "SIGNALS",
     "POLICIES", "make_policy", "ReliablePolicy", "StaticBound", "PhaseAwareBound",
     "ParameterServer", "TransportGroup", "ddp_comm_hook", "RoundStats", "Counters",
     "TransportError", "PeerTimeout", "PeerClosed", "DEFAULT_PORT",

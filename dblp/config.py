@@ -5,7 +5,7 @@ as JSON (``write``/``read``), never as a command-line string parsed again, so
 it has one type, one range (declared beside the field) and one default.
 ``from_env`` reads the same fields from ``DBLP_*`` variables for torchrun-style
 launchers. The names a setting may take live in registries here (``CONTROLS``,
-``MODES``, ``MISSING``, ``NORMS``) and in ``dblp.policy.POLICIES``.
+``MODES``, ``MISSING``, ``NORMS``, ``SIGNALS``) and in ``dblp.policy.POLICIES``.
 """
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ CONTROLS = ("udp", "tcp")  # control path: UDP with own timers, or TCP (the pape
 MODES = ("ps", "sharded")  # one parameter server, or every rank aggregates a shard
 MISSING = ("zero", "mean", "error_feedback")  # what an aggregate does with missing chunks
 NORMS = ("mean", "last")  # phase detection: mean norm over a check interval, or the last one
+#: What the phase detector measures each round (``dblp.rounds.detector_norm``):
+#: "rescaled" = the norm of the delivered contributions, rescaled to the whole
+#: gradient (the transport's own drops cannot move it); "delivered" = the norm of
+#: the applied aggregate after the missing chunks were filled (the old signal:
+#: relaxing the bound lowers it by itself; kept for the ablation).
+SIGNALS = ("rescaled", "delivered")
 
 SECRET_BYTES = (16, 64)  # accepted secret sizes: 128 to 512 bits
 
@@ -141,6 +147,8 @@ class TransportConfig:
     rounds_per_epoch: int | None = _setting(None, "int", "dblp: rounds of one epoch "
                                             "(needed by check_every='epoch')", lo=1, optional=True)
     norm: str = _setting("mean", "str", "dblp: norm compared at a check", choices="NORMS")
+    signal: str = _setting("rescaled", "str", "dblp: what the phase detector measures per round",
+                           choices="SIGNALS")
     # -- paths and aggregation ---------------------------------------------------------
     control: str = _setting("udp", "str", "control path", choices="CONTROLS")
     mode: str = _setting("ps", "str", "aggregation topology", choices="MODES")

@@ -199,7 +199,8 @@ class TransportGroup:
         t0 = time.monotonic()
         res = run_round(eng, self.parts, list(range(self.world_size)), contribution, self.result,
                         bound, self.missing, self.round_timeout,
-                        owner_residual=self.owner_residual, settle=True)
+                        owner_residual=self.owner_residual, settle=True,
+                        signal=self.config.signal if self.mode == "sharded" else None)
         t1 = time.monotonic()
         self.round = r
         self.last_result = res
@@ -216,7 +217,8 @@ class TransportGroup:
             if self.policy_name == "dblp":
                 self.phase = "critical" if res.critical else "relaxed"
         else:
-            self.policy.observe(r, norm)
+            assert res.detector_norm is not None, "a sharded round measures the detector norm"
+            self.policy.observe(r, res.detector_norm)
             self.bound_ppm = wire.bound_to_ppm(self.policy.bound(r + 1))
             self.phase = policy_phase(self.policy)
         arr[:] = self.result

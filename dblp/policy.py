@@ -67,6 +67,9 @@ class PhaseAwareBound:
     round's minibatch norm is noisy enough to flip the phase at random (seen
     on the digits CNN: spurious critical phases mid-training). ``norm="last"``
     compares only the check round's own norm, as the paper's prototype does.
+    Which norm a round reports is the aggregator's ``signal`` setting
+    (``dblp.rounds.detector_norm``): by default one the round's own drops
+    cannot lower, so a relaxed bound cannot make its window look critical.
     """
 
     name = "dblp"

@@ -149,18 +149,21 @@ class RoundResult:
     grad_norm: float | None = None
     next_bound_ppm: int | None = None
     critical: bool | None = None
+    detector_norm: float | None = None  # the phase detector's signal (``signal`` given)
 
 
 def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: np.ndarray | None,
               result: np.ndarray, bound_ppm: int, missing: str, round_timeout: float,
               first_wait: float | None = None, owner_residual: dict | None = None,
-              decide=None, settle: bool = False) -> RoundResult:
+              decide=None, settle: bool = False, signal: str | None = None) -> RoundResult:
     """Run round ``eng.round`` for this participant; the aggregate lands in ``result``.
 
     ``contribution`` is this rank's (error-compensated) gradient, None for a
-    pure server. ``decide(result) -> (next_bound_ppm, critical)`` is called by
-    a single-owner aggregator (PS server) once the applied aggregate is known;
-    its answer travels in FINAL.
+    pure server. ``decide(result, detector_norm) -> (next_bound_ppm, critical)``
+    is called by a single-owner aggregator (PS server) once the applied
+    aggregate is known; its answer travels in FINAL. ``signal`` (a
+    ``dblp.config.SIGNALS`` name) selects the detector norm handed to
+    ``decide``, or, without ``decide``, stored in ``detector_norm`` of the result.
 
     ``settle=True`` (members that own parts, i.e. sharded mode): return only once
     every member acknowledged our FINALs (DONE), or after ``SETTLE_TRIES``
@@ -251,7 +254,12 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                 view[mask] = 0
             nb, crit = (0, False)
             if decide is not None:
-                nb, crit = decide(result)
+                # The single owner holds every part's delivery counts: the full estimate.
+                zeroed = {i: info["pull"].dropped for i, info in owned.items()}
+                counts = {i: info["counts"] for i, info in owned.items()}
+                state["norm"] = detector_norm(result, parts, zeroed, signal or "delivered",
+                                              n_members, counts, missing)
+                nb, crit = decide(result, state["norm"])
                 state["decided"] = (nb, crit)
             for info in owned.values():
                 info["pull"].send_final(nb, crit)
@@ -296,6 +304,15 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
     res.total_chunks = sum(p.chunks for p in parts)
     res.dropped_chunks = sum(_count(r.final) for r in pull_receivers) \
         + sum(_count(g.dropped) for g in res.pull_groups)
+    if decide is not None:
+        res.detector_norm = state.get("norm")
+    elif signal is not None:
+        # Sharded replicas: only U is known alike everywhere (the push counts of a
+        # part live with its owner), and every replica must decide alike.
+        zeroed = {i: info["pull"].dropped for i, info in owned.items()}
+        for r in pull_receivers:
+            zeroed[r.part] = r.final
+        res.detector_norm = detector_norm(result, parts, zeroed, signal)
     if state["decided"] is not None:
         res.next_bound_ppm, res.critical = state["decided"]
     elif pull_receivers:
@@ -315,3 +332,47 @@ def max_passes(transfers) -> int:
 
 def grad_norm(x: np.ndarray) -> float:
     return float(math.sqrt(float(np.dot(x.astype(np.float64), x.astype(np.float64)))))
+
+
+def detector_norm(result: np.ndarray, parts: list[Part], zeroed: dict, signal: str,
+                  n_members: int = 0, counts: dict | None = None, missing: str = "zero") -> float:
+    """The gradient norm the phase detector sees for one round's applied aggregate.
+
+    ``signal="delivered"``: the norm of ``result`` as applied, zero-filled
+    chunks included. The transport's own drops move it: at a 40 % bound about
+    40 % of the chunks are zeroed and the pushes that STOPped early leave the
+    rest at k/N of their value, so relaxing the bound cuts this norm by 40-50 %
+    and can flip the phase by itself.
+
+    ``signal="rescaled"``: the norm of what was actually delivered, brought
+    back to the whole gradient. Chunks in ``zeroed`` (the set U every replica
+    zero-fills; part index -> chunk mask) are left out; with ``counts`` (part
+    index -> contributions per chunk, known to an owner of every part), a chunk
+    nobody delivered is left out too and one that k of the ``n_members``
+    delivered is scaled by n/k (the mean of what arrived; "mean" already
+    divided by k). The sum of squares over the F kept elements of n is then
+    scaled by n/F, i.e. the norm by 1/sqrt(F/n): a squared norm is a sum over
+    elements, so a subset that the drops pick independently of the values
+    carries F/n of it in expectation, and the norm the square root of that.
+    Without ``counts`` (sharded replicas) the k/N attenuation of partial
+    pushes stays in; the zeroed set, the larger effect, is corrected. NaN if
+    nothing was delivered (the policy skips a non-finite norm).
+    """
+    if signal == "delivered":
+        return grad_norm(result)
+    total = kept = 0
+    sumsq = 0.0
+    for part in parts:
+        view = result[part.start:part.stop].astype(np.float64)
+        keep = ~np.asarray(zeroed.get(part.index, np.zeros(part.chunks, bool)), bool)
+        c = None if counts is None else counts.get(part.index)
+        if c is not None:
+            keep &= c > 0
+            if missing != "mean":
+                view *= _chunk_mask_to_elems(n_members / np.maximum(c, 1), view.size)
+        mask = _chunk_mask_to_elems(keep, view.size)
+        vals = view[mask]
+        sumsq += float(np.dot(vals, vals))
+        kept += int(mask.sum())
+        total += view.size
+    return math.sqrt(sumsq * total / kept) if kept else math.nan

@@ -105,10 +105,10 @@ class ParameterServer:
         self.result = np.zeros(numel, np.float32)
         self.joined = True
 
-    def _decide(self, aggregate: np.ndarray):
+    def _decide(self, aggregate: np.ndarray, detector_norm: float):
         r = self.engine.round
         self._norm = grad_norm(aggregate)
-        self.policy.observe(r, self._norm)
+        self.policy.observe(r, detector_norm)
         nb = wire.bound_to_ppm(self.policy.bound(r + 1))
         return nb, policy_phase(self.policy) == "critical"
 
@@ -133,7 +133,7 @@ class ParameterServer:
             res = run_round(eng, self.parts, list(range(self.world_size)), None, self.result,
                             wire.bound_to_ppm(bound), self.missing, self.round_timeout,
                             first_wait=self.idle_timeout, owner_residual=self.residual,
-                            decide=self._decide)
+                            decide=self._decide, signal=self.config.signal)
             t1 = time.monotonic()
             self.round = r
             self.last_result = res

@@ -21,8 +21,11 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 # History:
 #   1: first declared version ("schema" added; the keys are those of the
 #      unversioned summaries before it).
-SUMMARY_SCHEMA = 1
-KNOWN_SUMMARY_SCHEMAS = frozenset({1})
+#   2: arms.<arm>.phase_switches (how often a phase-aware arm's phase changed
+#      between consecutive rounds; null for arms without a phase). Optional,
+#      so a version-1 summary still reads.
+SUMMARY_SCHEMA = 2
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -56,6 +59,9 @@ SUMMARY_ARM_FIELDS = (
     _num("round_duration_ms_p50"), _num("train_time_s"), _num("final_accuracy"),
     _num("bound_p50"), _num("burst_round_bound_p50"), _num("burst_round_phys_bound_ms_p50"),
     _num("burst_round_over_phys_bound"), _num("bytes_per_round_p50"),
+    Field("phase_switches", "int", required=False, nullable=True,
+          doc="rounds whose phase differs from the round before (raw round events' phase); "
+              "null: the arm has no phase (not a dblp policy)"),
 )
 SUMMARY_SPEEDUP_FIELDS = (
     Field("arm", "str"), Field("baseline", "str"),

@@ -267,3 +267,29 @@ def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms, link,
         bottleneck_over_time(link, rounds, bursts, arms, out / "bottleneck_over_time.png"),
         queue_over_time(queue, rounds, bursts, arms, out / "queue_over_time.png"),
     ]
+
+
+def phase_timeline(rounds: pd.DataFrame, arms, path):
+    """Each phase-aware arm's phase per round, with its burst rounds shaded.
+
+    Shows whether the detector calls critical where it matters, and whether it
+    flaps (each step is a switch that summary.json counts as phase_switches).
+    ``arms``: the arms that have a phase (the caller picks the dblp ones).
+    """
+    fig, axes = _per_arm_axes(arms, height=1.3)
+    col = _colors(arms)
+    for ax, arm in zip(axes, arms, strict=True):
+        r = rounds[(rounds["arm"] == arm) & rounds["phase"].notna()].sort_values("round")
+        if not len(r):
+            ax.set_title(f"{arm}: no phase logged", fontsize=9)
+            continue
+        x = r["round"].to_numpy(dtype=float)
+        ax.step(x, (r["phase"] == "critical").astype(float), where="post", lw=1.2,
+                color=col[arm])
+        for rnd in r[r["in_burst"].astype(bool)]["round"]:
+            ax.axvspan(rnd, rnd + 1, color="crimson", alpha=0.2, lw=0)
+        ax.set_yticks([0, 1], ["relaxed", "critical"])
+        ax.set_ylim(-0.2, 1.2)
+        ax.set_title(f"{arm}: detector phase per round (shaded: burst rounds)", fontsize=9)
+    axes[-1].set_xlabel("round")
+    return _save(fig, path)

@@ -96,6 +96,9 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
         return summary
     pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms,
                            link, queue)
+    phased = [a for a in raw.arms if summary["arms"][a].get("phase_switches") is not None]
+    if phased:
+        pngs.append(plots.phase_timeline(rounds, phased, run_dir / "plots" / "phase_timeline.png"))
     sections = _sections(summary, rounds, bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))

@@ -101,14 +101,30 @@ def is_dblp_arm(arm: str) -> bool:
     return arm_transport(arm) == "dblp"
 
 
-def static_partner(arm: str, arms) -> str | None:
+def static_partner(arm: str, arms, bound_from: str | None = None) -> str | None:
     """The static-bound arm among ``arms`` that differs from dblp arm ``arm`` only in
-    its transport (same control path, same mode): DBLP's like-for-like baseline."""
+    its transport (same control path, same mode): DBLP's like-for-like baseline.
+
+    ``bound_from`` picks which of the registry's static arms: None, the one at
+    the spec's p_static (what DBLP is measured against); "p_high", the one at
+    DBLP's relaxed bound (what phase-awareness is measured against).
+    """
+    from testbed.config.arms import ARMS
     _, control, mode = arm_kind(arm)
     for other in arms:
-        if arm_kind(other) == ("static", control, mode):
+        if arm_kind(other) == ("static", control, mode) and ARMS[other].bound_from == bound_from:
             return other
     return None
+
+
+def phase_switches(rounds: pd.DataFrame) -> int:
+    """How often one arm's phase changed from one logged round to the next.
+
+    Rounds without a phase are skipped, not counted as a change: a missing
+    event must not look like the detector flapping.
+    """
+    phases = [p for p in rounds.sort_values("round")["phase"] if isinstance(p, str) and p]
+    return sum(a != b for a, b in zip(phases[:-1], phases[1:], strict=True))
 
 
 def _read_jsonl(path: pathlib.Path, arm: str, problems: list[str]) -> list[dict]:
@@ -512,6 +528,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             else math.nan,
             "bytes_per_round_p50": _q(r["stats_bytes_sent"].to_numpy(dtype=float), 50)
             if "stats_bytes_sent" in r else math.nan,
+            "phase_switches": phase_switches(r) if is_dblp_arm(arm) else None,
         }
         if status != "ok":
             warnings.append(f"arm {arm}: status {status}")

@@ -58,12 +58,21 @@ def transports() -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One arm: a name, the transport it runs and, for dblp, its control path and mode."""
+    """One arm: a name, the transport it runs and, for dblp, its control path and mode.
+
+    ``bound_from`` names the spec's transport field whose value becomes the
+    policy's fixed bound ``p`` (None: the spec's own ``p_static``). It lets one
+    policy run at several of the spec's bounds without a special case in the
+    runner: ``static-high`` is the static policy at the spec's ``p_high``, the
+    bound DBLP relaxes to, so static-high vs static shows what the loose bound
+    buys and dblp vs static-high what phase-awareness buys.
+    """
 
     name: str
     transport: str
     control: str | None = None
     mode: str | None = None
+    bound_from: str | None = None
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
@@ -80,6 +89,9 @@ class Arm:
                                  f"{list(modes())}")
         elif self.control is not None or self.mode is not None:
             raise ValueError(f"arm {self.name!r}: {self.transport} has no control path or mode")
+        if self.bound_from is not None and "p" not in _knobs(self.transport):
+            raise ValueError(f"arm {self.name!r}: policy {self.transport!r} takes no fixed "
+                             "bound p, so bound_from means nothing")
 
     @property
     def uses_dblp(self) -> bool:
@@ -96,14 +108,17 @@ class Arm:
         """No aggregation server: gloo, local and the sharded dblp arms."""
         return not self.uses_dblp or self.mode == SHARDED
 
-    def peer(self, transport: str) -> Arm | None:
+    def peer(self, transport: str, bound_from: str | None = None) -> Arm | None:
         """The registered arm running ``transport`` the same way (same control, same mode).
 
         The analysis compares a dblp arm with the static arm of its own
-        control path and mode; this finds it without renaming strings.
+        control path and mode (at the spec's p_static, or with
+        ``bound_from="p_high"`` at DBLP's relaxed bound); this finds it without
+        renaming strings.
         """
         for arm in ARMS.values():
-            if (arm.transport, arm.control, arm.mode) == (transport, self.control, self.mode):
+            if (arm.transport, arm.control, arm.mode, arm.bound_from) == \
+                    (transport, self.control, self.mode, bound_from):
                 return arm
         return None
 
@@ -128,6 +143,11 @@ def get(name: str) -> Arm:
         raise KeyError(f"unknown arm {name!r}; known: {', '.join(ARMS)}") from None
 
 
+def _knobs(transport: str) -> tuple[str, ...]:
+    from dblp.policy import POLICIES
+    return tuple(getattr(POLICIES.get(transport), "KNOBS", ()))
+
+
 def register_policy(policy: str) -> list[Arm]:
     """The three arms of a dblp policy: UDP control, TCP control (the paper's) and sharded.
 
@@ -137,9 +157,10 @@ def register_policy(policy: str) -> list[Arm]:
     return [register(_policy_arm(policy, way)) for way in _POLICY_ARMS]
 
 
-def _policy_arm(policy: str, way: tuple[str, str, str]) -> Arm:
+def _policy_arm(policy: str, way: tuple[str, str, str], name: str | None = None,
+                bound_from: str | None = None) -> Arm:
     control, mode, suffix = way
-    return Arm(policy + suffix, policy, control, mode)
+    return Arm((name or policy) + suffix, policy, control, mode, bound_from)
 
 
 # "ps": the workers push to an aggregation server and pull the average back
@@ -152,3 +173,7 @@ for _transport in BASELINE_TRANSPORTS:
 for _way in _POLICY_ARMS:  # listed by control path and mode, as the README lists them
     for _policy in policies():
         register(_policy_arm(_policy, _way))
+#: The static policy at DBLP's relaxed bound (the spec's p_high), for each way.
+STATIC_HIGH = "static-high"
+for _way in _POLICY_ARMS:
+    register(_policy_arm("static", _way, STATIC_HIGH, bound_from="p_high"))

@@ -156,8 +156,16 @@ SCHEMA: dict[str, dict[str, Setting]] = {
         "p_high": Setting(_NUMBER, 0.408, transport="p_high",
                           fix="use a loss bound in [0, 1), at least p_low"),
         "threshold": Setting(_NUMBER, 0.5, transport="threshold", fix="use a positive threshold"),
-        "check_every": Setting(int, 10, transport="check_every",
-                               fix="check the phase every 1 or more rounds"),
+        # Rounds between phase checks, or "epoch": once per epoch, as the paper does.
+        "check_every": Setting((int, str), 10, transport="check_every",
+                               fix="check the phase every 1 or more rounds, or write \"epoch\""),
+        # 0: not set; check_every = "epoch" needs it (steps of one worker's shard).
+        "rounds_per_epoch": Setting(int, 0, unset=0, transport="rounds_per_epoch",
+                                    fix="use 0 (not set) or the rounds of one epoch, 1 or more"),
+        "norm": Setting(str, "mean", transport="norm",
+                        fix="compare the mean norm over a check interval or the last one"),
+        "signal": Setting(str, "rescaled", transport="signal",
+                          fix="use the drop-corrected signal, or the zero-filled one to ablate"),
         # 0: each sender paces at its fair share of the link (the runner's rule).
         "rate_mbps": Setting(_NUMBER, 0.0, lo=0, hi=10_000, lo_open=True, unset=0,
                              fix="use 0 (the link's fair share) or a rate in (0, 10000] Mbit/s"),
@@ -217,8 +225,10 @@ def defaults() -> dict:
 
 
 def _type_name(t) -> str:
-    if isinstance(t, tuple):
+    if t == _NUMBER:
         return "number"
+    if isinstance(t, tuple):
+        return " or ".join(map(_type_name, t))
     return {int: "integer", float: "number", str: "string", bool: "true/false",
             list: "list", dict: "table"}[t]
 
@@ -357,9 +367,19 @@ def transport_config(transport: dict, arm, rate_bps: float | None = None):
     from dblp.config import TransportConfig, default_of
 
     fields = {s.transport: key for key, s in SCHEMA["transport"].items() if s.transport}
-    settings = {name: transport[key] for name, key in fields.items()}
+    # A field's "not set" value (its `unset`) is the transport's None.
+    settings = {name: _unset_as_none(transport[key], SCHEMA["transport"][key])
+                for name, key in fields.items()}
     # A round may legitimately take as long as the deadline; joining must not time out first.
     settings["join_timeout"] = max(default_of("join_timeout"), settings["round_timeout"])
+    if arm.bound_from is not None:
+        # The arm runs its fixed bound at another of the spec's bounds (static-high: p_high).
+        if arm.bound_from not in transport:
+            raise SpecError("arms", f"arm {arm.name!r} takes its bound from "
+                            f"transport.{arm.bound_from}, which the spec does not have",
+                            f"use one of: {', '.join(SCHEMA['transport'])}")
+        settings["p"] = transport[arm.bound_from]
+        fields["p"] = arm.bound_from
     try:
         return TransportConfig(policy=arm.transport, control=arm.control, mode=arm.mode,
                                rate_bps=rate_bps, **settings)
@@ -368,6 +388,10 @@ def transport_config(transport: dict, arm, rate_bps: float | None = None):
         key = fields.get(str(exc).split(" ", 1)[0], "")
         raise SpecError(f"transport.{key}" if key else "transport", str(exc),
                         "see dblp.TransportConfig for each setting's range") from None
+
+
+def _unset_as_none(value, setting: Setting):
+    return None if setting.unset is not None and value == setting.unset else value
 
 
 def _validate_bursts(data: dict):

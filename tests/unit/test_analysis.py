@@ -24,12 +24,16 @@ MS = 1_000_000
 PERIOD = 1000 * MS               # one round per second
 # Arms run one after another, 100 s apart; the -tcp arms are the paper preset's.
 T0 = {a: 10**18 + i * 100 * 10**9 for i, a in enumerate(
-    ("gloo", "static", "dblp", "static-tcp", "dblp-tcp"))}
-NORMAL = {"gloo": 40.0, "static": 30.0, "dblp": 24.0, "static-tcp": 30.0, "dblp-tcp": 24.0}  # ms
-BURST = {"gloo": 800.0, "static": 400.0, "dblp": 100.0, "static-tcp": 900.0, "dblp-tcp": 150.0}
+    ("gloo", "static", "dblp", "static-tcp", "dblp-tcp", "static-high"))}
+NORMAL = {"gloo": 40.0, "static": 30.0, "dblp": 24.0, "static-tcp": 30.0, "dblp-tcp": 24.0,
+          "static-high": 20.0}  # ms
+BURST = {"gloo": 800.0, "static": 400.0, "dblp": 100.0, "static-tcp": 900.0, "dblp-tcp": 150.0,
+         "static-high": 80.0}
 BURST_ROUNDS = (3, 7)
-TRAIN = {"gloo": 3.0, "static": 2.0, "dblp": 1.5, "static-tcp": 2.5, "dblp-tcp": 1.6}
-ACC = {"gloo": 0.97, "static": 0.96, "dblp": 0.95, "static-tcp": 0.96, "dblp-tcp": 0.955}
+TRAIN = {"gloo": 3.0, "static": 2.0, "dblp": 1.5, "static-tcp": 2.5, "dblp-tcp": 1.6,
+         "static-high": 1.2}
+ACC = {"gloo": 0.97, "static": 0.96, "dblp": 0.95, "static-tcp": 0.96, "dblp-tcp": 0.955,
+       "static-high": 0.90}
 ROUNDS = 10
 WORKERS = 3
 GRAD = 10_000
@@ -42,6 +46,8 @@ def latency(arm, r, burst=BURST):
 def bound_of(arm, r):
     if arm == "gloo":
         return None
+    if arm == "static-high":
+        return 0.408
     if arm.startswith("static"):
         return 0.008
     return 0.008 if r < 2 else 0.408
@@ -370,3 +376,32 @@ def test_round_line_without_timestamps_is_skipped_and_said(tmp_path):
     assert s["arms"]["static"]["rounds"] == ROUNDS
     assert sum(w.startswith("raw/static/worker2.jsonl:") and "missing" in w
                for w in s["warnings"]) == 1
+
+
+def test_static_high_separates_the_loose_bound_from_phase_awareness(tmp_path):
+    run = make_run(tmp_path / "run", arms=("gloo", "static", "static-high", "dblp"))
+    s = build_outputs(run, figures=False)
+    assert s["baselines"] == ["gloo", "static", "static-high"]
+    sp = s["speedups"]
+    # What the loose bound buys (static-high vs static) ...
+    assert sp["static-high_vs_static"]["burst_round"] == pytest.approx(400 / 80)
+    # ... and what phase-awareness buys on top of it (dblp vs static-high).
+    assert sp["dblp_vs_static-high"]["accuracy_delta"] == pytest.approx(0.05)
+    assert sp["dblp_vs_static-high"]["train_time"] == pytest.approx(1.2 / 1.5)
+    # The physics pairs DBLP with the static arm at P_low only, found through the registry.
+    assert sorted(s["physics"]["pairs"]) == ["dblp_vs_static"]
+    assert analysis.static_partner("dblp", s["arms_order"]) == "static"
+    assert analysis.static_partner("dblp", s["arms_order"], "p_high") == "static-high"
+    assert analysis.static_partner("dblp-tcp", s["arms_order"], "p_high") is None
+
+
+def test_summary_counts_each_dblp_arms_phase_switches(tmp_path):
+    run = make_run(tmp_path / "run")
+    s = build_outputs(run)
+    # critical in rounds 0-1, stable from round 2: one switch; arms without a phase: null.
+    assert s["arms"]["dblp"]["phase_switches"] == 1
+    assert s["arms"]["static"]["phase_switches"] is None
+    assert s["arms"]["gloo"]["phase_switches"] is None
+    # The timeline of the detector's phase, for the arms that have one.
+    assert (run / "plots" / "phase_timeline.png").stat().st_size > 0
+    assert "phase_timeline.png" in (run / "report.md").read_text()

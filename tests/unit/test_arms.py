@@ -14,14 +14,20 @@ from testbed.config.spec import load
 def test_the_shipped_arms_and_what_each_one_is():
     assert list(ARMS) == ["local", "gloo", "reliable", "static", "dblp", "reliable-tcp",
                           "static-tcp", "dblp-tcp", "reliable-sharded", "static-sharded",
-                          "dblp-sharded"]
+                          "dblp-sharded", "static-high", "static-high-tcp",
+                          "static-high-sharded"]
     assert ARMS["dblp-tcp"] == Arm("dblp-tcp", "dblp", "tcp", "ps")
+    assert ARMS["static-high"] == Arm("static-high", "static", "udp", "ps", bound_from="p_high")
     assert [a for a in ARMS if ARMS[a].serverless] == ["local", "gloo", "reliable-sharded",
-                                                       "static-sharded", "dblp-sharded"]
+                                                       "static-sharded", "dblp-sharded",
+                                                       "static-high-sharded"]
     assert [a for a in ARMS if ARMS[a].bounded] == ["static", "dblp", "static-tcp", "dblp-tcp",
-                                                    "static-sharded", "dblp-sharded"]
+                                                    "static-sharded", "dblp-sharded",
+                                                    "static-high", "static-high-tcp",
+                                                    "static-high-sharded"]
     assert not ARMS["gloo"].uses_dblp and ARMS["reliable"].uses_dblp
     assert ARMS["dblp-sharded"].peer("static") is ARMS["static-sharded"]
+    assert ARMS["dblp-sharded"].peer("static", "p_high") is ARMS["static-high-sharded"]
     assert ARMS["gloo"].peer("static") is None
 
 
@@ -42,6 +48,8 @@ def test_names_come_from_the_transport_registries():
     dict(name="x", transport="static", control="udp", mode="ring"),
     dict(name="x", transport="gloo", control="udp"),
     dict(name="a b", transport="gloo"),
+    dict(name="x", transport="dblp", control="udp", mode="ps", bound_from="p_high"),
+    dict(name="x", transport="gloo", bound_from="p_high"),
 ])
 def test_an_arm_is_checked_against_the_registries(bad):
     with pytest.raises(ValueError):
@@ -154,3 +162,25 @@ def test_fabric_dead_helpers_are_gone():
     for name in ("env", "popen_on", "switch_intf"):
         assert not hasattr(fabric.Fabric, name)
     assert not hasattr(fabric, "OFP_PORT_BASE")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("arm,p", [("static", 0.01), ("static-high", 0.5),
+                                   ("static-high-sharded", 0.5)])
+def test_a_static_arm_takes_its_bound_from_the_spec_field_its_arm_names(tmp_path, arm, p):
+    from dblp.config import TransportConfig
+
+    run = _arm_run(tmp_path, arm, ["transport.p_high=0.5", "transport.p_static=0.01"])
+    run._transport_args("worker")
+    cfg = TransportConfig.from_json((tmp_path / "raw" / arm / "transport.json").read_text())
+    assert (cfg.policy, cfg.p) == ("static", p)
+    assert cfg.make_policy().bound(0) == p
+
+
+@pytest.mark.unit
+def test_an_arm_naming_a_spec_field_that_does_not_exist_is_a_spec_error():
+    from testbed.config.spec import SpecError, transport_config
+
+    spec = load(None, PRESETS["default"])
+    with pytest.raises(SpecError, match="transport.p_nope"):
+        transport_config(spec["transport"], Arm("x", "static", "udp", "ps", bound_from="p_nope"))

@@ -174,10 +174,11 @@ def test_unknown_summary_version_is_refused(runs, reference, tmp_path):
     run = make_run(tmp_path / "run")
     build_outputs(run, figures=False)
     s = json.loads((run / "summary.json").read_text())
-    s["schema"] = 2
+    unknown = max(formats.KNOWN_SUMMARY_SCHEMAS) + 1  # one this version has never written
+    s["schema"] = unknown
     (run / "summary.json").write_text(json.dumps(s))
     res = _cli("compare", run, "--reference", reference)
-    assert res.returncode == 2 and "schema version 2" in res.stderr
+    assert res.returncode == 2 and f"schema version {unknown}" in res.stderr
     assert res.stderr.strip().count("\n") == 0
 
 
@@ -185,3 +186,14 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
     res = _cli("compare", tmp_path, "--reference", reference)
     assert res.returncode == 2
     assert "summary.json: file not found" in res.stderr and "dblp-testbed report" in res.stderr
+
+
+def test_a_version_1_summary_without_phase_switches_still_reads(tmp_path):
+    run = make_run(tmp_path / "run")
+    s = build_outputs(run, figures=False)
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 2
+    s["schema"] = 1
+    for a in s["arms"].values():
+        del a["phase_switches"]
+    (run / "summary.json").write_text(json.dumps(s))
+    assert formats.read_summary(run / "summary.json")["schema"] == 1

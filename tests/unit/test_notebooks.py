@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 from scapy.utils import wrpcap
 
-from testbed.analysis import datasets, load_run
+from testbed.analysis import datasets, formats, load_run
 from testbed.analysis.report import build_outputs
 from testbed.errors import InputError
 from workloads.runlog import MalformedEvent, check_port_stats
@@ -124,7 +124,7 @@ def test_load_run_returns_the_declared_frames(notebook_run):
     assert set(dblp["round"].dropna()) == {2, 3}                # header counter offset undone
     assert (dblp[(dblp["kind"] == "data") & (dblp["pass_no"] == 1)]["seq"] == 1).all()
     assert run.flows["sent_packets"].dtype == "Int64"
-    assert run.summary["schema"] == 1 and run.manifest["placement"]["server"] == "h000"
+    assert run.summary["schema"] == formats.SUMMARY_SCHEMA and run.manifest["placement"]["server"] == "h000"
     assert run.spec["topology"]["bw_mbps"] == 20.0
     assert len(run.evals) == 6 and run.evals["test_accuracy"].max() == pytest.approx(0.97)
 
@@ -162,7 +162,7 @@ def test_figures_are_svg_beside_print_resolution_png(notebook_run):
     pngs = sorted((notebook_run / "plots").glob("*.png"))
     assert [p.stem for p in pngs] == ["accuracy", "bottleneck_over_time", "burst_rounds",
                                       "bytes_per_round", "latency_cdf", "latency_over_time",
-                                      "queue_over_time"]
+                                      "phase_timeline", "queue_over_time"]
     for png in pngs:
         dpi = Image.open(png).info["dpi"]
         assert min(dpi) == pytest.approx(PRINT_DPI, abs=0.01), png.name

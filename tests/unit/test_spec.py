@@ -36,6 +36,14 @@ BAD_SPECS = [
     ("p-high-below-low", '[transport]\np_low = 0.2\np_high = 0.1', "transport.p_high"),
     ("threshold-zero", '[transport]\nthreshold = 0', "transport.threshold"),
     ("missing-mode", '[transport]\nmissing = "guess"', "transport.missing"),
+    ("check-every-word", '[transport]\ncheck_every = "weekly"', "transport.check_every"),
+    ("check-every-zero", '[transport]\ncheck_every = 0', "transport.check_every"),
+    ("check-every-float", '[transport]\ncheck_every = 2.5', "transport.check_every"),
+    ("epoch-without-length", '[transport]\ncheck_every = "epoch"', "transport.rounds_per_epoch"),
+    ("rounds-per-epoch-negative", '[transport]\nrounds_per_epoch = -3',
+     "transport.rounds_per_epoch"),
+    ("norm-unknown", '[transport]\nnorm = "median"', "transport.norm"),
+    ("signal-unknown", '[transport]\nsignal = "vibes"', "transport.signal"),
     ("model-unknown", '[training]\nmodel = "gpt5"', "training.model"),
     ("lr-schedule", '[training]\nlr_schedule = "step"', "training.lr_schedule"),
     ("rounds-zero", '[training]\nrounds = 0', "training.rounds"),
@@ -150,3 +158,21 @@ def test_spec_error_names_field():
     with pytest.raises(SpecError) as info:
         load(None, PRESETS["default"], ["transport.p_low=1.0"])
     assert info.value.field == "transport.p_low"
+
+
+@pytest.mark.unit
+def test_every_detector_setting_reaches_the_transport_config(tmp_path):
+    from testbed.config.arms import ARMS
+    from testbed.config.spec import transport_config
+    f = tmp_path / "s.toml"
+    f.write_text('[transport]\nthreshold = 0.3\ncheck_every = "epoch"\nrounds_per_epoch = 11\n'
+                 'norm = "last"\nsignal = "delivered"\n')
+    spec = load(str(f), PRESETS["default"])
+    cfg = transport_config(spec["transport"], ARMS["dblp"])
+    assert (cfg.threshold, cfg.check_every, cfg.rounds_per_epoch, cfg.norm, cfg.signal) == \
+        (0.3, "epoch", 11, "last", "delivered")
+    policy = cfg.make_policy()
+    assert (policy.interval, policy.norm) == (11, "last")
+    default = transport_config(load(None, PRESETS["default"])["transport"], ARMS["dblp"])
+    assert (default.check_every, default.rounds_per_epoch, default.signal) == \
+        (10, None, "rescaled")
