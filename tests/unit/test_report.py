@@ -42,7 +42,7 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     build_outputs(run)
     assert _digest(run) == first
     html = (run / "report.html").read_text()
-    assert html.count("src='data:image/png;base64,") == 7
+    assert html.count("src='data:image/png;base64,") == 8
     assert "src='plots/" not in html and "http" not in html.split("<body>")[1]
     md = (run / "report.md").read_text()
     assert "| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | 25.0 % |" in md
