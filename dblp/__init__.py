@@ -7,7 +7,7 @@ Settings: one frozen, typed, validated object (``dblp.config``)::
     cfg = dblp.TransportConfig(policy="dblp" | "static" | "reliable", p=0.008,   # static
                                p_low=0.008, p_high=None (= p_low + 0.40), threshold=0.5,
                                check_every=10 | "epoch", rounds_per_epoch=None, norm="mean",
-                               signal="rescaled" | "delivered",
+                               signal="delivered" (the paper's) | "rescaled",
                                control="udp" | "tcp", mode="ps" | "sharded",
                                missing="zero" | "mean" | "error_feedback",
                                rate_bps=None, round_timeout=30.0, join_timeout=120.0,

@@ -164,7 +164,7 @@ SCHEMA: dict[str, dict[str, Setting]] = {
                                     fix="use 0 (not set) or the rounds of one epoch, 1 or more"),
         "norm": Setting(str, "mean", transport="norm",
                         fix="compare the mean norm over a check interval or the last one"),
-        "signal": Setting(str, "rescaled", transport="signal",
+        "signal": Setting(str, "delivered", transport="signal",
                           fix="use the drop-corrected signal, or the zero-filled one to ablate"),
         # 0: each sender paces at its fair share of the link (the runner's rule).
         "rate_mbps": Setting(_NUMBER, 0.0, lo=0, hi=10_000, lo_open=True, unset=0,

@@ -88,9 +88,9 @@ def test_without_counts_only_the_zeroed_set_is_corrected_and_nothing_delivered_i
     assert math.isnan(detector_norm(x, parts, all_zeroed, "rescaled"))
 
 
-def test_signal_is_a_setting_with_a_registry_and_the_drop_proof_default():
+def test_signal_is_a_setting_with_a_registry_and_the_papers_default():
     assert SIGNALS == ("rescaled", "delivered")
-    assert TransportConfig().signal == "rescaled"
-    assert TransportConfig(signal="delivered").signal == "delivered"
+    assert TransportConfig().signal == "delivered"
+    assert TransportConfig(signal="rescaled").signal == "rescaled"
     with pytest.raises(ValueError, match="signal"):
         TransportConfig(signal="local")

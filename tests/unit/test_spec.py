@@ -166,13 +166,13 @@ def test_every_detector_setting_reaches_the_transport_config(tmp_path):
     from testbed.config.spec import transport_config
     f = tmp_path / "s.toml"
     f.write_text('[transport]\nthreshold = 0.3\ncheck_every = "epoch"\nrounds_per_epoch = 11\n'
-                 'norm = "last"\nsignal = "delivered"\n')
+                 'norm = "last"\nsignal = "rescaled"\n')
     spec = load(str(f), PRESETS["default"])
     cfg = transport_config(spec["transport"], ARMS["dblp"])
     assert (cfg.threshold, cfg.check_every, cfg.rounds_per_epoch, cfg.norm, cfg.signal) == \
-        (0.3, "epoch", 11, "last", "delivered")
+        (0.3, "epoch", 11, "last", "rescaled")
     policy = cfg.make_policy()
     assert (policy.interval, policy.norm) == (11, "last")
     default = transport_config(load(None, PRESETS["default"])["transport"], ARMS["dblp"])
     assert (default.check_every, default.rounds_per_epoch, default.signal) == \
-        (10, None, "rescaled")
+        (10, None, "delivered")
