@@ -105,6 +105,8 @@ def measure_window(fab, kind, params, target="server-downlink", duration_ms=500.
             "measured_in_window": round(li, 4), "measured_outside": round(lo, 4),
             "packets_in_window": ni, "packets_outside": no,
             "start_lag_ms": round((rec["actual_start_ns"] - trigger) / 1e6, 3),
+            # the controller's own share: from receiving the request to the mechanism on
+            "mechanism_lag_ms": round((rec["actual_start_ns"] - rec["requested_start_ns"]) / 1e6, 3),
             "first_drop_lag_ms": first_loss_lag_ms(sent, received, trigger),
             "duration_ms": duration_ms,
             "actual_duration_ms": round((rec["actual_end_ns"] - rec["actual_start_ns"]) / 1e6, 2),

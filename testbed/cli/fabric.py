@@ -258,12 +258,14 @@ def bench_bursts(k, bw, queue, tries, json_out, out):
         res = run_bench(fab, tries=tries)
 
     def text():
-        click.echo(f"{'kind':<20}{'requested':>10}{'in window':>11}{'outside':>9}{'start lag ms':>14}")
+        click.echo(f"{'kind':<20}{'requested':>10}{'in window':>11}{'outside':>9}{'start lag ms':>14}"
+                   f"{'mechanism ms':>14}")
         for r in res["rows"]:
             label = r["kind"] + (f" p={r['params']['p']}" if r.get("params", {}).get("p") else "")
             out_s = "-" if r["measured_outside"] is None else f"{r['measured_outside']:.4f}"
+            mech = "-" if r.get("mechanism_lag_ms") is None else f"{r['mechanism_lag_ms']:.2f}"
             click.echo(f"{label:<20}{r['requested']:>10.3f}{r['measured_in_window']:>11.4f}{out_s:>9}"
-                       f"{r['start_lag_ms']:>14.2f}")
+                       f"{r['start_lag_ms']:>14.2f}{mech:>14}")
     results(res, json_out, text)
 
 
