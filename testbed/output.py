@@ -1,7 +1,7 @@
 """Where a command's output goes: results to stdout or a JSON file, progress to stderr.
 
 One convention for every command that prints results: the human text on
-stdout, or with ``--json`` one JSON object instead (``--json FILE`` writes
+stdout, or with ``--json`` one JSON object on one line instead (``--json FILE`` writes
 the object to FILE and keeps the text). What a long command is doing goes
 to stderr at the one verbosity the CLI sets (``-q``, ``-v``), so scripts
 read stdout undisturbed. Warnings and errors show at every level: a quiet
@@ -54,7 +54,7 @@ def json_option(f: Callable) -> Callable:
 def results(obj, json_out: str | None, text: Callable[[], None]) -> None:
     """Emit a command's results by the convention above; ``text`` prints the human form."""
     if json_out == "-":
-        click.echo(json.dumps(obj, indent=1))
+        click.echo(json.dumps(obj))  # one line: `| tail -1`, `| jq` and line readers all work
         return
     text()
     if json_out:

@@ -44,6 +44,7 @@ def test_results_go_to_stdout_as_json_or_text_and_to_a_file(tmp_path, capsys):
     output.results(obj, "-", lambda: click.echo("TEXT"))
     out = capsys.readouterr()
     assert json.loads(out.out) == obj and "TEXT" not in out.out
+    assert out.out.count("\n") == 1  # one line: scripts may read the last line
     output.results(obj, None, lambda: click.echo("TEXT"))
     assert capsys.readouterr().out == "TEXT\n"
     path = tmp_path / "r.json"
