@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 
+from testbed.errors import MachineError
+
 TOOLS = ("mnexec", "ovs-vsctl", "ovs-ofctl", "tc", "ip", "nft", "ethtool", "tcpdump", "iperf3")
 QDISCS = ("htb", "pfifo", "tbf", "bfifo", "netem", "fq_codel", "red")
 WMEM_MIN = 1 << 20  # below this a 100-packet queue overflows OVS's TX socket
@@ -116,8 +118,15 @@ def check(probe_qdiscs: bool = True) -> dict:
 
 
 def require(report=None):
-    """Raise with every actionable line if the fabric cannot be built."""
+    """Raise a `MachineError` naming the first problem if the fabric cannot be built.
+
+    A `MachineError`, not a bare exception: every command that builds a
+    fabric (`run`, `net check`, `net cli`, the benches) then ends with one
+    line and exit 2 instead of a traceback, the way `run` already did.
+    """
     report = report or check(probe_qdiscs=False)
-    if report["problems"]:
-        raise RuntimeError("cannot build the fabric:\n  " + "\n  ".join(report["problems"]))
+    problems = report["problems"]
+    if problems:
+        more = f" (and {len(problems) - 1} more: dblp-testbed doctor)" if len(problems) > 1 else ""
+        raise MachineError(f"cannot build the fabric: {problems[0]}{more}")
     return report
