@@ -27,7 +27,7 @@ TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
 # torch (pinned against workloads.models and workloads.data by unit tests):
 # model name -> (task, its per-worker batch size when training.batch_size is 0).
 MODELS = {"digits_cnn": ("digits", 32), "digits_resnet": ("digits", 32),
-          "transformer_lm": ("lm", 16)}
+          "transformer_lm": ("lm", 16), "byte_lm": ("lm", 16)}
 LR_SCHEDULES = ("constant", "cosine")
 #: Training examples of the digits task (1,797 minus the 20 % test split);
 #: a worker's shard is this divided by the workers, rounded down.
