@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint unit clean reference lock vm-check
+.PHONY: setup run test lint unit clean reference reproduce lock vm-check
 
 setup:
 	./setup.sh
@@ -41,6 +41,11 @@ reference: setup
 	  $(VENV)/bin/dblp-testbed run --preset ci --out $$d || exit 1; dirs="$$dirs $$d"; \
 	done; \
 	$(VENV)/bin/dblp-testbed compare $$dirs --reference results/reference/ci.json --update
+
+# Every run behind the README's result tables, from scratch; keeps their
+# small files under results/reference/ and re-renders the README's tables.
+reproduce: setup
+	$(VENV)/bin/dblp-testbed reproduce $(ARGS)
 
 # Rewrite constraints.txt (the exact Python package set setup.sh installs)
 # from this machine's venv, after changing a dependency in pyproject.toml.

@@ -1,0 +1,72 @@
+"""The README's result tables are the committed reference runs' tables, never typed by hand."""
+import json
+
+import pytest
+
+from testbed import REPO_ROOT
+from testbed.analysis import readme as rd
+from testbed.errors import ExperimentFailed, InputError
+from testbed.run import reproduce as rp
+
+README = (REPO_ROOT / "README.md").read_text()
+
+
+def test_readme_tables_match_the_committed_reference_runs():
+    assert rd.stale(README, rp.REFERENCE_DIR) == []
+
+
+def test_readme_shows_a_table_of_every_reference_run():
+    shown = {ref for ref, _ in rd.blocks(README)}
+    assert shown == set(rp.REFERENCES)
+    for ref in shown:
+        for f in rp.KEPT_FILES:
+            assert (rp.REFERENCE_DIR / ref / f).is_file(), f"results/reference/{ref}/{f} not committed"
+
+
+def _summary(burst_ms=1500.0):
+    return {"arms_order": ["static", "dblp"],
+            "arms": {"static": {"burst_round_ms_p50": 2000.0, "burst_round_over_phys_bound": 1.1,
+                                "normal_round_ms_p50": 500.0, "train_time_s": 100.0,
+                                "final_accuracy": 0.5},
+                     "dblp": {"burst_round_ms_p50": burst_ms, "normal_round_ms_p50": 300.0,
+                              "train_time_s": 80.0, "final_accuracy": 0.49}}}
+
+
+def test_update_renders_blocks_and_stale_catches_a_changed_figure(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(_summary()))
+    text = "intro\n<!-- reference:r arms -->\nold\n<!-- /reference -->\nafter\n"
+    assert rd.stale(text, tmp_path) == ["r arms"]
+    new = rd.update(text, tmp_path)
+    assert rd.stale(new, tmp_path) == []
+    assert "| dblp | 1500 ms |" in new and new.startswith("intro\n") and new.endswith("after\n")
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(_summary(1400.0)))
+    assert rd.stale(new, tmp_path) == ["r arms"]
+
+
+def test_an_unknown_table_name_is_refused(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(_summary()))
+    with pytest.raises(ValueError, match="nope"):
+        rd.update("<!-- reference:r nope -->\n<!-- /reference -->\n", tmp_path)
+
+
+def test_keep_refuses_an_incomplete_run_and_leaves_the_reference(tmp_path):
+    run, dest = tmp_path / "run", tmp_path / "ref"
+    run.mkdir()
+    dest.mkdir()
+    (dest / "summary.json").write_text("{}")
+    (run / "summary.json").write_text("{}")
+    with pytest.raises(ExperimentFailed, match="rounds.csv"):
+        rp.keep(run, dest)
+    assert (dest / "summary.json").read_text() == "{}"
+    for f in rp.KEPT_FILES:
+        (run / f).write_text(f)
+    rp.keep(run, dest)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(rp.KEPT_FILES)
+
+
+def test_an_unknown_reference_is_one_input_error():
+    with pytest.raises(InputError, match="unknown reference 'nope'"):
+        rp.select(["nope"])
+    assert rp.select([]) == list(rp.REFERENCES.values())
