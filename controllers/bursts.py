@@ -257,7 +257,11 @@ class BurstEvery:
     """The generator: loss bursts at a seeded random ``fraction`` of rounds, or every ``every``.
 
     ``p`` is the loss probability of ``loss`` bursts; ``police`` and
-    ``congest`` bursts use their kind's defaults.
+    ``congest`` bursts use their kind's defaults. A burst is round-locked
+    (on for ``rounds`` rounds, capped at ``max_ms``) unless ``duration_ms``
+    is set: then it starts with its round and lasts exactly that long for
+    every arm, so a slower arm does not get a longer burst and no cap decides
+    a figure.
     """
 
     enabled: bool = True
@@ -266,6 +270,7 @@ class BurstEvery:
     start_round: int = 10
     rounds: int = 1
     max_ms: float = 3000.0
+    duration_ms: float = 0.0  # > 0: fixed-duration bursts starting with their round
     kind: str = "loss"
     target: str = "server-downlink"
     p: float = 0.8
@@ -275,6 +280,7 @@ class BurstEvery:
         "every": Range(0, 100_000, "use 0 (off) or a period in rounds", integer=True),
         "start_round": Range(0, 100_000, "use a round >= 0", integer=True),
         "rounds": ROUNDS, "max_ms": MAX_MS, "p": P,
+        "duration_ms": Range(0, 600_000, "use 0 (round-locked) or a duration of at most 600000 ms"),
     }
 
     def __post_init__(self):
@@ -310,8 +316,12 @@ class BurstEvery:
             if any(r <= t < r + self.rounds for t in taken):
                 continue
             taken.update(range(r, r + self.rounds))
-            out.append(BurstSpec(self.kind, self.target, params, at_round=r, rounds=self.rounds,
-                                 max_ms=self.max_ms))
+            if self.duration_ms > 0:
+                out.append(BurstSpec(self.kind, self.target, params, at_round=r,
+                                     duration_ms=self.duration_ms))
+            else:
+                out.append(BurstSpec(self.kind, self.target, params, at_round=r, rounds=self.rounds,
+                                     max_ms=self.max_ms))
         return out
 
 

@@ -11,3 +11,22 @@ def sink():
     s.bind(("127.0.0.1", 0))
     yield s
     s.close()
+
+
+class ReachedTheFabric(Exception):
+    """A unit test got as far as building an emulated fabric."""
+
+
+@pytest.fixture(autouse=True)
+def no_fabric_in_unit_tests(monkeypatch):
+    """Unit tests never build a fabric: one that would (a "bad" spec that became valid) fails.
+
+    Without this guard such a test silently runs a whole experiment on the
+    machine's one Mininet slot, for as long as the experiment takes.
+    """
+    from testbed.emulation import fabric
+
+    def refuse(self, *args, **kwargs):
+        raise ReachedTheFabric("a unit test tried to start an emulated fabric")
+
+    monkeypatch.setattr(fabric.Fabric, "start", refuse)

@@ -130,12 +130,13 @@ def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, ar
     a = ARMS[arm]
     assert (cfg.policy, cfg.control, cfg.mode) == (a.transport, a.control, a.mode)
     assert cfg.round_timeout == 45.0 and cfg.p_high == 0.5 and cfg.session_id == run.session_id
-    assert cfg.rate_bps == pytest.approx(20e6 * 0.95 / (1 if a.serverless else 4))
+    bps = run.spec["topology"]["bw_mbps"] * 1e6
+    assert cfg.rate_bps == pytest.approx(bps * 0.95 / (1 if a.serverless else 4))
     assert run._env(0)[SECRET_ENV] == run.secret
     if not a.serverless:
         run._transport_args("server")
         server = json.loads((tmp_path / "raw" / arm / "server.transport.json").read_text())
-        assert server["rate_bps"] == pytest.approx(20e6 * 0.95)
+        assert server["rate_bps"] == pytest.approx(bps * 0.95)
         assert server["session_id"] == cfg.session_id
 
 

@@ -88,8 +88,9 @@ BAD_SPECS = [
     ("bw-below-useful", '[topology]\nbw_mbps = 1.0', "topology.bw_mbps"),
     ("bw-slow-for-queue", '[topology]\nbw_mbps = 10\nqueue_pkts = 1000', "topology.bw_mbps"),
     # 1437 training digits over 4 workers: shards of 359.
-    ("batch-above-shard", '[training]\nbatch_size = 400', "training.batch_size"),
-    ("default-batch-above-shard", '[topology]\nkind = "star"\n[placement]\nworkers = 60',
+    ("batch-above-shard", '[training]\nmodel = "digits_cnn"\nbatch_size = 400', "training.batch_size"),
+    ("default-batch-above-shard",
+     '[topology]\nkind = "star"\n[placement]\nworkers = 60\n[training]\nmodel = "digits_cnn"',
      "training.batch_size"),
     ("deadline-zero", '[transport]\nround_deadline_s = 0', "transport.round_deadline_s"),
     ("check-every-zero", '[transport]\ncheck_every = 0', "transport.check_every"),
