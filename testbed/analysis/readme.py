@@ -74,16 +74,45 @@ def verdicts_table(summary: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def levels_table(ref_dir: pathlib.Path) -> str:
+    """Burst-round latency p50 per loss level (rows) and arm (columns), with the rounds counted."""
+    import pandas as pd
+
+    rounds = pd.read_csv(ref_dir / "rounds.csv")
+    # The level a burst was asked for (the measured loss of each burst is in bursts.csv).
+    asked = pd.read_csv(ref_dir / "bursts.csv").groupby("id")["requested_loss"].first()
+    order = _load(ref_dir).get("arms_order") or sorted(rounds["arm"].unique())
+    hit = rounds[rounds["in_burst"].astype(bool) & rounds["burst_id"].notna()].copy()
+    hit["level"] = hit["burst_id"].map(asked).round(2)
+    rows = ["| burst loss | " + " | ".join(order) + " |", "|---" * (len(order) + 1) + "|"]
+    for loss in sorted(hit["level"].dropna().unique()):
+        at = hit[hit["level"] == loss]
+        cells = []
+        for arm in order:
+            lat = at.loc[at["arm"] == arm, "latency_ms"]
+            cells.append(f"{lat.median():.0f} ms (n={len(lat)})" if len(lat) else "–")
+        rows.append(f"| {100 * loss:.0f} % | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+#: Tables rendered from summary.json alone.
 TABLES: dict[str, Callable[[dict], str]] = {
     "arms": arms_table,
     "verdicts": verdicts_table,
+}
+#: Tables that read the reference folder's other files.
+FILE_TABLES: dict[str, Callable[[pathlib.Path], str]] = {
+    "levels": levels_table,
 }
 
 
 def render(ref: str, table: str, reference_dir: pathlib.Path) -> str:
     """The markdown of one marked block."""
+    if table in FILE_TABLES:
+        return FILE_TABLES[table](reference_dir / ref)
     if table not in TABLES:
-        raise ValueError(f"README block names table {table!r}; known: {', '.join(TABLES)}")
+        raise ValueError(f"README block names table {table!r}; known: "
+                         f"{', '.join([*TABLES, *FILE_TABLES])}")
     return TABLES[table](_load(reference_dir / ref))
 
 

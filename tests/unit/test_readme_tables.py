@@ -70,3 +70,25 @@ def test_an_unknown_reference_is_one_input_error():
     with pytest.raises(InputError, match="unknown reference 'nope'"):
         rp.select(["nope"])
     assert rp.select([]) == list(rp.REFERENCES.values())
+
+
+def test_levels_table_groups_burst_rounds_by_the_requested_loss(tmp_path):
+    import pandas as pd
+
+    ref = tmp_path / "p"
+    ref.mkdir()
+    (ref / "summary.json").write_text(json.dumps({"arms_order": ["static", "dblp"], "arms": {}}))
+    pd.DataFrame({"id": ["b000", "b001", "b002"], "requested_loss": [0.6, 0.9, 0.6],
+                  "arm": ["static"] * 3}).to_csv(ref / "bursts.csv", index=False)
+    pd.DataFrame({
+        "arm": ["static", "static", "static", "dblp", "dblp", "static"],
+        "round": [1, 2, 3, 1, 2, 4],
+        "in_burst": [True, True, True, True, True, False],
+        "burst_id": ["b000", "b001", "b002", "b000", "b001", None],
+        "latency_ms": [100.0, 900.0, 300.0, 50.0, 400.0, 10.0],
+    }).to_csv(ref / "rounds.csv", index=False)
+    text = rd.render("p", "levels", tmp_path)
+    assert text.splitlines() == [
+        "| burst loss | static | dblp |", "|---|---|---|",
+        "| 60 % | 200 ms (n=2) | 50 ms (n=1) |",
+        "| 90 % | 900 ms (n=1) | 400 ms (n=1) |"]
