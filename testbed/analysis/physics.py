@@ -22,6 +22,16 @@ separate pull term. Gradient payload only: headers would only raise the floor,
 so leaving them out keeps it a bound. A reliable transport (P = 0) needs
 infinitely many passes under Bernoulli loss; it gets no bound (NaN).
 
+A burst that covers only part of a round (a fixed-duration burst shorter
+than the round, ``burst_s`` of it under loss) delivers (1 - p) x rate x
+burst_s bits while it lasts and the line rate after it. If the round needs
+more than that, its data take at least burst_s plus the rest at line rate,
+and one clean pass after the burst is enough (one RTT); this also gives a
+reliable transport (P = 0, gloo) a finite bound. If it needs less, the
+whole-round formula above holds. The burst is taken to start with the round
+(in the runs it starts 2-10 ms after the round's announcement, which makes
+the bound a few milliseconds generous).
+
 The two speedup ratios below do not depend on p: DBLP's speedup over the
 static bound sits between the bandwidth-bound ratio (1 - P_low)/(1 - P_high)
 (big gradients, cheap probes) and the pass-bound ratio ln P_low / ln P_high
@@ -102,26 +112,32 @@ def passes(bound: float, loss: float) -> float:
     return float(max(1, math.ceil(math.log(bound) / math.log(loss) - 1e-12)))
 
 
-def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs, mode: str = "ps") -> float:
+def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs, mode: str = "ps",
+                  burst_s: float | None = None) -> float:
     """Lower bound on one round's communication time (see module docstring).
 
     ``mode``: "ps" (the workers push to a server: ``inputs.flows`` copies
     through the bottleneck, the average back on the other direction) or
-    "sharded" (``inputs.flows`` ranks, each owning 1/flows of the gradient).
+    "sharded" (``inputs.flows`` ranks, each owning 1/flows of the gradient;
+    also gloo's ring, whose rank 0 receives the same bytes). ``burst_s``:
+    how long the loss lasted within the round (None: all of it).
     """
     if mode not in ("ps", "sharded"):
         raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
+    if mode == "sharded":
+        bits = 2.0 * (inputs.flows - 1) / inputs.flows * inputs.grad_bytes * 8.0
+        pull = 0.0
+    else:
+        bits = inputs.flows * inputs.grad_bytes * 8.0
+        pull = bits * (1 - bound) / (1 - inputs.base_loss) / inputs.rate_bps if inputs.include_pull else 0.0
+    need = bits * (1 - bound)
+    if burst_s is not None and need > (1 - loss) * inputs.rate_bps * burst_s:
+        rest = need - (1 - loss) * inputs.rate_bps * burst_s
+        return burst_s + rest / inputs.rate_bps + pull + inputs.rtt_s
     n = passes(bound, loss)
     if math.isnan(n):
         return math.nan
-    if mode == "sharded":
-        bits = 2.0 * (inputs.flows - 1) / inputs.flows * inputs.grad_bytes * 8.0
-        return bits * (1 - bound) / (1 - loss) / inputs.rate_bps + n * inputs.rtt_s
-    bits = inputs.flows * inputs.grad_bytes * 8.0
-    t = bits * (1 - bound) / (1 - loss) / inputs.rate_bps
-    if inputs.include_pull:
-        t += bits * (1 - bound) / (1 - inputs.base_loss) / inputs.rate_bps
-    return t + n * inputs.rtt_s
+    return need / (1 - loss) / inputs.rate_bps + pull + n * inputs.rtt_s
 
 
 def bandwidth_ratio(p_low: float, p_high: float) -> float:

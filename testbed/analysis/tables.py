@@ -375,10 +375,13 @@ def add_physics(rounds: pd.DataFrame, inputs: phys.PhysicsInputs | None) -> pd.D
             p = inputs.base_loss
         P = r.bound if r.bound is not None and math.isfinite(r.bound) else math.nan
         losses.append(p)
-        if not math.isfinite(p) or not math.isfinite(P) or r.transport not in ("dblp", "static"):
+        # gloo's ring receives at rank 0 what a sharded rank 0 does: same bound, P = 0.
+        mode = "sharded" if r.transport == "gloo" else (r.mode or "ps")
+        burst_s = r.burst_overlap_ms / 1e3 if r.in_burst and math.isfinite(r.burst_overlap_ms) else None
+        if not math.isfinite(p) or not math.isfinite(P) or r.transport == "local":
             bounds.append(math.nan)
         else:
-            bounds.append(phys.round_bound_s(P, p, inputs, mode=r.mode or "ps") * 1e3)
+            bounds.append(phys.round_bound_s(P, p, inputs, mode=mode, burst_s=burst_s) * 1e3)
     rounds["phys_loss"] = losses
     rounds["phys_bound_ms"] = bounds
     rounds["latency_over_bound"] = rounds["latency_ms"] / rounds["phys_bound_ms"]
