@@ -94,7 +94,7 @@ def main(argv=None) -> int:
               world_size=world, seed=args.seed, t_ns=time.time_ns(), rounds=args.rounds,
               port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), control=cfg.control,
               missing=cfg.missing, rate_bps=cfg.rate_bps, transport=cfg.public_dict())
-    announcer = RoundAnnouncer(ex.arm_label(args))
+    announcer = RoundAnnouncer(ex.arm_label(args), seed=args.seed)
     starts: dict[int, int] = {}
 
     def on_start(r: int) -> None:

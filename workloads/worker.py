@@ -178,7 +178,8 @@ def train(args, log: RunLog) -> dict:
               batch_size=args.batch_size)
     # Arms without a server announce rounds from worker rank 0.
     serverless = args.transport is None or args.transport.mode == "sharded"
-    announcer = RoundAnnouncer(ex.arm_label(args)) if (args.rank == 0 and serverless) else None
+    announcer = (RoundAnnouncer(ex.arm_label(args), seed=args.seed)
+                 if (args.rank == 0 and serverless) else None)
     evaluates = args.eval_ranks == "all" or args.rank == 0
     xch = make_exchange(args)
     model.train()
