@@ -246,12 +246,13 @@ class ManifestError(InputError):
 def check_manifest(data, where: str = "manifest.json") -> dict:
     """``data`` if it matches the declaration (any known version), else ManifestError."""
     try:
-        runlog.check_fields(data, MANIFEST_FIELDS, where)
-        if data["schema"] == 1:
+        # Before the fields: version 1 has fields this one does not, and deserves its own answer.
+        if isinstance(data, dict) and data.get("schema") == 1 and data.get("schema") is not True:
             raise runlog.MalformedEvent(
                 f"{where}: schema version 1 is from before repeated seeds (raw/<arm>/, not "
                 "raw/<arm>/seed-<seed>/) and this dblp-testbed cannot re-analyse it: run its "
                 "spec.toml again, or use the revision in its environment.git_revision")
+        runlog.check_fields(data, MANIFEST_FIELDS, where)
         if data["schema"] not in KNOWN_MANIFEST_SCHEMAS:
             raise runlog.MalformedEvent(
                 f"{where}: schema version {data['schema']} is unknown (this dblp-testbed "

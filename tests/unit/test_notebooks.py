@@ -16,16 +16,16 @@ import sys
 import pandas as pd
 import pytest
 from PIL import Image
-from scapy.utils import wrpcap
 
 from testbed.analysis import datasets, formats, load_run
 from testbed.analysis.report import build_outputs
 from testbed.errors import InputError
+from testbed.run.rundir import MANIFEST_SCHEMA
 from workloads.runlog import MalformedEvent, check_port_stats
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import PERIOD, ROUNDS, T0  # noqa: E402
-from test_analysis_packets import _gloo_capture, _rounds_packets, make_run  # noqa: E402
+from test_analysis import PERIOD, ROUNDS, T0, round_start, unit_raw  # noqa: E402
+from test_analysis_packets import _gloo_capture, _rounds_packets, make_run, write_captures  # noqa: E402
 
 pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,12 +39,12 @@ def _counters(tx_bytes, tx_dropped=0):
             "tx_bytes": tx_bytes, "rx_dropped": 0, "tx_dropped": tx_dropped, "tx_errors": 0}
 
 
-def _port_stats(arms) -> list[str]:
+def _port_stats(arms, seeds=(1,)) -> list[str]:
     lines, tx = [], 0
-    for arm in arms:
+    for arm, seed in ((a, s) for s in seeds for a in arms):
         for k in range(ROUNDS + 1):
-            t = T0[arm] + k * SEC
-            if arm == "dblp" and k == 6:
+            t = round_start(arm, 0, seed) + k * SEC
+            if arm == "dblp" and k == 6 and seed == 1:
                 tx = 0                            # the switch reconnected: counters restart
             else:
                 tx += RATE_BYTES
@@ -62,16 +62,16 @@ def _port_stats(arms) -> list[str]:
 QUEUE_MS, LIMIT = 10, 100
 
 
-def _burst_windows(run, arm) -> list[tuple[int, int, str]]:
-    lines = [json.loads(x) for x in (run / "raw" / arm / "bursts.jsonl").read_text().splitlines()]
+def _burst_windows(run, arm, seed=1) -> list[tuple[int, int, str]]:
+    lines = [json.loads(x) for x in (unit_raw(run, arm, seed) / "bursts.jsonl").read_text().splitlines()]
     return [(b["actual_start_ns"], b["actual_end_ns"], b["id"]) for b in lines]
 
 
-def _queue_samples(run, arm) -> list[str]:
+def _queue_samples(run, arm, seed=1) -> list[str]:
     lines, dropped = [], 0
-    windows = _burst_windows(run, arm)
+    windows = _burst_windows(run, arm, seed)
     for k in range(ROUNDS * 1000 // QUEUE_MS + 1):
-        t = T0[arm] + k * QUEUE_MS * 10**6 + 7
+        t = round_start(arm, 0, seed) + k * QUEUE_MS * 10**6 + 7
         hit = any(s <= t <= e for s, e, _ in windows)
         dropped = 0 if (arm == "dblp" and k == 500) else dropped + 2 * hit
         lines.append(json.dumps({"event": "queue", "arm": arm, "t_ns": t,
@@ -81,24 +81,27 @@ def _queue_samples(run, arm) -> list[str]:
     return lines
 
 
-@pytest.fixture
-def notebook_run(tmp_path):
-    arms = ("gloo", "static", "dblp")
-    run = make_run(tmp_path / "run", arms=arms)
-    srv, w0 = _rounds_packets()
-    wrpcap(str(run / "raw" / "dblp" / "server.pcap"), srv)
-    wrpcap(str(run / "raw" / "dblp" / "worker0.pcap"), w0)
-    wrpcap(str(run / "raw" / "gloo" / "worker0.pcap"), _gloo_capture())
-    (run / "raw" / "port_stats.jsonl").write_text("\n".join(_port_stats(arms)) + "\n")
+def make_notebook_run(run, arms=("gloo", "static", "dblp"), seeds=(1,)):
+    """`make_run` with captures, port statistics, queue samples and a placement, built."""
+    write_captures(make_run(run, arms=arms, seeds=seeds), seeds)
+    (run / "raw" / "port_stats.jsonl").write_text("\n".join(_port_stats(arms, seeds)) + "\n")
     for arm in arms:
-        (run / "raw" / arm / "queue.jsonl").write_text("\n".join(_queue_samples(run, arm)) + "\n")
+        for seed in seeds:
+            (unit_raw(run, arm, seed) / "queue.jsonl").write_text(
+                "\n".join(_queue_samples(run, arm, seed)) + "\n")
     man = json.loads((run / "manifest.json").read_text())
     man["placement"] = {"server": "h000", "workers": ["h100", "h200", "h300"]}
-    for arm in arms:
-        man["arms"][arm].update(started_ns=T0[arm], ended_ns=T0[arm] + ROUNDS * PERIOD)
+    for u in man["units"]:   # each unit's window holds its port-statistics samples
+        u.update(started_ns=round_start(u["arm"], 0, u["seed"]),
+                 ended_ns=round_start(u["arm"], ROUNDS, u["seed"]))
     (run / "manifest.json").write_text(json.dumps(man))
     build_outputs(run)
     return run
+
+
+@pytest.fixture
+def notebook_run(tmp_path):
+    return make_notebook_run(tmp_path / "run")
 
 
 def test_load_run_returns_the_declared_frames(notebook_run):
@@ -258,7 +261,7 @@ def test_load_run_refuses_an_unversioned_manifest_and_a_missing_table(notebook_r
     (notebook_run / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(InputError, match="field 'schema' missing"):
         load_run(notebook_run)
-    man["schema"] = 1
+    man["schema"] = MANIFEST_SCHEMA
     (notebook_run / "manifest.json").write_text(json.dumps(man))
     (notebook_run / "evals.parquet").unlink()
     with pytest.raises(InputError, match=r"evals.parquet: not found \(run `dblp-testbed report"):
@@ -316,7 +319,7 @@ def test_readme_notebook_example_runs(notebook_run):
 def test_burst_timestamps_stay_exact_when_one_is_missing(tmp_path):
     """One burst without an end used to turn the column into float64 (128 ns steps at 10^18)."""
     run = make_run(tmp_path / "run")
-    f = run / "raw" / "static" / "bursts.jsonl"
+    f = unit_raw(run, "static") / "bursts.jsonl"
     lines = [json.loads(x) for x in f.read_text().splitlines()]
     lines[1]["actual_end_ns"] = None                       # the burst's end was never logged
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
