@@ -432,3 +432,83 @@ def test_summary_counts_each_dblp_arms_phase_switches(tmp_path):
     # The timeline of the detector's phase, for the arms that have one.
     assert (run / "plots" / "phase_timeline.png").stat().st_size > 0
     assert "phase_timeline.png" in (run / "report.md").read_text()
+
+
+def test_summary_pools_every_seed_of_an_arm(tmp_path):
+    """Two arms x two seeds; seed 2's latencies and training times are 1.5x seed 1's."""
+    run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(1, 2))
+    s = build_outputs(run, figures=False)
+    d, st = s["arms"]["dblp"], s["arms"]["static"]
+    assert (d["rounds"], d["burst_rounds"], d["status"]) == (2 * ROUNDS, 4, "ok")
+    # Percentiles over the rounds of both seeds: burst rounds 100, 100, 150, 150 ms.
+    assert d["burst_round_ms_p50"] == pytest.approx(125.0)
+    assert d["normal_round_ms_p50"] == pytest.approx((24.0 + 36.0) / 2)
+    assert st["burst_round_ms_p50"] == pytest.approx(500.0)
+    assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
+    assert s["speedups"]["dblp_vs_static"]["burst_round_n"] == [4, 4]
+    # Once-per-training figures are means over seeds.
+    assert d["train_time_s"] == pytest.approx((1.5 + 2.25) / 2)
+    assert d["final_accuracy"] == pytest.approx((0.95 + 0.94) / 2)
+    assert s["speedups"]["dblp_vs_static"]["train_time"] == pytest.approx(2.5 / 1.875)
+    assert d["phase_switches"] == 1 and st["phase_switches"] is None
+    assert s["bursts"]["count"] == 8 and s["bursts"]["per_arm"] == {"static": 4, "dblp": 4}
+    assert s["bursts"]["rounds_hit"] == 8
+    # The manifest's record of each unit, by seed.
+    assert sorted(s["fidelity"]["dblp"]) == ["1", "2"]
+    assert s["fidelity"]["dblp"]["2"]["started_ns"] == round_start("dblp", 0, 2) - 2 * MS
+    assert not [w for w in s["warnings"] if "seed" in w]
+
+
+def test_unit_summary_keeps_each_seeds_figures(tmp_path):
+    run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(2, 3))
+    raw = analysis.load_raw(run)
+    assert raw.seeds == [2, 3] and raw.units == [("static", 2), ("dblp", 2), ("static", 3),
+                                                 ("dblp", 3)]
+    b = analysis.bursts_table(raw)
+    r = analysis.join_bursts(analysis.rounds_table(raw), b)
+    u = analysis.unit_summary(raw, r).set_index(["arm", "seed"])
+    assert list(u.index) == raw.units
+    assert u.loc[("dblp", 2), "train_time_s"] == pytest.approx(1.5 * seed_factor(2))
+    assert u.loc[("dblp", 3), "final_accuracy"] == pytest.approx(0.95 - 0.02)
+    assert u.loc[("dblp", 3), "phase_switches"] == 1
+    assert math.isnan(u.loc[("static", 2), "phase_switches"])
+    assert (u["burst_rounds"] == 2).all() and (u["status"] == "ok").all()
+    ev = analysis.evals_table(raw, r)
+    assert list(ev.columns[:2]) == ["arm", "seed"] and set(ev["seed"]) == {2, 3}
+
+
+def test_raw_lines_of_another_seed_or_outside_the_seeds_are_said(tmp_path):
+    run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(1, 2))
+    # A burst line of seed 1 in seed 2's directory: skipped, and said.
+    with open(unit_raw(run, "dblp", 2) / "bursts.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "burst", "arm": "dblp", "seed": 1, "id": "x", "kind": "loss",
+                             "target": "server-downlink", "params": {"p": 0.5}, "trigger": "manual",
+                             "requested_start_ns": 1, "requested_end_ns": 2, "actual_start_ns": 1,
+                             "actual_end_ns": 2, "dropped_packets": 0}) + "\n")
+    # A manual burst (no unit announced it) in raw/<arm>/: placed in the unit running then.
+    t = round_start("dblp", 5, 2) + 100 * MS
+    manual = {"event": "burst", "arm": "dblp", "id": "m001", "kind": "loss",
+              "target": "server-downlink", "params": {"p": 0.5}, "trigger": "manual",
+              "requested_start_ns": t, "requested_end_ns": t + 300 * MS, "actual_start_ns": t,
+              "actual_end_ns": t + 300 * MS, "dropped_packets": 3}
+    late = dict(manual, id="m002", requested_start_ns=t + 10**13, actual_start_ns=t + 10**13,
+                requested_end_ns=t + 10**13 + 1, actual_end_ns=t + 10**13 + 1)
+    (run / "raw" / "dblp" / "bursts.jsonl").write_text(json.dumps(manual) + "\n" + json.dumps(late) + "\n")
+    # A seed the spec does not have, and a unit that never started.
+    stray = run / "raw" / "static" / "seed-9"
+    stray.mkdir()
+    (stray / "worker0.jsonl").write_text("")
+    for f in unit_raw(run, "static", 2).iterdir():
+        f.unlink()
+    unit_raw(run, "static", 2).rmdir()
+    raw = analysis.load_raw(run)
+    p = raw.problems
+    assert any(x.startswith("raw/dblp/seed-2/bursts.jsonl:3: event of seed 1") for x in p), p
+    assert "raw/static/seed-9/: not a seed of the spec (1, 2), ignored" in p
+    assert "arm static seed 2: no raw/static/seed-2/ directory (the unit never started)" in p
+    assert "raw/dblp/bursts.jsonl: burst m002 started outside every unit of arm dblp, ignored" in p
+    b = analysis.bursts_table(raw).set_index(["arm", "seed", "id"])
+    assert b.loc[("dblp", 2, "m001"), "dropped_packets"] == 3 and ("dblp", 2, "x") not in b.index
+    s = build_outputs(run, figures=False)
+    assert s["arms"]["static"]["status"] == "no data"
+    assert "arm static seed 2: status no data" in s["warnings"]

@@ -245,6 +245,8 @@ def _set_table_schema(path: pathlib.Path, value):
 
 @pytest.mark.parametrize("table,value,needle", [
     ("rounds", 99, "table schema version 99 is unknown"),
+    ("bursts", 2, "table schema version 2 is from before repeated seeds"),
+    ("evals", 1, "cannot re-analyse that run directory"),
     ("packets", None, "no dblp-testbed 'packets' table metadata"),
 ])
 def test_load_run_refuses_an_unknown_table_version(notebook_run, table, value, needle):
@@ -329,3 +331,42 @@ def test_burst_timestamps_stay_exact_when_one_is_missing(tmp_path):
     assert b.loc["static-b1", "actual_start_ns"] == T0["static"] + 3 * PERIOD + 11_000_000
     assert pd.isna(b.loc["static-b2", "actual_end_ns"])
     assert pd.read_csv(run / "bursts.csv")["actual_start_ns"].astype(str).str.isdigit().all()
+
+
+def test_every_table_has_the_seed_of_each_unit(tmp_path):
+    """Two arms x two seeds: every row says which unit (arm, seed) it comes from."""
+    run = load_run(make_notebook_run(tmp_path / "run", arms=("gloo", "dblp"), seeds=(1, 2)))
+    for name, table in datasets.TABLES.items():
+        df = getattr(run, name)
+        assert table.names()[:2] == ["arm", "seed"], name
+        assert str(df["seed"].dtype) == "Int64", name
+        units = set(zip(df["arm"].dropna(), df["seed"].dropna(), strict=True))
+        want = {("dblp", 1), ("dblp", 2)} if name == "packets" or name == "flows" else \
+            {(a, s) for a in ("gloo", "dblp") for s in (1, 2)}
+        if name in ("packets", "flows"):   # both arms were captured
+            want |= {("gloo", 1), ("gloo", 2)}
+        assert units == want, (name, units)
+    r = run.rounds
+    assert r.groupby(["arm", "seed"]).size().tolist() == [ROUNDS] * 4
+    # Each unit's rounds are joined to its own bursts only.
+    hit = r[r["in_burst"]].groupby(["arm", "seed"])["burst_id"].apply(list).to_dict()
+    assert hit[("dblp", 2)] == ["dblp-b1", "dblp-b2"] == hit[("dblp", 1)]
+    b = run.bursts.set_index(["arm", "seed", "id"])
+    assert b.loc[("dblp", 2, "dblp-b1"), "rounds_hit"] == 1
+    assert b.loc[("dblp", 2, "dblp-b1"), "actual_start_ns"] == round_start("dblp", 3, 2) + 11_000_000
+    # Packets take their rounds from their unit's rounds (seed 2's clock is 1000 s later).
+    pk = run.packets[run.packets["arm"] == "dblp"]
+    assert set(pk[pk["seed"] == 2]["round"].dropna()) == {2, 3}
+    assert len(run.flows[(run.flows["arm"] == "dblp") & (run.flows["seed"] == 2)]) == \
+        len(run.flows[(run.flows["arm"] == "dblp") & (run.flows["seed"] == 1)])
+    # Port statistics and queue samples fall in the unit whose manifest window holds them.
+    assert run.bottleneck.groupby(["arm", "seed"]).size().tolist() == [ROUNDS + 1] * 4
+    q = run.queue
+    assert q.groupby(["arm", "seed"]).size().nunique() == 1
+    assert set(q[(q["seed"] == 2) & q["burst_id"].notna()]["burst_id"]) == {"dblp-b1", "dblp-b2",
+                                                                            "gloo-b1", "gloo-b2"}
+    # An evaluation's time counts from its own unit's first round: round 4's end + 1 ms,
+    # 4 s + 13 ms + the round's latency (dblp 24 ms, gloo 40 ms; seed 2's are 1.5x).
+    e = run.evals.groupby(["arm", "seed"])["t_s"].min()
+    assert e.round(3).to_dict() == {("dblp", 1): 4.037, ("dblp", 2): 4.049, ("gloo", 1): 4.053,
+                                    ("gloo", 2): 4.073}
