@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--host", default="0.0.0.0", help="address to bind")
     p.add_argument("--port", type=int, default=None, help=f"default: $MASTER_PORT, else {DEFAULT_PORT}")
-    p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/server.jsonl)")
+    p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/seed-<seed>/server.jsonl)")
     p.add_argument("--transport-config", default=None, metavar="PATH",
                    help="a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) with every "
                         "transport setting; default: DBLP_* environment variables")
