@@ -204,3 +204,13 @@ def test_an_arm_naming_a_spec_field_that_does_not_exist_is_a_spec_error():
     spec = load(None, PRESETS["default"])
     with pytest.raises(SpecError, match="transport.p_nope"):
         transport_config(spec["transport"], Arm("x", "static", "udp", "ps", bound_from="p_nope"))
+
+
+@pytest.mark.unit
+def test_progress_names_the_arm_and_the_seed(tmp_path, capsys):
+    from testbed.run.runner import Progress
+
+    log = tmp_path / "worker0.jsonl"
+    log.write_text(json.dumps({"event": "round", "round": 39}) + "\n")
+    Progress(_arm_run(tmp_path, "dblp", seed=2).label, 200, log).show(final=True)
+    assert capsys.readouterr().err.strip().startswith("[dblp s2] round 40/200")
