@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import re
 from collections.abc import Iterable
@@ -404,6 +405,7 @@ class BurstRecord:
     spec: BurstSpec
     arm: str
     requested_start_ns: int
+    seed: int | None = None    # the unit's seed (None: a manual burst, no unit announced it)
     requested_end_ns: int | None = None
     actual_start_ns: int | None = None
     actual_end_ns: int | None = None
@@ -414,7 +416,8 @@ class BurstRecord:
     detail: dict = field(default_factory=dict)
 
     def log_line(self) -> dict:
-        d = {"event": "burst", "arm": self.arm, "id": self.spec.id,
+        d = {"event": "burst", "arm": self.arm, **({} if self.seed is None else {"seed": self.seed}),
+             "id": self.spec.id,
              "kind": self.spec.kind, "target": self.spec.target, "params": self.spec.params,
              "trigger": self.spec.trigger,
              "requested_start_ns": self.requested_start_ns, "requested_end_ns": self.requested_end_ns,
@@ -429,3 +432,14 @@ class BurstRecord:
         if self.detail:
             d["detail"] = self.detail
         return d
+
+    def log_dir(self, raw_dir: str) -> str:
+        """Where this record's line goes: its unit's directory, or RUN/raw/<arm>/ for a manual burst."""
+        return os.path.join(raw_dir, self.arm) if self.seed is None \
+            else record_dir(raw_dir, self.arm, self.seed)
+
+
+def record_dir(raw_dir: str, arm: str, seed: int) -> str:
+    """RUN/raw/<arm>/seed-<seed>: a copy of ``workloads.runlog.unit_dir`` (the
+    controller imports nothing of the workloads); a unit test holds them equal."""
+    return os.path.join(raw_dir, arm, f"seed-{int(seed)}")

@@ -6,7 +6,12 @@ duration. Mechanisms: ``loss`` an nftables rule (``controllers.mechanisms``),
 ``police`` OpenFlow 1.3 meters on the target's flows, ``congest`` cross
 traffic from agents in other hosts along a path found through the routing
 rules. Each burst's actual start and end and the packets it dropped go to
-``raw/ARM/bursts.jsonl`` as a ``controllers.bursts.BurstRecord``.
+its unit's ``raw/ARM/seed-SEED/bursts.jsonl`` as a
+``controllers.bursts.BurstRecord``.
+
+State is kept per unit, (arm, seed) as the round announcements name it:
+the runner trains every arm once per seed, and each of those units meets
+the whole schedule, its at_s bursts timed from its own first round.
 """
 from __future__ import annotations
 
@@ -36,14 +41,19 @@ from topologies.routing import multipath_bits
 COOKIE_POLICE = 0x2 << 32
 
 
+def _seed_tag(rec) -> str:
+    """``s<seed>_`` in a mechanism's name, so two units' bursts of one id never share one."""
+    return "" if rec.seed is None else f"s{rec.seed}_"
+
+
 class FabricBursts(FabricRouting):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.schedule = BurstSchedule.from_dict(self.cfg.get("bursts"))
-        self.active = {}         # (arm, burst id) -> (BurstRecord, mechanism state)
+        self.active = {}         # (arm, seed, burst id) -> (BurstRecord, mechanism state)
         self.done = []
-        self.arm_t0 = {}         # arm -> first round event t_ns (origin of at_s)
+        self.arm_t0 = {}         # (arm, seed) -> first round event t_ns (origin of at_s)
         self.nft = Nft()
         self.next_meter = 1
         self.seq = 0
@@ -79,23 +89,26 @@ class FabricBursts(FabricRouting):
         return ScheduleReply(scheduled=len(self.schedule))
 
     def round_request(self, req: RoundRequest) -> RoundReply:
-        arm, rnd = req.arm, req.round
+        arm, seed, rnd = req.arm, req.seed, req.round
+        unit = (arm, seed)
         t_ns = time.time_ns() if req.t_ns is None else req.t_ns
-        if arm not in self.arm_t0:
-            self.arm_t0[arm] = t_ns
+        if unit not in self.arm_t0:
+            self.arm_t0[unit] = t_ns
             for spec in self.schedule.timed():
                 at = t_ns + int(spec.at_s * 1e9)
-                hub.spawn_after(max(0.0, (at - time.time_ns()) / 1e9), self._start_timed, spec, arm, at)
+                hub.spawn_after(max(0.0, (at - time.time_ns()) / 1e9), self._start_timed, spec,
+                                unit, at)
         if req.event == "start":
             # a round-length burst whose end event never came ends now
             for key, (rec, _) in list(self.active.items()):
-                if rec.arm == arm and rec.spec.rounds is not None and rnd > rec.spec.last_round:
+                if (rec.arm, rec.seed) == unit and rec.spec.rounds is not None \
+                        and rnd > rec.spec.last_round:
                     self._end(key, t_ns)
             for spec in self.schedule.starting_at_round(rnd):
-                key = (arm, spec.id)
+                key = (arm, seed, spec.id)
                 if key not in self.active and not any(
-                        r.arm == arm and r.spec.id == spec.id for r in self.done):
-                    rec = BurstRecord(spec, arm, requested_start_ns=t_ns, round=rnd)
+                        (r.arm, r.seed, r.spec.id) == key for r in self.done):
+                    rec = BurstRecord(spec, arm, requested_start_ns=t_ns, seed=seed, round=rnd)
                     if spec.rounds:
                         end = t_ns + int(spec.max_ms * 1e6) if spec.max_ms else None
                     else:
@@ -103,16 +116,17 @@ class FabricBursts(FabricRouting):
                     self._start(key, rec, end_at_ns=end)
         else:
             for spec in self.schedule.ending_after_round(rnd):
-                key = (arm, spec.id)
+                key = (arm, seed, spec.id)
                 if key in self.active:
                     self._end(key, t_ns)
-        return RoundReply(active_bursts=[r.spec.id for r, _ in self.active.values() if r.arm == arm])
+        return RoundReply(active_bursts=[r.spec.id for r, _ in self.active.values()
+                                         if (r.arm, r.seed) == unit])
 
     def burst_request(self, req: BurstRequest) -> Reply:
         self.seq += 1
         spec = req.burst(f"m{self.seq:03d}")
         now = time.time_ns()
-        key = (req.arm, spec.id)
+        key = (req.arm, None, spec.id)
         if key in self.active:
             raise ValueError(f"burst id {spec.id!r} is already active")
         rec = BurstRecord(spec, req.arm, requested_start_ns=now)
@@ -123,12 +137,14 @@ class FabricBursts(FabricRouting):
                           requested_start_ns=rec.requested_start_ns,
                           requested_end_ns=rec.requested_end_ns)
 
-    def _start_timed(self, spec, arm, at_ns):
+    def _start_timed(self, spec, unit, at_ns):
+        arm, seed = unit
         with self.lock:
             try:
-                if (arm, spec.id) not in self.active:
-                    rec = BurstRecord(spec, arm, requested_start_ns=at_ns)
-                    self._start((arm, spec.id), rec, end_at_ns=at_ns + int(spec.duration_ms * 1e6))
+                if (arm, seed, spec.id) not in self.active:
+                    rec = BurstRecord(spec, arm, requested_start_ns=at_ns, seed=seed)
+                    self._start((arm, seed, spec.id), rec,
+                                end_at_ns=at_ns + int(spec.duration_ms * 1e6))
             except Exception:
                 self.logger.exception("timed burst %s failed", spec.id)
 
@@ -140,7 +156,7 @@ class FabricBursts(FabricRouting):
         try:
             ports = resolve_target(self.topo, spec.target, self.roles)
             if spec.kind == "loss":
-                mech = LossBurst(self.nft, f"{rec.arm}_{spec.id}", self.topo, ports,
+                mech = LossBurst(self.nft, f"{rec.arm}_{_seed_tag(rec)}{spec.id}", self.topo, ports,
                                  spec.params["p"], self.cfg.get("loss_sink", "dtz0-eth0"),
                                  self.cfg.get("nft_prefix", NFT_PREFIX))
                 mech.on()
@@ -192,7 +208,7 @@ class FabricBursts(FabricRouting):
         self._log_burst(rec)
 
     def _log_burst(self, rec):
-        d = os.path.join(self.raw, rec.arm)
+        d = rec.log_dir(self.raw)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "bursts.jsonl"), "a") as f:
             f.write(json.dumps(rec.log_line()) + "\n")
@@ -303,7 +319,7 @@ class FabricBursts(FabricRouting):
         started = []
         for i, (src, dst, sport) in enumerate(flows):
             agent = self._agent(src)
-            fid = f"{rec.arm}.{rec.spec.id}.{i}"
+            fid = f"{rec.arm}.{_seed_tag(rec)}{rec.spec.id}.{i}"
             agent.start(fid, self.topo.host_info[dst].ip, sport, rate, size)
             started.append((agent, fid))
         t_go = [agent.wait_for("go", fid) for agent, fid in started]
@@ -369,7 +385,7 @@ class FabricBursts(FabricRouting):
             try:
                 self._end(key, time.time_ns())
             except Exception:
-                self.logger.exception("burst %s did not end at shutdown", key[1])
+                self.logger.exception("burst %s did not end at shutdown", key[-1])
         for a in list(self.agents.values()):
             a.close()
         super().close()

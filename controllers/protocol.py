@@ -22,7 +22,9 @@ from typing import Any, ClassVar
 
 from controllers.bursts import NAME_RE, BurstError, BurstSchedule, BurstSpec
 
-PROTOCOL_VERSION = 1
+# History: 1 first declared; 2 a round announcement names its unit's seed
+# (RoundRequest.seed), so an arm repeated over seeds is burst afresh per seed.
+PROTOCOL_VERSION = 2
 MAX_LINE = 1 << 20  # a request or reply line longer than this is refused
 
 
@@ -192,7 +194,13 @@ def _arm(arm: str) -> None:
 
 @dataclass(frozen=True)
 class RoundRequest(Request):
-    """A round of an arm starts or ends (``t_ns`` when it did; now if absent)."""
+    """A round of a unit (an arm trained with one seed) starts or ends (``t_ns``
+    when it did; now if absent).
+
+    The controller keeps its burst state per unit (arm, seed): each seed of
+    an arm is hit by the whole schedule again, and its records go to that
+    unit's directory. ``seed`` None: a client that trains no seeded unit.
+    """
 
     op: ClassVar[str] = "round"
     reply: ClassVar[type[Reply]] = RoundReply
@@ -200,6 +208,7 @@ class RoundRequest(Request):
     arm: str
     round: int
     t_ns: int | None = None
+    seed: int | None = None
 
     def __post_init__(self):
         if self.event not in ("start", "end"):
@@ -207,6 +216,8 @@ class RoundRequest(Request):
         _arm(self.arm)
         if self.round < 0:
             raise ValueError(f"round must be >= 0, got {self.round}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ class RoundAnnouncer:
     """
 
     def __init__(self, arm: str, path: str | None = None, timeout_s: float = 5.0,
-                 retry_s: float = 1.0):
-        self.arm = arm
+                 retry_s: float = 1.0, seed: int | None = None):
+        self.arm, self.seed = arm, seed   # the unit: the controller bursts each seed afresh
         self.path = os.environ.get(ENV_VAR) if path is None else path
         self.retry_s = retry_s
         self._client = ControlClient(self.path, timeout_s) if self.path else None
@@ -64,7 +64,8 @@ class RoundAnnouncer:
 
     def round(self, event: str, round_: int) -> Reply | None:
         """Announce a round event; the reply, or None when there is no controller."""
-        request = RoundRequest(event=event, arm=self.arm, round=int(round_), t_ns=time.time_ns())
+        request = RoundRequest(event=event, arm=self.arm, round=int(round_), t_ns=time.time_ns(),
+                               seed=self.seed)
         if not self._connect():
             return None
         assert self._client is not None

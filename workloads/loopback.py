@@ -4,7 +4,7 @@
 starts, per arm, the aggregation server (dblp arms only) and N workers as
 separate processes with torchrun-style variables, waits for them, and
 summarises accuracy and time per arm. Logs follow the run-directory layout
-(``DIR/raw/<arm>/worker<rank>.jsonl``, ``server.jsonl``), so it doubles as a
+(``DIR/raw/<arm>/seed-<seed>/worker<rank>.jsonl``, ``server.jsonl``), so it doubles as a
 smoke test of what the orchestrator launches on emulated hosts.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 
 from .exchange import ARMS, DBLP_ARMS
 from .models import DEFAULT_MODEL, MODELS
+from .runlog import unit_dir
 
 
 def free_port() -> int:
@@ -79,11 +80,11 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     """Train one arm on loopback; returns its summary (status, accuracy, times, exit codes).
 
     ``transport``: settings of the dblp arms' ``TransportConfig`` (e.g.
-    ``{"round_timeout": 20.0}``), written to ``raw/<arm>/transport.json``.
+    ``{"round_timeout": 20.0}``), written to ``raw/<arm>/seed-<seed>/transport.json``.
     """
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose from {ARMS}")
-    raw = os.path.join(out, "raw", arm)
+    raw = unit_dir(os.path.join(out, "raw"), arm, seed)
     os.makedirs(raw, exist_ok=True)
     port = free_port()
     base_env = dict(os.environ, WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
@@ -150,7 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, help="output directory (raw/<arm>/... and loopback.json)")
+    ap.add_argument("--out", required=True,
+                    help="output directory (raw/<arm>/seed-<seed>/... and loopback.json)")
     ap.add_argument("--timeout-s", type=float, default=900.0)
     a = ap.parse_args(argv)
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]

@@ -1,7 +1,8 @@
 """The raw-log format: one declaration of every JSON-line event, and its writer.
 
 Every process of a run appends JSON objects, one per line, to
-``RUN/raw/<arm>/<role>.jsonl``: the worker and server entry points through
+``RUN/raw/<arm>/seed-<seed>/<role>.jsonl`` (`unit_dir`: one directory per
+unit, an arm trained with one seed): the worker and server entry points through
 ``RunLog`` below, the controller its ``burst`` lines. ``EVENTS`` is the only
 place the fields are written down, the way ``dblp.wire.HEADER_FIELDS``
 declares datagrams: ``RunLog.write`` refuses an event that does not match it,
@@ -25,8 +26,28 @@ import math
 import os
 import sys
 
-SCHEMA_VERSION = 2
-KNOWN_VERSIONS = frozenset({1, 2})
+SCHEMA_VERSION = 3
+KNOWN_VERSIONS = frozenset({1, 2, 3})
+
+#: The directory of one unit's logs under RUN/raw/<arm>/: ``seed-<seed>``.
+SEED_DIR_PREFIX = "seed-"
+
+
+def unit_dir(raw_dir: str | os.PathLike, arm: str, seed: int) -> str:
+    """RUN/raw/<arm>/seed-<seed>: where every log, capture and config of one unit goes.
+
+    A unit is one arm trained with one seed. The layout is the same for one
+    seed as for many, so no reader has two cases. The controller, which
+    imports nothing of the workloads, keeps a copy (controllers.bursts
+    `record_dir`) that a unit test holds equal to this one.
+    """
+    return os.path.join(os.fspath(raw_dir), arm, f"{SEED_DIR_PREFIX}{int(seed)}")
+
+
+def seed_of_dir(name: str) -> int | None:
+    """The seed of a unit directory's name (``seed-3`` -> 3); None for any other name."""
+    digits = name[len(SEED_DIR_PREFIX):] if name.startswith(SEED_DIR_PREFIX) else ""
+    return int(digits) if digits.isdigit() and str(int(digits)) == digits else None
 
 # Value kinds a field can hold; bool is never a number here.
 _KINDS = {
@@ -118,11 +139,15 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("wall_s", "num", "process wall time (server, status ok)", required=False),
     ),
     # Written by the controller (controllers/bursts.py, BurstRecord.log_line)
-    # into RUN/raw/<arm>/bursts.jsonl; the last line of an id wins.
+    # into RUN/raw/<arm>/seed-<seed>/bursts.jsonl (a manual burst, which no
+    # unit announced, into RUN/raw/<arm>/bursts.jsonl); the last line of an
+    # id wins.
     "burst": (
         _f("event", "str", "burst"),
         _f("arm", "str", "the arm the burst hit"),
-        _f("id", "str", "burst id, unique in the arm"),
+        _f("seed", "int", "seed of the unit the burst hit (absent: a manual burst)",
+           required=False),
+        _f("id", "str", "burst id, unique in the unit"),
         _f("kind", "str", "loss | police | congest"),
         _f("target", "str", "link the burst acts on, e.g. server-downlink"),
         _f("params", "dict", "the kind's knobs (loss: p, the drop probability)"),
@@ -138,7 +163,7 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("detail", "dict", "mechanism details", required=False),
     ),
     # Written by the runner's bottleneck monitor (testbed/run/fidelity.py)
-    # into RUN/raw/<arm>/queue.jsonl, one line per `tc -s qdisc` sample of
+    # into RUN/raw/<arm>/seed-<seed>/queue.jsonl, one line per `tc -s qdisc` sample of
     # the switch port towards the server. The queue is the HTB root's
     # `pfifo limit N` child, the bounded drop-tail queue the links have.
     "queue": (

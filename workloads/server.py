@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--host", default="0.0.0.0", help="address to bind")
     p.add_argument("--port", type=int, default=None, help=f"default: $MASTER_PORT, else {DEFAULT_PORT}")
-    p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/server.jsonl)")
+    p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/seed-<seed>/server.jsonl)")
     p.add_argument("--transport-config", default=None, metavar="PATH",
                    help="a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) with every "
                         "transport setting; default: DBLP_* environment variables")
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
               world_size=world, seed=args.seed, t_ns=time.time_ns(), rounds=args.rounds,
               port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), control=cfg.control,
               missing=cfg.missing, rate_bps=cfg.rate_bps, transport=cfg.public_dict())
-    announcer = RoundAnnouncer(ex.arm_label(args))
+    announcer = RoundAnnouncer(ex.arm_label(args), seed=args.seed)
     starts: dict[int, int] = {}
 
     def on_start(r: int) -> None:

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate every N rounds (and always at the end); 0 = only at the end")
     p.add_argument("--eval-ranks", choices=("0", "all"), default="0",
                    help="which workers evaluate (rank 0 saves compute; all checks replicas agree)")
-    p.add_argument("--log", default=None, help="JSON-lines log file (RUN/raw/<arm>/worker<rank>.jsonl)")
+    p.add_argument("--log", default=None,
+                   help="JSON-lines log file (RUN/raw/<arm>/seed-<seed>/worker<rank>.jsonl)")
     p.add_argument("--rank", type=int, default=None, help="default: $RANK")
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--master-addr", default=None,
@@ -178,7 +179,8 @@ def train(args, log: RunLog) -> dict:
               batch_size=args.batch_size)
     # Arms without a server announce rounds from worker rank 0.
     serverless = args.transport is None or args.transport.mode == "sharded"
-    announcer = RoundAnnouncer(ex.arm_label(args)) if (args.rank == 0 and serverless) else None
+    announcer = (RoundAnnouncer(ex.arm_label(args), seed=args.seed)
+                 if (args.rank == 0 and serverless) else None)
     evaluates = args.eval_ranks == "all" or args.rank == 0
     xch = make_exchange(args)
     model.train()

@@ -15,7 +15,7 @@ What is measured there, twice:
   own transmit drops: the `bottleneck` table. They hold no occupancy.
 * the runner's bottleneck monitor samples the queue itself (`tc -s qdisc`:
   backlog, cumulative tail drops, limit) every 50 ms into
-  raw/<arm>/queue.jsonl (the ``queue`` event): the `queue` table, each
+  raw/<arm>/seed-<seed>/queue.jsonl (the ``queue`` event): the `queue` table, each
   sample tagged with the burst windows that hold it.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ import pandas as pd
 
 from testbed.analysis.datasets import BOTTLENECK, QUEUE
 from testbed.config.spec import Spec, build_topology
+from testbed.run.rundir import unit_records
 from workloads.runlog import PORT_COUNTER_FIELDS, MalformedEvent, check_port_stats
 
 COUNTERS = [f.name for f in PORT_COUNTER_FIELDS]
@@ -67,11 +68,12 @@ def read_port_stats(run_dir, notes: list[str]) -> list[dict]:
     return out
 
 
-def _arm_at(t_ns: int, windows: list[tuple[str, int, int]]) -> str | None:
-    for arm, start, end in windows:
+def _unit_at(t_ns: int, windows: list[tuple[str, int, int, int]]) -> tuple[str | None, int | None]:
+    """(arm, seed) of the unit whose manifest window holds t_ns; (None, None) between units."""
+    for arm, seed, start, end in windows:
         if start <= t_ns <= end:
-            return arm
-    return None
+            return arm, seed
+    return None, None
 
 
 def bottleneck_table(run_dir, spec: Spec, manifest: dict, notes: list[str]) -> pd.DataFrame:
@@ -87,14 +89,15 @@ def bottleneck_table(run_dir, spec: Spec, manifest: dict, notes: list[str]) -> p
     if where is None or not lines:
         return pd.DataFrame(columns=cols)
     sw, dpid, port = where
-    windows = [(arm, rec["started_ns"], rec["ended_ns"]) for arm, rec in manifest["arms"].items()
-               if "started_ns" in rec and "ended_ns" in rec]
+    windows = [(u["arm"], u["seed"], u["started_ns"], u["ended_ns"]) for u in unit_records(manifest)
+               if "started_ns" in u and "ended_ns" in u]
     rows = []
     for line in sorted(lines, key=lambda e: e["t_ns"]):
         c = line["ports"].get(str(port))
         if line["dpid"] != dpid or c is None:
             continue
-        rows.append({"arm": _arm_at(line["t_ns"], windows), "t_ns": line["t_ns"], "switch": sw,
+        arm, seed = _unit_at(line["t_ns"], windows)
+        rows.append({"arm": arm, "seed": seed, "t_ns": line["t_ns"], "switch": sw,
                      "dpid": dpid, "port": port, **{k: c[k] for k in COUNTERS}})
     if not rows:
         notes.append(f"raw/port_stats.jsonl: no sample of the bottleneck port ({sw} port {port})")
@@ -112,24 +115,24 @@ def bottleneck_table(run_dir, spec: Spec, manifest: dict, notes: list[str]) -> p
 
 
 def queue_table(queue: dict[str, list[dict]], bursts: pd.DataFrame) -> pd.DataFrame:
-    """One row per queue sample (RawRun.queue), in time order per arm.
+    """One row per queue sample (RawRun.queue), in time order per unit (arm, seed).
 
-    `d_dropped` is the tail drops since the previous sample; a counter that
-    went backwards (the queue was set up again) gives none. A sample is
-    tagged with every burst of its arm whose actual window holds it: the
-    same clock on both sides, so the join is exact.
+    `d_dropped` is the tail drops since the previous sample of the unit; a
+    counter that went backwards (the queue was set up again) gives none. A
+    sample is tagged with every burst of its unit whose actual window holds
+    it: the same clock on both sides, so the join is exact.
     """
-    rows = [{k: e[k] for k in ("arm", "t_ns", "interface", "backlog_packets", "backlog_bytes",
-                               "limit_packets", "dropped")}
-            for arm in queue for e in sorted(queue[arm], key=lambda e: e["t_ns"])]
+    rows = [{k: e[k] for k in ("arm", "seed", "t_ns", "interface", "backlog_packets",
+                               "backlog_bytes", "limit_packets", "dropped")}
+            for arm in queue for e in sorted(queue[arm], key=lambda e: (e["seed"], e["t_ns"]))]
     if not rows:
         return pd.DataFrame(columns=QUEUE.names())
     df = pd.DataFrame(rows)
-    d = df.groupby("arm", sort=False)["dropped"].diff()
+    d = df.groupby(["arm", "seed"], sort=False)["dropped"].diff()
     df["d_dropped"] = d.where(d >= 0).astype("Int64")
-    windows = [(b.arm, b.actual_start_ns, b.actual_end_ns, b.id)
+    windows = [(b.arm, b.seed, b.actual_start_ns, b.actual_end_ns, b.id)
                for b in bursts.itertuples(index=False)
                if pd.notna(b.actual_start_ns) and pd.notna(b.actual_end_ns)] if len(bursts) else []
-    df["burst_id"] = [";".join(i for a, s, e, i in windows if a == arm and s <= t <= e)
-                      for arm, t in zip(df["arm"], df["t_ns"], strict=True)]
+    df["burst_id"] = [";".join(i for a, sd, s, e, i in windows if (a, sd) == (arm, seed) and s <= t <= e)
+                      for arm, seed, t in zip(df["arm"], df["seed"], df["t_ns"], strict=True)]
     return df[QUEUE.names()]

@@ -23,6 +23,11 @@ Parquet file describes itself wherever it is copied. History:
   schema 2's ``queue`` events). The other tables are unchanged, so their
   version-1 files are still read; a version-1 run directory has no
   ``queue`` file until `dblp-testbed report DIR` rebuilds it (empty).
+* 3: repeated seeds: every table has an int ``seed`` column right after
+  ``arm`` (the seed of the unit, raw/<arm>/seed-<seed>/, a row belongs to;
+  missing only in ``bottleneck`` rows outside every unit). Files of
+  versions 1 and 2 are refused: their run directories have the old raw/
+  layout, which `dblp-testbed report` no longer reads either.
 
 Kinds: ``int`` (pandas ``Int64``: missing is <NA>, nanosecond timestamps
 stay exact), ``float`` (missing is NaN), ``str`` (pandas ``string``; an
@@ -39,8 +44,8 @@ import pandas as pd
 
 from testbed.errors import InputError
 
-TABLES_SCHEMA = 2
-KNOWN_TABLES_SCHEMAS = frozenset({1, 2})
+TABLES_SCHEMA = 3
+KNOWN_TABLES_SCHEMAS = frozenset({3})
 META_KEY = b"dblp_testbed"
 
 _DTYPES = {"int": "Int64", "float": "float64", "str": "string", "bool": "bool"}
@@ -92,6 +97,7 @@ def _cols(*spec: tuple[str, str, str]) -> tuple[Column, ...]:
 
 _ROUND_BASE = _cols(
     ("arm", "str", "spec arm name"),
+    ("seed", "int", "the unit's seed: its logs are raw/<arm>/seed-<seed>/"),
     ("transport", "str", "the arm's transport (arms registry)"),
     ("mode", "str", "ps | sharded for the dblp transports, else missing"),
     ("round", "int", "training round, from 0"),
@@ -123,14 +129,15 @@ _ROUND_PHYSICS = _cols(
 # The columns rounds_table builds before the burst join and the physics.
 ROUND_BASE_COLUMNS = [c.name for c in _ROUND_BASE]
 ROUNDS = Table(
-    "rounds", "one row per arm x round: window, latency, bursts, physical bound",
+    "rounds", "one row per arm x seed x round: window, latency, bursts, physical bound",
     _ROUND_BASE + _ROUND_BURSTS + _ROUND_PHYSICS,
     families=_cols(("stats_", "float", "workers' transport counters: summed (counts) or max"),
                    ("server_stats_", "float", "the server's transport counters")))
 
 BURSTS = Table("bursts", "one row per burst: requested vs actual window, measured loss", _cols(
     ("arm", "str", "arm the burst hit"),
-    ("id", "str", "burst id, unique in the arm"),
+    ("seed", "int", "the unit's seed: its logs are raw/<arm>/seed-<seed>/"),
+    ("id", "str", "burst id, unique in the unit (arm, seed)"),
     ("kind", "str", "loss | police | congest"),
     ("target", "str", "link the burst acted on"),
     ("trigger", "str", "round | time | manual"),
@@ -153,8 +160,9 @@ BURSTS = Table("bursts", "one row per burst: requested vs actual window, measure
     ("params", "str", "the kind's knobs, JSON"),
 ))
 
-FLOWS = Table("flows", "packets per arm x round x flow (src, dst) from the captures", _cols(
+FLOWS = Table("flows", "packets per arm x seed x round x flow (src, dst) from the captures", _cols(
     ("arm", "str", "spec arm name"),
+    ("seed", "int", "the unit's seed: its logs are raw/<arm>/seed-<seed>/"),
     ("round", "int", "logged round the packets belong to (packets.py)"),
     ("direction", "str", "push (to the server) | pull (from it) | peer"),
     ("src", "str", "sender IPv4 address"),
@@ -172,6 +180,7 @@ FLOWS = Table("flows", "packets per arm x round x flow (src, dst) from the captu
 
 _CAPTURE = _cols(
     ("arm", "str", "spec arm name"),
+    ("seed", "int", "the unit's seed: its logs are raw/<arm>/seed-<seed>/"),
     ("host", "str", "capture role (the pcap's name: server, worker0, ...)"),
     ("t_ns", "int", "capture timestamp, same clock as the logs"),
     ("src", "str", "IPv4 source"),
@@ -201,6 +210,7 @@ BOTTLENECK = Table(
     "these are rates and drops, NOT queue occupancy (the queue table)",
     _cols(
         ("arm", "str", "arm whose window [started_ns, ended_ns] holds the sample (else missing)"),
+        ("seed", "int", "seed of that unit (else missing)"),
         ("t_ns", "int", "when the switch's reply arrived"),
         ("interval_s", "float", "time since the previous sample of this port"),
         ("switch", "str", "switch name"),
@@ -223,9 +233,10 @@ BOTTLENECK = Table(
 QUEUE = Table(
     "queue",
     "the bottleneck queue's occupancy (its pfifo child under HTB) per `tc -s qdisc` sample, "
-    "raw/<arm>/queue.jsonl",
+    "raw/<arm>/seed-<seed>/queue.jsonl",
     _cols(
         ("arm", "str", "arm during which the sample was taken"),
+        ("seed", "int", "seed of the unit during which the sample was taken"),
         ("t_ns", "int", "time.time_ns() of the sample, the clock of the burst windows"),
         ("interface", "str", "the switch port towards the server"),
         ("backlog_packets", "int", "packets queued"),
@@ -233,12 +244,13 @@ QUEUE = Table(
         ("limit_packets", "int", "the queue's capacity (missing: tc showed none)"),
         ("dropped", "int", "packets the queue dropped, cumulative since it was set up"),
         ("d_dropped", "int", "drops since the previous sample (missing: first sample or reset)"),
-        ("burst_id", "str", "ids of the arm's bursts whose actual window holds t_ns, "
+        ("burst_id", "str", "ids of the unit's bursts whose actual window holds t_ns, "
                             "';'-separated (missing: none)"),
     ))
 
 EVALS = Table("evals", "test accuracy and loss per evaluation", _cols(
     ("arm", "str", "spec arm name"),
+    ("seed", "int", "the unit's seed: its logs are raw/<arm>/seed-<seed>/"),
     ("round", "int", "round after which the model was evaluated"),
     ("rank", "int", "worker rank that evaluated"),
     ("t_s", "float", "seconds since the arm's first round started"),
@@ -331,6 +343,10 @@ def read(run_dir, table: Table) -> pd.DataFrame:
         raise TableError(f"{path}: no dblp-testbed {table.name!r} table metadata; "
                          "rebuild it with `dblp-testbed report DIR`")
     v = meta.get("schema")
+    if v in (1, 2) and not isinstance(v, bool):
+        raise TableError(f"{path}: table schema version {v} is from before repeated seeds (no "
+                         f"seed column); this dblp-testbed reads {TABLES_SCHEMA} and cannot "
+                         "re-analyse that run directory: run its spec.toml again")
     if v not in KNOWN_TABLES_SCHEMAS or isinstance(v, bool):
         raise TableError(f"{path}: table schema version {v!r} is unknown (this dblp-testbed "
                          f"reads {', '.join(map(str, sorted(KNOWN_TABLES_SCHEMAS)))}); "

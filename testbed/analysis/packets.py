@@ -1,7 +1,7 @@
 """Pcaps -> packet tables: what actually crossed the wire, per arm x round x direction.
 
 The transport's own counters say what it *meant* to send; the captures say
-what the network carried. Each RUN/raw/<arm>/<host>.pcap is dissected with
+what the network carried. Each RUN/raw/<arm>/seed-<seed>/<host>.pcap is dissected with
 scapy, DBLP traffic with the layer the wire format declares
 (`dblp.scapy_layer.DBLP`, bound to the transport's UDP port with `bind`).
 
@@ -32,6 +32,8 @@ import pandas as pd
 from dblp import scapy_layer, wire
 from dblp.server import DEFAULT_PORT
 from testbed.analysis import datasets
+from testbed.run.rundir import unit_dir
+from workloads.runlog import seed_of_dir
 
 PACKET_COLUMNS = datasets.CAPTURE_COLUMNS
 TABLE_COLUMNS = datasets.FLOWS.names()
@@ -124,8 +126,9 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
     return pd.DataFrame(cols, columns=PACKET_COLUMNS)
 
 
-_EMPTY_ROW = {"sport": None, "dport": None, "proto": "ip", "kind": None, "hdr_round": None,
-              "seq": None, "stream": None, "pass_no": None, "tcp_seq": None, "payload": 0,
+# The seed is the unit's, set by read_unit (a pcap knows only its arm and host).
+_EMPTY_ROW = {"seed": None, "sport": None, "dport": None, "proto": "ip", "kind": None,
+              "hdr_round": None, "seq": None, "stream": None, "pass_no": None, "tcp_seq": None, "payload": 0,
               "is_data": False}
 
 
@@ -201,14 +204,15 @@ def _read_pcap_scapy(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.
 def resolve_addresses(captures: dict) -> tuple[dict, list[str]]:
     """Address of each capturing role, from every capture of the run at once.
 
-    captures: {(arm, role): packets}. A pcap has no direction, so a host that
+    captures: {(unit, role): packets}, unit naming the capture's directory
+    ("dblp/seed-1"). A pcap has no direction, so a host that
     only ever talks to one peer is ambiguous on its own. In order:
     1. a capture with three or more endpoints: the endpoint in most packets;
     2. a two-endpoint capture whose other endpoint is already another role's;
     3. DBLP: the sender of DATA without the PULL flag is a member (worker),
        its receiver the aggregator;
     4. otherwise the most frequent endpoint, with a warning.
-    The same role is the same host in every arm.
+    The same role is the same host in every unit.
     """
     out: dict = {}
     notes: list[str] = []
@@ -247,9 +251,10 @@ def resolve_addresses(captures: dict) -> tuple[dict, list[str]]:
     return out, notes
 
 
-def read_arm(run_dir, arm: str, port: int = DEFAULT_PORT,
-             notes: list[str] | None = None) -> dict:
-    """All pcaps of one arm -> {role: packets} (role = the pcap's file stem).
+def read_unit(run_dir, arm: str, seed: int, port: int = DEFAULT_PORT,
+              notes: list[str] | None = None) -> dict:
+    """All pcaps of one unit (raw/<arm>/seed-<seed>/) -> {role: packets} (role = the
+    pcap's file stem), each packet's ``seed`` set.
 
     A capture that is not one (empty, garbage, cut in its file header) costs
     only itself: it is left out and `notes` gets a line naming it.
@@ -257,14 +262,21 @@ def read_arm(run_dir, arm: str, port: int = DEFAULT_PORT,
     from scapy.error import Scapy_Exception
 
     out = {}
-    for path in sorted((pathlib.Path(run_dir) / "raw" / arm).glob("*.pcap")):
+    for path in sorted(unit_dir(run_dir, arm, seed).glob("*.pcap")):
         try:
-            out[path.stem] = read_pcap(path, arm, path.stem, port)
+            out[path.stem] = read_pcap(path, arm, path.stem, port).assign(seed=seed)
         except (Scapy_Exception, EOFError, OSError, ValueError, struct.error) as exc:
             if notes is not None:
-                notes.append(f"capture raw/{arm}/{path.name} unreadable, left out: "
+                notes.append(f"capture raw/{arm}/seed-{seed}/{path.name} unreadable, left out: "
                              f"{str(exc).strip() or type(exc).__name__}")
     return out
+
+
+def unit_seeds(run_dir, arm: str) -> list[int]:
+    """The seeds of arm's unit directories present under RUN/raw/<arm>/, in order."""
+    d = pathlib.Path(run_dir) / "raw" / arm
+    seeds = [seed_of_dir(p.name) for p in d.glob("*/")] if d.is_dir() else []
+    return sorted(s for s in seeds if s is not None)
 
 
 def server_address(pk: pd.DataFrame, hosts: dict) -> str | None:
@@ -306,27 +318,31 @@ def assign_rounds(pk: pd.DataFrame, rounds: pd.DataFrame) -> pd.Series:
 
 def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEFAULT_PORT
                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[str]]:
-    """(per-round table, every packet, {arm: {role: address, "server_address": ...}}, notes)."""
+    """(per-round table, every packet, {(arm, seed): {role: address, "server_address": ...}},
+    notes), over every unit directory of the arms (`unit_seeds`)."""
     from testbed.analysis.tables import arm_transport
 
     captures, notes = {}, []
-    for arm in arms:
-        for role, df in read_arm(run_dir, arm, port, notes).items():
-            captures[(arm, role)] = df
+    units = [(arm, seed) for arm in arms for seed in unit_seeds(run_dir, arm)]
+    for arm, seed in units:
+        for role, df in read_unit(run_dir, arm, seed, port, notes).items():
+            captures[(f"{arm}/seed-{seed}", role)] = df
     hosts, more = resolve_addresses(captures)
     notes += more
     tables, allpk, addrs = [], [], {}
-    for arm in arms:
-        frames = [df for (a, _), df in sorted(captures.items()) if a == arm and len(df)]
+    for arm, seed in units:
+        where = f"{arm}/seed-{seed}"
+        frames = [df for (u, _), df in sorted(captures.items()) if u == where and len(df)]
         if not frames:
             continue
         pk = pd.concat(frames, ignore_index=True)
-        arm_hosts = {r: hosts.get(r) for (a, r) in captures if a == arm}
+        arm_hosts = {r: hosts.get(r) for (u, r) in captures if u == where}
         srv = hosts.get("server")
         if srv is None and arm_transport(arm) in _UDP_DATA_TRANSPORTS:
             srv = server_address(pk, {})
-        addrs[arm] = dict(arm_hosts, server_address=srv)
-        pk["round"] = assign_rounds(pk, rounds[rounds["arm"] == arm] if len(rounds) else rounds)
+        addrs[(arm, seed)] = dict(arm_hosts, server_address=srv)
+        pk["round"] = assign_rounds(pk, rounds[(rounds["arm"] == arm) & (rounds["seed"] == seed)]
+                                    if len(rounds) else rounds)
         host_of = {a: h for h, a in arm_hosts.items() if a}
         pk = pk.sort_values(["host", "t_ns"], kind="stable").reset_index(drop=True)
         own = pk["host"].map(arm_hosts)
@@ -362,14 +378,14 @@ def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEF
                               math.nan)
         t["direction"] = np.where(t["dst"] == srv, "push",
                                   np.where(t["src"] == srv, "pull", "peer"))
-        t["arm"] = arm
+        t["arm"], t["seed"] = arm, seed
         tables.append(t[TABLE_COLUMNS])
         allpk.append(pk)
     if not tables:
         return (pd.DataFrame(columns=TABLE_COLUMNS), pd.DataFrame(columns=PACKET_COLUMNS + ["round"]),
                 addrs, notes)
     table = pd.concat(tables, ignore_index=True)
-    table = table.sort_values(["arm", "round", "direction", "src", "dst"],
+    table = table.sort_values(["arm", "seed", "round", "direction", "src", "dst"],
                               kind="stable", na_position="last").reset_index(drop=True)
     return table, pd.concat(allpk, ignore_index=True), addrs, notes
 
@@ -391,13 +407,14 @@ def burst_receptions(packets: pd.DataFrame, bursts: pd.DataFrame, addrs: dict) -
         if not tgt.endswith("-downlink"):
             continue
         role = tgt[: -len("-downlink")]
-        known = addrs.get(b["arm"], {})
+        known = addrs.get((b["arm"], b["seed"]), {})
         addr = known.get(role) or (known.get("server_address") if role == "server" else None)
         capturing = [h for h, a in known.items() if a == addr and h != "server_address"]
         if addr is None or not capturing or pd.isna(b["actual_start_ns"]) \
                 or pd.isna(b["actual_end_ns"]):
             continue
-        pk = packets[(packets["arm"] == b["arm"]) & (packets["host"] == capturing[0])
+        pk = packets[(packets["arm"] == b["arm"]) & (packets["seed"] == b["seed"])
+                     & (packets["host"] == capturing[0])
                      & (packets["dst"] == addr)]
         inwin = pk[(pk["t_ns"] >= int(b["actual_start_ns"])) & (pk["t_ns"] < int(b["actual_end_ns"]))]
         rec = int(len(inwin))

@@ -34,21 +34,6 @@ def _grad_bytes(raw) -> int | None:
     return max(gb) if gb else None
 
 
-def _evals(raw, rounds):
-    import pandas as pd
-    rows = []
-    for arm in raw.arms:
-        r = rounds[rounds["arm"] == arm]
-        t0 = int(r["t_start_ns"].min()) if len(r) else None
-        for e in raw.events[arm]:
-            if e["event"] == "eval" and e["test_accuracy"] is not None:
-                rows.append({"arm": arm, "round": e["round"], "rank": e["rank"],
-                             "t_s": (e["t_ns"] - t0) / 1e9 if t0 is not None else math.nan,
-                             "test_accuracy": e["test_accuracy"], "test_loss": e["test_loss"]})
-    df = pd.DataFrame(rows, columns=datasets.EVALS.names())
-    return df.sort_values(["arm", "round", "rank"], kind="stable").reset_index(drop=True)
-
-
 def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
                   port: int | None = None, figures: bool = True) -> dict:
     """Rebuild the tables (datasets.TABLES), summary.json, plots/ and report.md/html.
@@ -82,7 +67,7 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     link = bn.bottleneck_table(run_dir, raw.spec, raw.manifest, notes)
     queue = bn.queue_table(raw.queue, bursts)
     summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes)
-    evals = _evals(raw, rounds)
+    evals = analysis.evals_table(raw, rounds)
 
     write_summary(run_dir / "summary.json", summary)
     for name in RETIRED:

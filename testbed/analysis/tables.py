@@ -1,5 +1,10 @@
 """Raw run logs -> pandas tables (rounds, bursts) and the summary.json content.
 
+A run trains every arm once per seed; one arm with one seed is a unit, whose
+logs are under RUN/raw/<arm>/seed-<seed>/. Every table has a `seed` column
+beside `arm`; the per-arm figures of summary.json pool all seeds of an arm
+(`summarize`), and `unit_summary` keeps the per-seed figures for intervals.
+
 Every number here is recomputed from RUN/raw/ (the JSON-line events that
 `workloads.runlog.EVENTS` declares), so a report can always be regenerated;
 the settings it is judged against (loss bounds, which arm is whose baseline)
@@ -15,7 +20,7 @@ Definitions (also written into summary.json under "definitions"):
   last worker finished. The wait of an early worker for a slow worker's
   compute is not communication.
 - A round is a burst round when its window and a burst's actual window (same
-  arm) overlap by at least half of the shorter of the two: exact, by
+  unit: arm and seed) overlap by at least half of the shorter of the two: exact, by
   timestamps, and blind to the millisecond by which a round-triggered burst
   touches the end of the previous round (burst_touch records any overlap).
 - Speedup of arm A against baseline B = B's figure / A's figure (> 1: A is
@@ -36,8 +41,8 @@ from testbed.analysis import physics as phys
 from testbed.analysis.formats import SUMMARY_SCHEMA
 from testbed.config import spec as specmod
 from testbed.errors import InputError
-from testbed.run.rundir import read_manifest
-from workloads.runlog import MalformedEvent, check_event
+from testbed.run.rundir import read_manifest, unit_dir, unit_records
+from workloads.runlog import MalformedEvent, check_event, seed_of_dir
 
 # A ratio of two medians whose quartile range spans more than this factor is
 # flagged: its value depends on which rounds happened to be sampled.
@@ -54,7 +59,11 @@ SKIP_STATS = {"rank", "round"}
 DEFINITIONS = {
     "round_window": "[min worker t_start_ns, max worker t_end_ns]",
     "latency": "critical-path communication time: max worker comm end - max worker comm start",
-    "burst_round": "overlap of round window and burst actual window >= half the shorter window",
+    "burst_round": "overlap of round window and burst actual window (same arm and seed) "
+                   ">= half the shorter window",
+    "seeds": "per-arm figures pool every seed of the arm: percentiles over the rounds of all "
+             "seeds; train_time_s, final_accuracy and phase_switches are means over seeds "
+             "(phase_switches rounded to a whole switch)",
     "speedup": "baseline figure / arm figure (> 1: the arm is faster)",
     "baselines": "every arm whose transport is not dblp",
     "train_time_reduction_pct": "100 * (1 - arm train time / baseline train time)",
@@ -69,16 +78,30 @@ class RawError(InputError):
 
 @dataclasses.dataclass
 class RawRun:
-    """Everything read from a run directory, grouped by arm, plus what could not be read."""
+    """Everything read from a run directory, grouped by arm, plus what could not be read.
+
+    Each event dict carries ``seed``, its unit's seed (the directory it was
+    read from), so one arm's list holds all its seeds; `unit_events` picks
+    one unit's.
+    """
 
     run_dir: pathlib.Path
     arms: list[str]
-    events: dict[str, list[dict]]          # arm -> worker/server events
-    bursts: dict[str, list[dict]]          # arm -> burst events
+    events: dict[str, list[dict]]          # arm -> worker/server events, every seed
+    bursts: dict[str, list[dict]]          # arm -> burst events, every seed
     spec: specmod.Spec
     manifest: dict
     problems: list[str]
     queue: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # arm -> queue samples
+    seeds: list[int] = dataclasses.field(default_factory=list)   # the spec's seed values
+
+    @property
+    def units(self) -> list[tuple[str, int]]:
+        """(arm, seed) in the order they ran: seed by seed, the spec's arms within each."""
+        return [(arm, seed) for seed in self.seeds for arm in self.arms]
+
+    def unit_events(self, arm: str, seed: int) -> list[dict]:
+        return [e for e in self.events[arm] if e["seed"] == seed]
 
 
 def arm_kind(arm: str) -> tuple[str, str | None, str | None]:
@@ -127,10 +150,16 @@ def phase_switches(rounds: pd.DataFrame) -> int:
     return sum(a != b for a, b in zip(phases[:-1], phases[1:], strict=True))
 
 
-def _read_jsonl(path: pathlib.Path, arm: str, problems: list[str]) -> list[dict]:
-    """The events of one log; a line that is not one of `EVENTS` is skipped and said."""
+def _read_jsonl(path: pathlib.Path, arm: str, seed: int | None, problems: list[str]) -> list[dict]:
+    """The events of one unit's log, each given its unit's ``seed``; a line that is not
+    one of `EVENTS`, or names another arm or seed, is skipped and said.
+
+    ``seed`` None: a log outside the seed directories (a manual burst's), whose
+    lines keep the seed they carry, if any.
+    """
     out = []
-    rel = f"raw/{arm}/{path.name}"
+    rel = path.relative_to(path.parents[1 if seed is None else 2]).as_posix()
+    rel = f"raw/{rel}"
     with open(path, encoding="utf-8", errors="replace") as fh:
         for n, line in enumerate(fh, 1):
             line = line.strip()
@@ -148,6 +177,12 @@ def _read_jsonl(path: pathlib.Path, arm: str, problems: list[str]) -> list[dict]
             if obj["arm"] != arm:
                 problems.append(f"{rel}:{n}: event of arm {obj['arm']!r} in raw/{arm}/, skipped")
                 continue
+            if seed is not None and obj.get("seed", seed) != seed:
+                problems.append(f"{rel}:{n}: event of seed {obj['seed']!r} in "
+                                f"raw/{arm}/seed-{seed}/, skipped")
+                continue
+            if seed is not None:
+                obj["seed"] = seed
             out.append(obj)
     return out
 
@@ -164,7 +199,14 @@ def load_spec(run_dir: pathlib.Path) -> specmod.Spec:
 
 
 def load_raw(run_dir) -> RawRun:
-    """Read RUN/raw/<arm>/*.jsonl for the spec's arms, RUN/spec.toml and RUN/manifest.json."""
+    """Read RUN/raw/<arm>/seed-<seed>/*.jsonl for the spec's arms and seeds, RUN/spec.toml
+    and RUN/manifest.json.
+
+    A unit directory that is not one of the spec's arms and seeds is
+    ignored and said. Burst lines in RUN/raw/<arm>/bursts.jsonl (manual
+    bursts, which no unit announced) go to the unit of that arm whose
+    manifest window [started_ns, ended_ns] holds the burst's start.
+    """
     run_dir = pathlib.Path(run_dir)
     raw = run_dir / "raw"
     if not raw.is_dir():
@@ -173,20 +215,46 @@ def load_raw(run_dir) -> RawRun:
     manifest = read_manifest(run_dir)
     problems: list[str] = []
     # The spec's arms, in its order: an arm that never started is reported as such.
-    arms = spec.arms
+    arms, seeds = spec.arms, spec.seed_values
     for p in sorted(raw.iterdir()):
-        if p.is_dir() and p.name not in arms and any(p.glob("*.jsonl")):
+        if p.is_dir() and p.name not in arms and any(p.glob("**/*.jsonl")):
             problems.append(f"raw/{p.name}/: not an arm of the spec, ignored")
     events, bursts, queue = {}, {}, {}
     for arm in arms:
         evs, bs, qs = [], [], []
-        if not (raw / arm).is_dir():
-            problems.append(f"arm {arm}: no raw/{arm}/ directory (the arm never started)")
-        for path in sorted((raw / arm).glob("*.jsonl")):
-            for obj in _read_jsonl(path, arm, problems):
-                {"burst": bs, "queue": qs}.get(obj["event"], evs).append(obj)
+        for p in sorted((raw / arm).glob("*/")):
+            if seed_of_dir(p.name) not in seeds and any(p.glob("*.jsonl")):
+                problems.append(f"raw/{arm}/{p.name}/: not a seed of the spec "
+                                f"({', '.join(map(str, seeds))}), ignored")
+        for seed in seeds:
+            d = unit_dir(run_dir, arm, seed)
+            if not d.is_dir():
+                problems.append(f"arm {arm} seed {seed}: no raw/{arm}/seed-{seed}/ directory "
+                                "(the unit never started)")
+            for path in sorted(d.glob("*.jsonl")):
+                for obj in _read_jsonl(path, arm, seed, problems):
+                    {"burst": bs, "queue": qs}.get(obj["event"], evs).append(obj)
+        bs += _manual_bursts(raw / arm / "bursts.jsonl", arm, manifest, problems)
         events[arm], bursts[arm], queue[arm] = evs, bs, qs
-    return RawRun(run_dir, arms, events, bursts, spec, manifest, problems, queue)
+    return RawRun(run_dir, arms, events, bursts, spec, manifest, problems, queue, seeds)
+
+
+def _manual_bursts(path: pathlib.Path, arm: str, manifest: dict, problems: list[str]) -> list[dict]:
+    """Burst lines outside the seed directories, each placed in its unit by time."""
+    if not path.exists():
+        return []
+    windows = [(u["seed"], u["started_ns"], u["ended_ns"]) for u in unit_records(manifest, arm)
+               if "started_ns" in u and "ended_ns" in u]
+    out = []
+    for b in _read_jsonl(path, arm, None, problems):
+        t = b["actual_start_ns"] if b["actual_start_ns"] is not None else b["requested_start_ns"]
+        seeds = [s for s, start, end in windows if start <= t <= end]
+        if not seeds:
+            problems.append(f"raw/{arm}/bursts.jsonl: burst {b['id']} started outside every "
+                            f"unit of arm {arm}, ignored")
+            continue
+        out.append({**b, "seed": seeds[0]})
+    return out
 
 
 def _q(values, q) -> float:
@@ -208,12 +276,12 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
     rows = []
     for arm in raw.arms:
         # A burst may be logged twice (a failed start, then its end): the last line wins.
-        last = {b["id"]: b for b in raw.bursts[arm]}
+        last = {(b["seed"], b["id"]): b for b in raw.bursts[arm]}
         for b in last.values():
             rs, re_ = b["requested_start_ns"], b["requested_end_ns"]
             as_, ae = b["actual_start_ns"], b["actual_end_ns"]
             rows.append({
-                "arm": arm, "id": b["id"], "kind": b["kind"],
+                "arm": arm, "seed": b["seed"], "id": b["id"], "kind": b["kind"],
                 "target": b["target"], "trigger": b["trigger"],
                 "round": b.get("round"),
                 "requested_start_ns": rs, "requested_end_ns": re_,
@@ -240,7 +308,8 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
     df.loc[ok, "measured_loss"] = d[ok] / n[ok]
     df.loc[ok, "measured_loss_source"] = "controller counters"
     if len(df):
-        df = df.sort_values(["arm", "actual_start_ns", "id"], kind="stable").reset_index(drop=True)
+        df = df.sort_values(["arm", "seed", "actual_start_ns", "id"],
+                            kind="stable").reset_index(drop=True)
     return df
 
 
@@ -261,16 +330,16 @@ ROUND_COLUMNS = datasets.ROUND_BASE_COLUMNS
 
 
 def rounds_table(raw: RawRun) -> pd.DataFrame:
-    """One row per arm x round: its window, critical-path latency and transport stats.
+    """One row per arm x seed x round: its window, critical-path latency and transport stats.
 
     Built once per report; `join_bursts` adds the burst columns when the
     bursts' losses are known (the captures may fill some in).
     """
     rows = []
-    for arm in raw.arms:
+    for arm, seed in raw.units:
         by_round: dict[int, list[dict]] = {}
         server: dict[int, dict] = {}
-        for e in raw.events[arm]:
+        for e in raw.unit_events(arm, seed):
             if e["event"] != "round":
                 continue
             if e["role"] == "server":
@@ -287,7 +356,8 @@ def rounds_table(raw: RawRun) -> pd.DataFrame:
             losses = [w["loss"] for w in ws if w["loss"] is not None]
             lead = ws[0]
             row = {
-                "arm": arm, "transport": arm_transport(arm), "mode": arm_mode(arm), "round": rnd,
+                "arm": arm, "seed": seed, "transport": arm_transport(arm), "mode": arm_mode(arm),
+                "round": rnd,
                 "epoch": lead["epoch"], "workers": len(ws),
                 "t_start_ns": t0, "t_end_ns": t1, "duration_ms": (t1 - t0) / 1e6,
                 "latency_ms": lat_ns / 1e6,
@@ -302,11 +372,11 @@ def rounds_table(raw: RawRun) -> pd.DataFrame:
             rows.append(row)
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=ROUND_COLUMNS)
     df["bound"] = pd.to_numeric(df["bound"], errors="coerce")
-    return df.sort_values(["arm", "round"], kind="stable").reset_index(drop=True)
+    return df.sort_values(["arm", "seed", "round"], kind="stable").reset_index(drop=True)
 
 
 def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
-    """The rounds table with each round joined to its arm's burst windows by timestamps.
+    """The rounds table with each round joined to its unit's burst windows by timestamps.
 
     A burst "hits" a round when their overlap is at least half of the
     shorter of the two windows; any overlap at all is kept as burst_touch.
@@ -320,7 +390,8 @@ def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
     for r in df.itertuples(index=False):
         hits, touched = [], False
         if len(bursts):
-            b = bursts[(bursts["arm"] == r.arm) & bursts["actual_start_ns"].notna()
+            b = bursts[(bursts["arm"] == r.arm) & (bursts["seed"] == r.seed)
+                       & bursts["actual_start_ns"].notna()
                        & bursts["actual_end_ns"].notna()]
             for bb in b.itertuples(index=False):
                 bs, be = int(bb.actual_start_ns), int(bb.actual_end_ns)
@@ -350,12 +421,28 @@ def count_rounds_hit(bursts: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame
     bursts = bursts.copy()
     if not len(bursts) or not len(rounds):
         return bursts
-    hit = {}
+    hit: dict[tuple, int] = {}
     for r in rounds[rounds["in_burst"]].itertuples(index=False):
         for i in r.burst_id.split(";"):
-            hit[(r.arm, i)] = hit.get((r.arm, i), 0) + 1
-    bursts["rounds_hit"] = [hit.get((a, i), 0) for a, i in zip(bursts["arm"], bursts["id"], strict=True)]
+            hit[(r.arm, r.seed, i)] = hit.get((r.arm, r.seed, i), 0) + 1
+    bursts["rounds_hit"] = [hit.get(k, 0) for k in zip(bursts["arm"], bursts["seed"], bursts["id"],
+                                                       strict=True)]
     return bursts
+
+
+def evals_table(raw: RawRun, rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per evaluation; t_s counts from its unit's first round (time to a metric)."""
+    rows = []
+    for arm, seed in raw.units:
+        r = rounds[(rounds["arm"] == arm) & (rounds["seed"] == seed)] if len(rounds) else rounds
+        t0 = int(r["t_start_ns"].min()) if len(r) else None
+        for e in raw.unit_events(arm, seed):
+            if e["event"] == "eval" and e["test_accuracy"] is not None:
+                rows.append({"arm": arm, "seed": seed, "round": e["round"], "rank": e["rank"],
+                             "t_s": (e["t_ns"] - t0) / 1e9 if t0 is not None else math.nan,
+                             "test_accuracy": e["test_accuracy"], "test_loss": e["test_loss"]})
+    df = pd.DataFrame(rows, columns=datasets.EVALS.names())
+    return df.sort_values(["arm", "seed", "round", "rank"], kind="stable").reset_index(drop=True)
 
 
 def add_physics(rounds: pd.DataFrame, inputs: phys.PhysicsInputs | None) -> pd.DataFrame:
@@ -479,6 +566,52 @@ def fidelity_flags(f: dict) -> list[str]:
     return out
 
 
+UNIT_COLUMNS = ["arm", "seed", "status", "rounds", "burst_rounds", "train_time_s",
+                "final_accuracy", "phase_switches"]
+
+
+def unit_summary(raw: RawRun, rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per unit (arm, seed), in run order: the figures that exist once per
+    training run rather than once per round, for `summarize` to pool and for
+    intervals over seeds.
+
+    status: ok | error | incomplete | no data (from the workers' end events).
+    train_time_s: the slowest worker's training time, else the unit's span of
+    rounds. final_accuracy: the mean over workers of the last evaluation (a
+    fraction). phase_switches: NaN for an arm without a phase.
+    """
+    rows = []
+    for arm, seed in raw.units:
+        r = rounds[(rounds["arm"] == arm) & (rounds["seed"] == seed)] if len(rounds) else rounds
+        evs = raw.unit_events(arm, seed)
+        status, train = _arm_status(evs)
+        if not math.isfinite(train) and len(r):
+            train = (r["t_end_ns"].max() - r["t_start_ns"].min()) / 1e9
+        rows.append({"arm": arm, "seed": seed, "status": status, "rounds": int(len(r)),
+                     "burst_rounds": int(r["in_burst"].sum()) if "in_burst" in r else 0,
+                     "train_time_s": float(train), "final_accuracy": _final_accuracy(evs),
+                     "phase_switches": float(phase_switches(r)) if is_dblp_arm(arm)
+                     else math.nan})
+    return pd.DataFrame(rows, columns=UNIT_COLUMNS)
+
+
+def _mean(values) -> float:
+    v = [float(x) for x in values if x is not None and math.isfinite(x)]
+    return float(np.mean(v)) if v else math.nan
+
+
+def _pooled_status(statuses: list[str]) -> str:
+    """An arm is ok when every seed is; else the first seed's trouble, in run order."""
+    bad = [s for s in statuses if s != "ok"]
+    return bad[0] if bad else ("ok" if statuses else "no data")
+
+
+def unit_fidelity(manifest: dict, arm: str) -> dict:
+    """arm's manifest unit records by seed (a string, a JSON key), arm/seed/status left out."""
+    return {str(u["seed"]): {k: v for k, v in u.items() if k not in ("arm", "seed", "status")}
+            for u in unit_records(manifest, arm)}
+
+
 def packet_summary(table: pd.DataFrame | None, arms) -> dict:
     """arm -> direction -> capture counts (summed over rounds and flows)."""
     out: dict = {}
@@ -506,14 +639,16 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
     """
     tr = raw.spec["transport"]
     arms, warnings = {}, list(raw.problems) + list(notes)
+    units = unit_summary(raw, rounds)
     for arm in raw.arms:
+        # Every seed's rounds pooled: the percentiles are over all of them.
         r = rounds[rounds["arm"] == arm]
+        u = units[units["arm"] == arm]
         lat = r["latency_ms"].to_numpy(dtype=float)
         burst = r[r["in_burst"]]["latency_ms"].to_numpy(dtype=float)
         normal = r[~r["in_burst"]]["latency_ms"].to_numpy(dtype=float)
-        status, train = _arm_status(raw.events[arm])
-        if not math.isfinite(train) and len(r):
-            train = (r["t_end_ns"].max() - r["t_start_ns"].min()) / 1e9
+        status, train = _pooled_status(list(u["status"])), _mean(u["train_time_s"])
+        switches = _mean(u["phase_switches"])
         bb_p50 = _q(r[r["in_burst"]]["phys_bound_ms"].to_numpy(dtype=float), 50)
         burst_p50 = _q(burst, 50)
         arms[arm] = {
@@ -523,7 +658,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             "burst_round_ms_p50": burst_p50, "burst_round_ms_max": _q(burst, 100),
             "normal_round_ms_p50": _q(normal, 50),
             "round_duration_ms_p50": _q(r["duration_ms"].to_numpy(dtype=float), 50),
-            "train_time_s": train, "final_accuracy": _final_accuracy(raw.events[arm]),
+            "train_time_s": train, "final_accuracy": _mean(u["final_accuracy"]),
             "bound_p50": _q(r["bound"].to_numpy(dtype=float), 50),
             "burst_round_bound_p50": _q(r[r["in_burst"]]["bound"].to_numpy(dtype=float), 50),
             "burst_round_phys_bound_ms_p50": bb_p50,
@@ -531,10 +666,14 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             else math.nan,
             "bytes_per_round_p50": _q(r["stats_bytes_sent"].to_numpy(dtype=float), 50)
             if "stats_bytes_sent" in r else math.nan,
-            "phase_switches": phase_switches(r) if is_dblp_arm(arm) else None,
+            # summary.json declares an int: the mean over seeds, rounded.
+            "phase_switches": int(round(switches)) if math.isfinite(switches) else None,
         }
         if status != "ok":
             warnings.append(f"arm {arm}: status {status}")
+        if len(raw.seeds) > 1:
+            warnings += [f"arm {arm} seed {x.seed}: status {x.status}"
+                         for x in u.itertuples(index=False) if x.status != "ok"]
     baselines = [a for a in raw.arms if not is_dblp_arm(a)]
     speedups = {}
     for arm in raw.arms:
@@ -606,9 +745,11 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         pl["speedup_relaxed_rounds"] = relaxed["ratio"]
         pl["relaxed_rounds"] = relaxed["n_arm"]
         physics["pairs"][f"{arm}_vs_{static}"] = pl
-    fidelity = {a: {k: v for k, v in raw.manifest["arms"].get(a, {}).items() if k != "status"}
-                for a in raw.arms}
-    flags = {a: fidelity_flags(fidelity[a].get("fidelity", {})) for a in raw.arms}
+    # Per arm, its units' manifest records by seed; flags name the seed they came from.
+    fidelity = {a: unit_fidelity(raw.manifest, a) for a in raw.arms}
+    flags = {a: [f"seed {seed}: {f}" if len(raw.seeds) > 1 else f
+                 for seed, rec in fidelity[a].items() for f in fidelity_flags(rec.get("fidelity", {}))]
+             for a in raw.arms}
     warnings += [f"arm {a}: {f}" for a in raw.arms for f in flags[a]]
     ok = [a for a in raw.arms if arms[a]["status"] == "ok"]
     status = "ok" if raw.arms and len(ok) == len(raw.arms) else ("partial" if ok else "failed")

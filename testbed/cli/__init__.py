@@ -67,9 +67,12 @@ def main(quiet, verbose):
 @click.option("--arms", type=_ArmList(), default=None,
               help="Arms to run, comma-separated.")
 @click.option("--rounds", type=int, default=None, help="Training rounds per arm.")
-@click.option("--seed", type=int, default=None, help="Seed for data, model and bursts.")
+@click.option("--seed", type=int, default=None,
+              help="First seed (data, model); the burst schedule's seed.")
+@click.option("--seeds", type=int, default=None,
+              help="Run every arm once per seed: --seed, --seed+1, ... (= --set seeds=N).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
-def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
+def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
     """Run an experiment: fabric, controller, bursts, every arm, report."""
     from testbed.config import spec as specmod
     from testbed.run.rundir import check_out
@@ -81,6 +84,8 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, dry_run):
         overrides.append(f"training.rounds={rounds}")
     if seed is not None:
         overrides.append(f"seed={seed}")
+    if seeds is not None:
+        overrides.append(f"seeds={seeds}")
     spec = specmod.load(spec_file, PRESETS[preset or "default"], overrides)
     if dry_run:
         click.echo(spec.to_toml(), nl=False)

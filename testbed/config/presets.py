@@ -70,6 +70,7 @@ PAPER = {
     "transport": {"p_static": 0.008, "p_low": 0.008, "p_high": 0.408},
     "burst_every": {"enabled": False},
     "bursts": PAPER_BURSTS,
+    "seeds": 2,
 }
 
 
@@ -89,6 +90,7 @@ PRESETS = {
         # can cluster in one training phase, and DBLP's speedup depends on it.
         "burst_every": {"every": 16, "start_round": 8, "duration_ms": BURST_MS,
                         "kind": "loss", "target": "server-downlink", "p": 0.8},
+        "seeds": 3,
     },
     "paper": PAPER,
     # The paper's other bound (its ResNet-50 setting): P_low 2.4 %, P_high

@@ -40,6 +40,8 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: the run measures the emulated queue instead of the transport.
 MAX_QUEUE_DRAIN_S = 1.0
 MTU_BYTES = 1500
+#: Most seeds one run repeats every arm over; a run is the arms' time times this.
+MAX_SEEDS = 1000
 
 
 class SpecError(InputError):
@@ -117,6 +119,10 @@ SCHEMA: dict[str, dict[str, Setting]] = {
                         fix="use letters, digits, '.', '_' or '-' (no spaces, slashes or shell "
                             "characters)"),
         "seed": Setting(int, 1, lo=0, hi=2**31 - 1, fix="use a seed between 0 and 2147483647"),
+        # Every arm runs once per seed value: seed, seed+1, ..., seed+seeds-1 (Spec.seed_values).
+        "seeds": Setting(int, 1, lo=1, hi=MAX_SEEDS,
+                         fix=f"use 1..{MAX_SEEDS} seeds (every arm runs once per seed), "
+                             "e.g. --seeds 5"),
         "arms": Setting(list, ["gloo", "static", "dblp"], choices=lambda: ARMS, min_items=1, noun="arm",
                         fix="list at least one arm (`dblp-testbed run --help` lists them)"),
         "description": Setting(str, ""),
@@ -204,6 +210,21 @@ class Spec:
     @property
     def seed(self) -> int:
         return self.data[""]["seed"]
+
+    @property
+    def seeds(self) -> int:
+        return self.data[""]["seeds"]
+
+    @property
+    def seed_values(self) -> list[int]:
+        """The seeds every arm runs with: seed, seed+1, ..., seed+seeds-1.
+
+        A seed sets the model's initialisation, the data shards and the batch
+        order. The burst schedule is not among them: it is resolved once per
+        run from `seed` alone, so every arm and every seed meets the same
+        bursts (the treatment), and the seeds vary only the training.
+        """
+        return list(range(self.seed, self.seed + self.seeds))
 
     @property
     def arms(self) -> list[str]:
@@ -317,6 +338,10 @@ def validate(data: dict) -> Spec:
     for section, settings in SCHEMA.items():
         for key, setting in settings.items():
             setting.check(f"{section}.{key}" if section else key, data[section][key])
+    top = data[""]
+    if top["seed"] + top["seeds"] - 1 > SCHEMA[""]["seed"].hi:
+        raise SpecError("seeds", f"seed {top['seed']} + {top['seeds']} seeds runs past the "
+                        f"largest seed {SCHEMA['']['seed'].hi:.0f}", "use a smaller seed or fewer seeds")
     topo, place, train = data["topology"], data["placement"], data["training"]
     cap = data["capture"]
     if topo["kind"] == "fattree" and topo["k"] % 2:

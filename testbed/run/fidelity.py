@@ -111,7 +111,7 @@ class BottleneckMonitor:
     Bytes come from sysfs, read every 20 ms by a thread: no process is
     forked per sample, so watching costs the emulator nothing noticeable.
 
-    Given `queue_log` (RUN/raw/<arm>/queue.jsonl), a second thread samples
+    Given `queue_log` (RUN/raw/<arm>/seed-<seed>/queue.jsonl), a second thread samples
     the queue's occupancy every `queue_period_s` with `tc -s qdisc` (the
     kernel tells no other way without netlink code) and writes each sample
     as a declared ``queue`` event. The period is kept on the monotonic clock

@@ -2,6 +2,10 @@
 
 A run directory holds the resolved spec, a manifest (what ran, on what, and
 how it ended), `raw/` (everything measured) and the files derived from `raw/`.
+`raw/` holds one directory per unit, an arm trained with one seed:
+`raw/<arm>/seed-<seed>/` (`unit_dir`; also for a single seed, so every
+reader sees one layout), beside the run's own files (`burst_schedule.json`,
+the controller's logs, `port_stats.jsonl`).
 The manifest is rewritten atomically whenever the run's status changes, so a
 crash at any point still leaves an honest account of how far it got.
 """
@@ -166,16 +170,25 @@ def debian_packages() -> dict[str, str] | None:
 #   1: first declared version: "schema" and "raw_log_schema" added; the
 #      undocumented "addresses", "physics" and fidelity "flags" dropped
 #      (nothing wrote them).
-MANIFEST_SCHEMA = 1
-KNOWN_MANIFEST_SCHEMAS = frozenset({1})
+#   2: repeated seeds: "units" (one record per arm x seed, in the order they
+#      ran) replaces the per-arm "arms"; "seeds" lists the seed values. The
+#      raw/ layout became raw/<arm>/seed-<seed>/. Version 1 is refused, not
+#      read as one seed: its raw/<arm>/ layout is one this code no longer
+#      reads, so an old run directory cannot be re-analysed by this version
+#      (re-run its spec.toml, or analyse it with the revision that wrote it).
+MANIFEST_SCHEMA = 2
+KNOWN_MANIFEST_SCHEMAS = frozenset({2})
 
 _F = runlog.Field
 MANIFEST_FIELDS = (
     _F("schema", "int", doc="version of this format"),
     _F("raw_log_schema", "int", doc="version of the raw-log events in raw/ (workloads.runlog)"),
     _F("name", "str", doc="spec name"),
-    _F("seed", "int", doc="spec seed"),
-    _F("arms", "dict", doc="arm -> ARM_FIELDS, in the spec's order"),
+    _F("seed", "int", doc="spec seed: the first of the seed values"),
+    _F("seeds", "list", doc="the seed values every arm ran with: seed, seed+1, ..., "
+       "seed+seeds-1"),
+    _F("units", "list", doc="UNIT_FIELDS of every arm x seed, in the order they ran "
+       "(seed by seed, the spec's arms within a seed)"),
     _F("status", "str", doc="running | ok | failed | error | interrupted"),
     _F("started_utc", "str", doc="ISO time the run started"),
     _F("started_ns", "int", doc="time.time_ns() the run started"),
@@ -192,12 +205,14 @@ MANIFEST_FIELDS = (
        doc="median idle worker-server RTT (null: ping failed)"),
     _F("report_error", "str", required=False, doc="why building the outputs failed"),
 )
-ARM_FIELDS = (
+UNIT_FIELDS = (
+    _F("arm", "str", doc="spec arm name"),
+    _F("seed", "int", doc="the seed the arm ran with (its logs: raw/<arm>/seed-<seed>/)"),
     _F("status", "str", doc="pending | running | ok | failed | interrupted | skipped"),
     _F("started_ns", "int", required=False),
     _F("ended_ns", "int", required=False),
     _F("error", "str", required=False, doc="the failed processes' last log lines"),
-    _F("fidelity", "dict", required=False, doc="FIDELITY_FIELDS, measured during the arm"),
+    _F("fidelity", "dict", required=False, doc="FIDELITY_FIELDS, measured during the unit"),
 )
 FIDELITY_FIELDS = (
     _F("cpu_busy_frac", "num", required=False, doc="machine-wide CPU busy fraction"),
@@ -208,10 +223,20 @@ FIDELITY_FIELDS = (
     _F("ovs_drops", "int", required=False, nullable=True, doc="packets Open vSwitch dropped"),
     # With raw-log schema 2 (an older reader refuses the manifest on that first):
     _F("queue_samples", "int", required=False,
-       doc="occupancy samples of its queue written to raw/<arm>/queue.jsonl"),
+       doc="occupancy samples of its queue written to raw/<arm>/seed-<seed>/queue.jsonl"),
     _F("queue_peak_packets", "int", required=False, nullable=True,
        doc="most packets those samples saw queued (null: no sample)"),
 )
+
+
+def unit_records(manifest: dict, arm: str | None = None) -> list[dict]:
+    """The manifest's unit records (UNIT_FIELDS) in the order they ran; only ``arm``'s if given."""
+    return [u for u in manifest["units"] if arm is None or u["arm"] == arm]
+
+
+def unit_dir(run_dir, arm: str, seed: int) -> pathlib.Path:
+    """RUN/raw/<arm>/seed-<seed>: one unit's logs, captures and transport configs."""
+    return pathlib.Path(runlog.unit_dir(pathlib.Path(run_dir) / "raw", arm, seed))
 
 
 class ManifestError(InputError):
@@ -221,6 +246,12 @@ class ManifestError(InputError):
 def check_manifest(data, where: str = "manifest.json") -> dict:
     """``data`` if it matches the declaration (any known version), else ManifestError."""
     try:
+        # Before the fields: version 1 has fields this one does not, and deserves its own answer.
+        if isinstance(data, dict) and data.get("schema") == 1 and data.get("schema") is not True:
+            raise runlog.MalformedEvent(
+                f"{where}: schema version 1 is from before repeated seeds (raw/<arm>/, not "
+                "raw/<arm>/seed-<seed>/) and this dblp-testbed cannot re-analyse it: run its "
+                "spec.toml again, or use the revision in its environment.git_revision")
         runlog.check_fields(data, MANIFEST_FIELDS, where)
         if data["schema"] not in KNOWN_MANIFEST_SCHEMAS:
             raise runlog.MalformedEvent(
@@ -230,10 +261,17 @@ def check_manifest(data, where: str = "manifest.json") -> dict:
             raise runlog.MalformedEvent(
                 f"{where}: raw-log schema version {data['raw_log_schema']} is unknown (this "
                 f"dblp-testbed reads {', '.join(map(str, sorted(runlog.KNOWN_VERSIONS)))})")
-        for arm, rec in data["arms"].items():
-            runlog.check_fields(rec, ARM_FIELDS, f"{where} arms.{arm}")
+        seen = set()
+        for i, rec in enumerate(data["units"]):
+            runlog.check_fields(rec, UNIT_FIELDS, f"{where} units[{i}]")
+            key = (rec["arm"], rec["seed"])
+            if key in seen:
+                raise runlog.MalformedEvent(f"{where} units[{i}]: arm {key[0]} seed {key[1]} "
+                                            "is listed twice")
+            seen.add(key)
             if "fidelity" in rec:
-                runlog.check_fields(rec["fidelity"], FIDELITY_FIELDS, f"{where} arms.{arm}.fidelity")
+                runlog.check_fields(rec["fidelity"], FIDELITY_FIELDS,
+                                    f"{where} units[{i}].fidelity")
     except runlog.MalformedEvent as exc:
         raise ManifestError(str(exc)) from None
     return data
@@ -266,7 +304,9 @@ class Manifest:
             "raw_log_schema": runlog.SCHEMA_VERSION,
             "name": spec.name,
             "seed": spec.seed,
-            "arms": {a: {"status": "pending"} for a in spec.arms},
+            "seeds": spec.seed_values,
+            "units": [{"arm": a, "seed": s, "status": "pending"}
+                      for s in spec.seed_values for a in spec.arms],
             "status": "running",
             "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "started_ns": time.time_ns(),
@@ -275,10 +315,14 @@ class Manifest:
             "capabilities": capabilities or {},
         })
 
-    def arm(self, arm: str, **fields):
-        arms = dict(self.data["arms"])
-        arms[arm] = {**arms.get(arm, {}), **fields}
-        self._write({**self.data, "arms": arms})
+    def unit(self, arm: str, seed: int, **fields):
+        """Update the record of the unit (arm, seed); a unit the run does not have is a bug."""
+        units = [dict(u) for u in self.data["units"]]
+        matches = [u for u in units if (u["arm"], u["seed"]) == (arm, seed)]
+        if not matches:
+            raise ValueError(f"bug: the run has no unit arm {arm} seed {seed}")
+        matches[0].update(fields)
+        self._write({**self.data, "units": units})
 
     def finish(self, status: str, error: str | None = None):
         ended = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")

@@ -2,8 +2,16 @@
 
 The path of one run (README, "Layout"): a fresh run directory with the resolved spec and a
 manifest; the capability check; one routed fabric with the controller and
-its burst schedule; for each arm the server and workers on their hosts with
-packet captures around them; then the derived tables, plots and report.
+its burst schedule; for each unit (an arm trained with one seed) the server
+and workers on their hosts with packet captures around them; then the
+derived tables, plots and report.
+
+Repetition: every arm runs once per seed (`Spec.seed_values`), all on the
+one fabric, seed by seed with the arms in the spec's order inside each seed,
+so a drift of the machine over the run (heat, a neighbour's load) falls on
+every arm alike instead of on whichever arm ran last. The burst schedule is
+resolved once from the spec's seed and hits every unit the same way: the
+bursts are the treatment, the seeds vary model initialisation and data order.
 Whatever happens (a crashed worker, Ctrl-C, SIGTERM), the fabric is torn
 down, the manifest says how the run ended and `raw/` keeps what was measured.
 """
@@ -27,11 +35,11 @@ from testbed.errors import MachineError
 from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
-from testbed.run.rundir import Manifest, new_run_dir
+from testbed.run.rundir import Manifest, new_run_dir, unit_dir
 
 
 class Interrupted(Exception):
-    """SIGINT/SIGTERM reached the harness: stop the arm, keep what we have."""
+    """SIGINT/SIGTERM reached the harness: stop the unit, keep what we have."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -39,7 +47,7 @@ class Interrupted(Exception):
 
 
 class ArmFailed(Exception):
-    """An arm's process failed; the message carries the log lines that matter."""
+    """A unit's process failed; the message carries the log lines that matter."""
 
 
 def _raise_interrupted(signum, frame):
@@ -47,7 +55,7 @@ def _raise_interrupted(signum, frame):
 
 
 def run_experiment(spec: Spec, out: str | None) -> str:
-    """Run every arm of `spec`; return the run's status ("ok" or a failure).
+    """Run every arm of `spec` once per seed; return the run's status ("ok" or a failure).
 
     Nothing is created before the machine is known to be able to run it:
     a missing emulator piece or another live run is a `MachineError`.
@@ -112,25 +120,37 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
                         rtt_ms=measure_rtt_ms(fab, workers[0], server))
         output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
                    f"server {server}, workers {', '.join(workers)}")
-        for i, arm in enumerate(spec.arms):
-            manifest.arm(arm, status="running", started_ns=time.time_ns())
+        units = run_order(spec)
+        for i, (arm, seed) in enumerate(units):
+            manifest.unit(arm, seed, status="running", started_ns=time.time_ns())
             try:
-                fidelity = ArmRun(spec, arm, fab, run_dir, server, list(workers)).run()
-                manifest.arm(arm, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
+                fidelity = ArmRun(spec, arm, fab, run_dir, server, list(workers), seed).run()
+                manifest.unit(arm, seed, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
             except ArmFailed as exc:
-                # Fail fast: a broken arm usually means a broken fabric or
-                # code, and every later arm would be compared against it.
-                manifest.arm(arm, status="failed", ended_ns=time.time_ns(), error=str(exc))
-                for later in spec.arms[i + 1:]:
-                    manifest.arm(later, status="skipped")
-                output.warn(f"[{arm}] failed:\n{exc}")
+                # Fail fast: a broken unit usually means a broken fabric or
+                # code, and every later unit would be compared against it.
+                manifest.unit(arm, seed, status="failed", ended_ns=time.time_ns(), error=str(exc))
+                for later in units[i + 1:]:
+                    manifest.unit(*later, status="skipped")
+                output.warn(f"[{unit_label(arm, seed)}] failed:\n{exc}")
                 return "failed"
             except Interrupted:
-                manifest.arm(arm, status="interrupted", ended_ns=time.time_ns())
-                for later in spec.arms[i + 1:]:
-                    manifest.arm(later, status="skipped")
+                manifest.unit(arm, seed, status="interrupted", ended_ns=time.time_ns())
+                for later in units[i + 1:]:
+                    manifest.unit(*later, status="skipped")
                 raise
         return "ok"
+
+
+def run_order(spec: Spec) -> list[tuple[str, int]]:
+    """The units (arm, seed) in the order they run: seed by seed, the spec's arms within each."""
+    return [(arm, seed) for seed in spec.seed_values for arm in spec.arms]
+
+
+def unit_label(arm: str, seed: int) -> str:
+    """How progress and failures name a unit: ``dblp s2`` is arm dblp with seed 2
+    (its logs in raw/dblp/seed-2/)."""
+    return f"{arm} s{seed}"
 
 
 def measure_rtt_ms(fab, src: str, dst: str) -> float | None:
@@ -142,13 +162,16 @@ def measure_rtt_ms(fab, src: str, dst: str) -> float | None:
 
 
 class ArmRun:
-    """One arm: the server (if any), the workers and the captures, supervised."""
+    """One unit, an arm trained with one seed: the server (if any), the workers
+    and the captures, supervised; everything it writes goes to raw/<arm>/seed-<seed>/."""
 
     def __init__(self, spec: Spec, arm: str, fab, run_dir: pathlib.Path,
-                 server: str, workers: list[str]):
+                 server: str, workers: list[str], seed: int | None = None):
         self.spec, self.fab = spec, fab
         self.arm = get_arm(arm)
-        self.raw = run_dir / "raw" / arm
+        self.seed = spec.seed if seed is None else seed
+        self.label = unit_label(arm, self.seed)
+        self.raw = unit_dir(run_dir, arm, self.seed)
         self.raw.mkdir(parents=True, exist_ok=True)
         self.server = server
         # gloo and the sharded arms have no aggregation server; their rank 0
@@ -162,14 +185,14 @@ class ArmRun:
         self.procs = ProcessGroup()
         self.captures = ProcessGroup()
         self.port = DEFAULT_PORT
-        # One job per arm: its own key and session, shared by its server and workers.
+        # One job per unit: its own key and session, shared by its server and workers.
         self.secret = secrets.token_hex(32)
         self.session_id = secrets.randbits(63) | 1
 
     # -- argv builders: lists only, never a shell ---------------------------
     def _common_args(self) -> list[str]:
         t = self.spec["training"]
-        args = ["--model", t["model"], "--rounds", str(t["rounds"]), "--seed", str(self.spec.seed)]
+        args = ["--model", t["model"], "--rounds", str(t["rounds"]), "--seed", str(self.seed)]
         if t["lr"]:
             args += ["--lr", str(t["lr"])]
         if t["lr_schedule"] != "constant":
@@ -199,7 +222,7 @@ class ArmRun:
         """``--transport-config PATH``: the arm's settings as a file, never as argv strings.
 
         One ``dblp.TransportConfig`` per role (the pacing rate is the role's
-        fair share), written into ``raw/<arm>/``; they differ in nothing else.
+        fair share), written into ``raw/<arm>/seed-<seed>/``; they differ in nothing else.
         The per-arm secret stays out of the run directory (see `_env`).
         """
         if not self.arm.uses_dblp:
@@ -244,7 +267,7 @@ class ArmRun:
                                "--log", str(self.raw / "server.jsonl"), "--port", str(self.port),
                                "--rounds", str(self.spec["training"]["rounds"]),
                                "--model", self.spec["training"]["model"],
-                               "--seed", str(self.spec.seed)]
+                               "--seed", str(self.seed)]
                     + self._transport_args("server"),
                     self.raw / "server.out", popen=functools.partial(self.fab.popen, self.server),
                     env=self._env())
@@ -292,7 +315,7 @@ class ArmRun:
         rounds = self.spec["training"]["rounds"]
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()
-        progress = Progress(self.arm.name, rounds, self.raw / "worker0.jsonl")
+        progress = Progress(self.label, rounds, self.raw / "worker0.jsonl")
         ovs = OvsWatch()
         workers = [f"worker{i}" for i in range(len(self.workers))]
         while True:
@@ -324,7 +347,8 @@ class ArmRun:
 
 
 class Progress:
-    """One status line per arm: round, rate and ETA, from rank 0's log."""
+    """One status line per unit ("[dblp s2] round 40/200 ..."): round, rate and ETA,
+    from rank 0's log."""
 
     def __init__(self, arm: str, rounds: int, log: pathlib.Path):
         self.arm, self.rounds, self.log = arm, rounds, log

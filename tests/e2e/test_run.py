@@ -38,6 +38,12 @@ def _isolated():
     subprocess.run(CLI + ["clean"], cwd=ROOT, capture_output=True, timeout=120)
 
 
+def unit_dir(out: pathlib.Path, arm: str) -> pathlib.Path:
+    """RUN/raw/<arm>/seed-<seed> of the run's first seed (the manifest's, written at the start)."""
+    seed = json.loads((out / "manifest.json").read_text())["seed"]
+    return out / "raw" / arm / f"seed-{seed}"
+
+
 def start_run(out: pathlib.Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(CLI + ["run", "--preset", "smoke", "--out", str(out), *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -61,11 +67,12 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path, leftov
                     "train_time_s", "final_accuracy"):
             assert key in a, key
     assert summary["bursts"]["count"] >= 3  # one burst per arm
-    tcp = [json.loads(line) for line in (out / "raw" / "dblp-tcp" / "worker0.jsonl").read_text().splitlines()]
+    tcp = [json.loads(line)
+           for line in (unit_dir(out, "dblp-tcp") / "worker0.jsonl").read_text().splitlines()]
     assert {r["arm"] for r in tcp} == {"dblp-tcp"}
     assert {r["stats"]["control"] for r in tcp if r["event"] == "round"} == {"tcp"}
     # Sharded: no server process; every worker aggregates its shard and ends ok.
-    sharded = out / "raw" / "dblp-sharded"
+    sharded = unit_dir(out, "dblp-sharded")
     assert not (sharded / "server.jsonl").exists()
     logs = [[json.loads(line) for line in (sharded / f"worker{r}.jsonl").read_text().splitlines()]
             for r in range(3)]
@@ -74,8 +81,8 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path, leftov
     assert len({log[-1]["status"] for log in logs}) == 1 and logs[0][-1]["status"] == "ok"
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "ok"
-    assert all(a["status"] == "ok" for a in manifest["arms"].values())
-    assert (out / "raw" / "dblp" / "server.pcap").stat().st_size > 0
+    assert all(u["status"] == "ok" for u in manifest["units"])
+    assert (unit_dir(out, "dblp") / "server.pcap").stat().st_size > 0
     before = (out / "summary.json").read_text()
     res = subprocess.run(CLI + ["report", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -84,10 +91,10 @@ def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path, leftov
 
 
 def _wait_for_round(out: pathlib.Path, arm: str, rnd: int, timeout: float = 300):
-    log = out / "raw" / arm / "worker0.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists() and f'"round": {rnd},' in log.read_text():
+        log = unit_dir(out, arm) / "worker0.jsonl" if (out / "manifest.json").exists() else None
+        if log is not None and log.exists() and f'"round": {rnd},' in log.read_text():
             return
         time.sleep(0.2)
     raise AssertionError(f"{arm} never reached round {rnd}")
@@ -103,9 +110,9 @@ def _pid_of(pattern: str) -> int:
 
 
 FAULTS = {
-    "kill-worker": lambda out, proc: os.kill(_pid_of(f"{out}/raw/static/worker1.jsonl"),
+    "kill-worker": lambda out, proc: os.kill(_pid_of(f"{unit_dir(out, 'static')}/worker1.jsonl"),
                                              signal.SIGKILL),
-    "kill-server": lambda out, proc: os.kill(_pid_of(f"{out}/raw/static/server.jsonl"),
+    "kill-server": lambda out, proc: os.kill(_pid_of(f"{unit_dir(out, 'static')}/server.jsonl"),
                                              signal.SIGKILL),
     "kill-controller": lambda out, proc: os.kill(_pid_of(f"{out}/raw/fabric.json"),
                                                  signal.SIGKILL),
@@ -146,8 +153,10 @@ def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault, lefto
     summary = json.loads((out / "summary.json").read_text())
     assert manifest["status"] in ("failed", "interrupted", "error"), manifest["status"]
     assert summary["status"] != "ok"
-    assert manifest["arms"]["static"]["status"] in ("failed", "interrupted")
-    assert (out / "raw" / "static" / "worker0.jsonl").stat().st_size > 0
+    static = [u for u in manifest["units"] if u["arm"] == "static"]
+    assert static[0]["status"] in ("failed", "interrupted")
+    assert all(u["status"] == "skipped" for u in manifest["units"][1:])   # fail fast
+    assert (unit_dir(out, "static") / "worker0.jsonl").stat().st_size > 0
     assert not any(leftovers().values()), leftovers()
 
 

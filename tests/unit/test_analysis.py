@@ -5,7 +5,10 @@
 timings: three workers whose compute ends staggered (so only the
 critical-path definition of latency gives the chosen numbers), two bursts per
 arm of which the second touches the previous round's end exactly (so the
-timestamp join must be strict), and per-arm end/eval events.
+timestamp join must be strict), and per-arm end/eval events. With several
+seeds, every arm repeats in raw/<arm>/seed-<seed>/ later on the clock, each
+seed's timings offset by `SEED_SHIFT` (latencies, accuracies and training
+times then vary by seed as `seed_factor` says).
 """
 import json
 import math
@@ -59,33 +62,63 @@ def phase_of(arm, r):
     return "critical" if bound_of(arm, r) == 0.008 else "stable"
 
 
-def round_start(arm, r):
-    return T0[arm] + r * PERIOD
+SEED_SHIFT = 1000 * 10**9        # seed k+1's units start 1000 s after seed k's
 
 
-def manifest_data(name, arms, **fields) -> dict:
+def round_start(arm, r, seed=1):
+    return T0[arm] + (seed - 1) * SEED_SHIFT + r * PERIOD
+
+
+def unit_raw(run, arm, seed=1):
+    """RUN/raw/<arm>/seed-<seed>: where a unit's logs are."""
+    return run / "raw" / arm / f"seed-{seed}"
+
+
+def seed_factor(seed):
+    """How much slower every latency and training time of a seed is (seed 1: 1, seed 2: 1.5)."""
+    return 1.0 + 0.5 * (seed - 1)
+
+
+def manifest_data(name, arms, seeds=(1,), **fields) -> dict:
     """A manifest.json of the declared format, as the runner writes it at the end of a run."""
-    return {"schema": MANIFEST_SCHEMA, "raw_log_schema": SCHEMA_VERSION, "name": name, "seed": 1,
-            "arms": {a: {"status": "ok"} for a in arms}, "status": "ok",
+    units = [{"arm": a, "seed": s, "status": "ok", "started_ns": round_start(a, 0, s) - 2 * MS,
+              "ended_ns": round_start(a, ROUNDS, s)} for s in seeds for a in arms]
+    return {"schema": MANIFEST_SCHEMA, "raw_log_schema": SCHEMA_VERSION, "name": name,
+            "seed": seeds[0], "seeds": list(seeds), "units": units, "status": "ok",
             "started_utc": "2026-01-01T00:00:00+00:00", "started_ns": 10**18, "pid": 1,
             "environment": {}, "capabilities": {}, **fields}
 
 
-def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, rtt_ms=5.0):
+def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, rtt_ms=5.0, seeds=(1,)):
     """Write a run directory with known timings; returns its path."""
     run = tmp
+    for seed in seeds:
+        _write_unit_logs(run, arms, burst, acc, seed)
+    seeds_line = f"seed = {seeds[0]}\nseeds = {len(seeds)}\n"
+    (run / "spec.toml").write_text(
+        'name = "unit"\n' + seeds_line + 'arms = [' + ", ".join(f'"{a}"' for a in arms) + ']\n\n'
+        f'[topology]\nbw_mbps = 20.0\n\n[placement]\nworkers = {WORKERS}\n\n'
+        '[transport]\nrate_mbps = 0.0\np_static = 0.008\np_low = 0.008\np_high = 0.408\n\n'
+        '[burst_every]\np = 0.8\n')
+    extra = {"rtt_ms": rtt_ms} if rtt_ms is not None else {}
+    (run / "manifest.json").write_text(json.dumps(manifest_data("unit", arms, seeds, **extra)))
+    return run
+
+
+def _write_unit_logs(run, arms, burst, acc, seed):
+    f = seed_factor(seed)
     for arm in arms:
-        d = run / "raw" / arm
+        d = unit_raw(run, arm, seed)
         d.mkdir(parents=True)
         for rank in range(WORKERS):
             lines = [{"event": "start", "arm": arm, "role": "worker", "rank": rank,
                       "model": "digits_cnn", "params": GRAD // 4, "grad_bytes": GRAD,
-                      "world_size": WORKERS, "seed": 1, "t_ns": T0[arm] - MS,
+                      "world_size": WORKERS, "seed": seed, "t_ns": round_start(arm, 0, seed) - MS,
                       "rounds": ROUNDS}]
             for r in range(ROUNDS):
-                ts = round_start(arm, r)
+                ts = round_start(arm, r, seed)
                 comm_start = ts + 10 * MS + rank * MS   # rank 2 is the last to start communicating
-                end = ts + 12 * MS + int(latency(arm, r, burst) * MS)
+                end = ts + 12 * MS + int(latency(arm, r, burst) * f * MS)
                 lines.append({"event": "round", "arm": arm, "role": "worker", "rank": rank,
                               "round": r, "epoch": 0, "t_start_ns": ts, "t_end_ns": end,
                               "compute_s": (comm_start - ts) / 1e9, "comm_s": (end - comm_start) / 1e9,
@@ -97,34 +130,28 @@ def make_run(tmp, arms=("gloo", "static", "dblp"), burst=BURST, acc=ACC, rtt_ms=
                 if rank == 0 and r in (4, 9):
                     lines.append({"event": "eval", "arm": arm, "role": "worker", "rank": 0,
                                   "round": r, "epoch": 0, "t_ns": end + MS,
-                                  "test_accuracy": acc[arm] - (0.1 if r == 4 else 0.0),
+                                  "test_accuracy": acc[arm] - (0.1 if r == 4 else 0.0)
+                                  - 0.01 * (seed - 1),
                                   "test_loss": 0.2})
             lines.append({"event": "end", "arm": arm, "role": "worker", "rank": rank,
-                          "status": "ok", "train_time_s": TRAIN[arm] - 0.1 * rank})
+                          "status": "ok", "train_time_s": (TRAIN[arm] - 0.1 * rank) * f})
             (d / f"worker{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        b1s = round_start(arm, 3) + 11 * MS
-        r6_end = round_start(arm, 6) + 12 * MS + int(NORMAL[arm] * MS)
+        b1s = round_start(arm, 3, seed) + 11 * MS
+        r6_end = round_start(arm, 6, seed) + 12 * MS + int(NORMAL[arm] * f * MS)
+        b2_end = round_start(arm, 7, seed) + 500 * MS
         bursts = [
-            {"event": "burst", "arm": arm, "id": f"{arm}-b1", "kind": "loss",
+            {"event": "burst", "arm": arm, "seed": seed, "id": f"{arm}-b1", "kind": "loss",
              "target": "server-downlink", "params": {"p": 0.8}, "trigger": "round", "round": 3,
              "requested_start_ns": b1s - MS, "requested_end_ns": b1s + 50 * MS,
              "actual_start_ns": b1s, "actual_end_ns": b1s + 50 * MS, "dropped_packets": 12},
             # Starts 1 ms before round 6 ends: touches round 6, hits round 7 only.
-            {"event": "burst", "arm": arm, "id": f"{arm}-b2", "kind": "loss",
+            {"event": "burst", "arm": arm, "seed": seed, "id": f"{arm}-b2", "kind": "loss",
              "target": "server-downlink", "params": {"p": 0.8}, "trigger": "round", "round": 7,
-             "requested_start_ns": r6_end - MS, "requested_end_ns": round_start(arm, 7) + 500 * MS,
-             "actual_start_ns": r6_end - MS, "actual_end_ns": round_start(arm, 7) + 500 * MS,
+             "requested_start_ns": r6_end - MS, "requested_end_ns": b2_end,
+             "actual_start_ns": r6_end - MS, "actual_end_ns": b2_end,
              "dropped_packets": 8},
         ]
         (d / "bursts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in bursts))
-    (run / "spec.toml").write_text(
-        'name = "unit"\narms = [' + ", ".join(f'"{a}"' for a in arms) + ']\n\n'
-        f'[topology]\nbw_mbps = 20.0\n\n[placement]\nworkers = {WORKERS}\n\n'
-        '[transport]\nrate_mbps = 0.0\np_static = 0.008\np_low = 0.008\np_high = 0.408\n\n'
-        '[burst_every]\np = 0.8\n')
-    extra = {"rtt_ms": rtt_ms} if rtt_ms is not None else {}
-    (run / "manifest.json").write_text(json.dumps(manifest_data("unit", arms, **extra)))
-    return run
 
 
 @pytest.fixture
@@ -260,7 +287,7 @@ def test_missing_rtt_gives_no_bound_and_says_why(tmp_path):
 
 def test_incomplete_arm_and_truncated_line(tmp_path):
     run = make_run(tmp_path / "run")
-    w = run / "raw" / "dblp" / "worker1.jsonl"
+    w = unit_raw(run, "dblp") / "worker1.jsonl"
     lines = w.read_text().splitlines()
     # A crashed worker: no end line, a half-written last line.
     w.write_text("\n".join(lines[:-1]) + '\n{"event": "round", "arm"')
@@ -280,7 +307,7 @@ def test_spread_warning_on_wide_burst_rounds(tmp_path):
     wide = dict(BURST)
     run = make_run(tmp_path / "run", burst=wide)
     # Make the two static burst rounds very different: 100 ms and 700 ms.
-    p = run / "raw" / "static"
+    p = unit_raw(run, "static")
     for rank in range(WORKERS):
         f = p / f"worker{rank}.jsonl"
         out = []
@@ -330,7 +357,7 @@ def test_arm_that_never_started_and_foreign_dirs(tmp_path):
     s = build_outputs(run, figures=False)
     assert s["arms_order"] == ["static", "dblp", "gloo"]
     assert s["arms"]["gloo"]["status"] == "no data" and s["status"] == "partial"
-    assert any("raw/gloo/" in w for w in s["warnings"])
+    assert any("raw/gloo/seed-1/" in w for w in s["warnings"])
     assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
 
 
@@ -361,7 +388,7 @@ def test_relaxed_phase_speedup(tmp_path):
     # dblp's round 3 falls in its critical phase (bound 0.008) here: only round 7 is relaxed.
     run = make_run(tmp_path / "run")
     for rank in range(WORKERS):
-        f = run / "raw" / "dblp" / f"worker{rank}.jsonl"
+        f = unit_raw(run, "dblp") / f"worker{rank}.jsonl"
         lines = [json.loads(x) for x in f.read_text().splitlines()]
         for e in lines:
             if e["event"] == "round" and e["round"] == 3:
@@ -375,11 +402,11 @@ def test_relaxed_phase_speedup(tmp_path):
 
 def test_round_line_without_timestamps_is_skipped_and_said(tmp_path):
     run = make_run(tmp_path / "run")
-    with open(run / "raw" / "static" / "worker2.jsonl", "a") as fh:
+    with open(unit_raw(run, "static") / "worker2.jsonl", "a") as fh:
         fh.write(json.dumps({"event": "round", "arm": "static", "rank": 2, "round": 99}) + "\n")
     s = build_outputs(run, figures=False)
     assert s["arms"]["static"]["rounds"] == ROUNDS
-    assert sum(w.startswith("raw/static/worker2.jsonl:") and "missing" in w
+    assert sum(w.startswith("raw/static/seed-1/worker2.jsonl:") and "missing" in w
                for w in s["warnings"]) == 1
 
 
@@ -427,3 +454,83 @@ def test_a_burst_shorter_than_the_round_bounds_the_round_by_its_length():
     assert math.isnan(physics.round_bound_s(0.0, 0.8, inp, mode="sharded"))
     # A burst long enough for the whole round gives the whole-round bound.
     assert physics.round_bound_s(0.008, 0.8, inp, mode="sharded", burst_s=100.0) == whole
+
+
+def test_summary_pools_every_seed_of_an_arm(tmp_path):
+    """Two arms x two seeds; seed 2's latencies and training times are 1.5x seed 1's."""
+    run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(1, 2))
+    s = build_outputs(run, figures=False)
+    d, st = s["arms"]["dblp"], s["arms"]["static"]
+    assert (d["rounds"], d["burst_rounds"], d["status"]) == (2 * ROUNDS, 4, "ok")
+    # Percentiles over the rounds of both seeds: burst rounds 100, 100, 150, 150 ms.
+    assert d["burst_round_ms_p50"] == pytest.approx(125.0)
+    assert d["normal_round_ms_p50"] == pytest.approx((24.0 + 36.0) / 2)
+    assert st["burst_round_ms_p50"] == pytest.approx(500.0)
+    assert s["speedups"]["dblp_vs_static"]["burst_round"] == pytest.approx(4.0)
+    assert s["speedups"]["dblp_vs_static"]["burst_round_n"] == [4, 4]
+    # Once-per-training figures are means over seeds.
+    assert d["train_time_s"] == pytest.approx((1.5 + 2.25) / 2)
+    assert d["final_accuracy"] == pytest.approx((0.95 + 0.94) / 2)
+    assert s["speedups"]["dblp_vs_static"]["train_time"] == pytest.approx(2.5 / 1.875)
+    assert d["phase_switches"] == 1 and st["phase_switches"] is None
+    assert s["bursts"]["count"] == 8 and s["bursts"]["per_arm"] == {"static": 4, "dblp": 4}
+    assert s["bursts"]["rounds_hit"] == 8
+    # The manifest's record of each unit, by seed.
+    assert sorted(s["fidelity"]["dblp"]) == ["1", "2"]
+    assert s["fidelity"]["dblp"]["2"]["started_ns"] == round_start("dblp", 0, 2) - 2 * MS
+    assert not [w for w in s["warnings"] if "seed" in w]
+
+
+def test_unit_summary_keeps_each_seeds_figures(tmp_path):
+    run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(2, 3))
+    raw = analysis.load_raw(run)
+    assert raw.seeds == [2, 3] and raw.units == [("static", 2), ("dblp", 2), ("static", 3),
+                                                 ("dblp", 3)]
+    b = analysis.bursts_table(raw)
+    r = analysis.join_bursts(analysis.rounds_table(raw), b)
+    u = analysis.unit_summary(raw, r).set_index(["arm", "seed"])
+    assert list(u.index) == raw.units
+    assert u.loc[("dblp", 2), "train_time_s"] == pytest.approx(1.5 * seed_factor(2))
+    assert u.loc[("dblp", 3), "final_accuracy"] == pytest.approx(0.95 - 0.02)
+    assert u.loc[("dblp", 3), "phase_switches"] == 1
+    assert math.isnan(u.loc[("static", 2), "phase_switches"])
+    assert (u["burst_rounds"] == 2).all() and (u["status"] == "ok").all()
+    ev = analysis.evals_table(raw, r)
+    assert list(ev.columns[:2]) == ["arm", "seed"] and set(ev["seed"]) == {2, 3}
+
+
+def test_raw_lines_of_another_seed_or_outside_the_seeds_are_said(tmp_path):
+    run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(1, 2))
+    # A burst line of seed 1 in seed 2's directory: skipped, and said.
+    with open(unit_raw(run, "dblp", 2) / "bursts.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "burst", "arm": "dblp", "seed": 1, "id": "x", "kind": "loss",
+                             "target": "server-downlink", "params": {"p": 0.5}, "trigger": "manual",
+                             "requested_start_ns": 1, "requested_end_ns": 2, "actual_start_ns": 1,
+                             "actual_end_ns": 2, "dropped_packets": 0}) + "\n")
+    # A manual burst (no unit announced it) in raw/<arm>/: placed in the unit running then.
+    t = round_start("dblp", 5, 2) + 100 * MS
+    manual = {"event": "burst", "arm": "dblp", "id": "m001", "kind": "loss",
+              "target": "server-downlink", "params": {"p": 0.5}, "trigger": "manual",
+              "requested_start_ns": t, "requested_end_ns": t + 300 * MS, "actual_start_ns": t,
+              "actual_end_ns": t + 300 * MS, "dropped_packets": 3}
+    late = dict(manual, id="m002", requested_start_ns=t + 10**13, actual_start_ns=t + 10**13,
+                requested_end_ns=t + 10**13 + 1, actual_end_ns=t + 10**13 + 1)
+    (run / "raw" / "dblp" / "bursts.jsonl").write_text(json.dumps(manual) + "\n" + json.dumps(late) + "\n")
+    # A seed the spec does not have, and a unit that never started.
+    stray = run / "raw" / "static" / "seed-9"
+    stray.mkdir()
+    (stray / "worker0.jsonl").write_text("")
+    for f in unit_raw(run, "static", 2).iterdir():
+        f.unlink()
+    unit_raw(run, "static", 2).rmdir()
+    raw = analysis.load_raw(run)
+    p = raw.problems
+    assert any(x.startswith("raw/dblp/seed-2/bursts.jsonl:3: event of seed 1") for x in p), p
+    assert "raw/static/seed-9/: not a seed of the spec (1, 2), ignored" in p
+    assert "arm static seed 2: no raw/static/seed-2/ directory (the unit never started)" in p
+    assert "raw/dblp/bursts.jsonl: burst m002 started outside every unit of arm dblp, ignored" in p
+    b = analysis.bursts_table(raw).set_index(["arm", "seed", "id"])
+    assert b.loc[("dblp", 2, "m001"), "dropped_packets"] == 3 and ("dblp", 2, "x") not in b.index
+    s = build_outputs(run, figures=False)
+    assert s["arms"]["static"]["status"] == "no data"
+    assert "arm static seed 2: status no data" in s["warnings"]

@@ -21,7 +21,7 @@ ROUNDS, WORKERS = 8, 2
 @pytest.fixture(scope="module")
 def loopback_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("loopback")
-    res = run_arm("dblp", str(out), workers=WORKERS, rounds=ROUNDS, timeout_s=150,
+    res = run_arm("dblp", str(out), workers=WORKERS, rounds=ROUNDS, timeout_s=150, seed=1,
                   worker_args=["--eval-every", "4"])
     assert res["status"] == "ok", res
     # The loopback launcher writes raw/ only; the settings the analysis reads
@@ -30,13 +30,13 @@ def loopback_run(tmp_path_factory):
                                           f"placement.workers={WORKERS}"])
     (out / "spec.toml").write_text(spec.to_toml())
     manifest = Manifest(out, spec)
-    manifest.arm("dblp", status="ok")
+    manifest.unit("dblp", 1, status="ok")
     manifest.finish("ok")
     return out
 
 
 def test_real_logs_analyse(loopback_run):
-    raw = loopback_run / "raw" / "dblp"
+    raw = loopback_run / "raw" / "dblp" / "seed-1"   # the spec's seed, the run_arm's
     logs = [read_jsonl(raw / f"worker{r}.jsonl") for r in range(WORKERS)]
     server = read_jsonl(raw / "server.jsonl")
     by_round = {}

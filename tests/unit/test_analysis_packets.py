@@ -22,7 +22,7 @@ from testbed.analysis import packets
 from testbed.analysis.report import build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import MS, make_run, round_start  # noqa: E402
+from test_analysis import MS, make_run, round_start, unit_raw  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -42,12 +42,12 @@ def _dblp(t_ns, src, dst, type_, rnd, index=0, aux=0, pull=False, rank=0, payloa
     return pkt
 
 
-def _rounds_packets(arm="dblp"):
-    """(server capture, worker0 capture) for rounds 2 (clean) and 3 (burst)."""
+def _rounds_packets(arm="dblp", seed=1):
+    """(server capture, worker0 capture) for rounds 2 (clean) and 3 (burst) of a unit."""
     srv, w0 = [], []
     D, P = wire.MsgType.DATA, wire.MsgType.PROBE
     for rnd, lost in ((2, ()), (3, (1, 2))):
-        t = round_start(arm, rnd) + 20 * MS
+        t = round_start(arm, rnd, seed) + 20 * MS
         for i in range(4):   # worker0's push, pass 0
             p = _dblp(t + i * MS, W0, SERVER, D, rnd, index=i, rank=0)
             w0.append(p)
@@ -69,10 +69,10 @@ def _rounds_packets(arm="dblp"):
     return sorted(srv, key=lambda p: p.time), sorted(w0, key=lambda p: p.time)
 
 
-def _gloo_capture():
+def _gloo_capture(seed=1):
     """worker0 in a ring: sends to worker1, receives from worker2 (no server)."""
     out = []
-    t = round_start("gloo", 5) + 15 * MS
+    t = round_start("gloo", 5, seed) + 15 * MS
     for k, seq in enumerate((1000, 2000, 2000, 3000)):   # 2000 sent twice
         p = Ether() / IP(src=W0, dst=W1) / TCP(sport=50000, dport=29500, seq=seq, flags="PA") \
             / Raw(b"x" * 1000)
@@ -88,11 +88,16 @@ def _gloo_capture():
 
 @pytest.fixture
 def captured_run(tmp_path):
-    run = make_run(tmp_path / "run")
-    srv, w0 = _rounds_packets()
-    wrpcap(str(run / "raw" / "dblp" / "server.pcap"), srv)
-    wrpcap(str(run / "raw" / "dblp" / "worker0.pcap"), w0)
-    wrpcap(str(run / "raw" / "gloo" / "worker0.pcap"), _gloo_capture())
+    return write_captures(make_run(tmp_path / "run"))
+
+
+def write_captures(run, seeds=(1,)):
+    """The dblp arm's server and worker0 captures and gloo's worker0 capture, in every seed."""
+    for seed in seeds:
+        srv, w0 = _rounds_packets(seed=seed)
+        wrpcap(str(unit_raw(run, "dblp", seed) / "server.pcap"), srv)
+        wrpcap(str(unit_raw(run, "dblp", seed) / "worker0.pcap"), w0)
+        wrpcap(str(unit_raw(run, "gloo", seed) / "worker0.pcap"), _gloo_capture(seed))
     return run
 
 
@@ -140,7 +145,7 @@ def test_burst_loss_from_capture_and_from_counters(captured_run):
     r3 = r[(r["arm"] == "dblp") & (r["round"] == 3)].iloc[0]
     assert r3.phys_loss == pytest.approx(0.6)   # the bound uses the measured loss
     # With the controller's seen/dropped counters, those decide.
-    f = captured_run / "raw" / "dblp" / "bursts.jsonl"
+    f = unit_raw(captured_run, "dblp") / "bursts.jsonl"
     lines = [json.loads(x) for x in f.read_text().splitlines()]
     lines[0]["seen_packets"] = 16
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -151,14 +156,15 @@ def test_burst_loss_from_capture_and_from_counters(captured_run):
 
 
 def test_header_round_offset_and_address_resolution(captured_run):
-    caps = packets.read_arm(captured_run, "dblp", PORT)
+    caps = packets.read_unit(captured_run, "dblp", 1, PORT)
+    assert all((df["seed"] == 1).all() for df in caps.values())
     assert sorted(caps) == ["server", "worker0"]
     both = {("dblp", r): df for r, df in caps.items()}
     # worker0's capture alone has two endpoints: only the server's capture settles it.
     assert packets.resolve_addresses(both) == ({"server": SERVER, "worker0": W0}, [])
     only_w0 = {("dblp", "worker0"): caps["worker0"]}
     assert packets.resolve_addresses(only_w0)[0] == {"worker0": W0}  # DBLP push direction
-    gl = {("gloo", "worker0"): packets.read_arm(captured_run, "gloo", PORT)["worker0"]}
+    gl = {("gloo", "worker0"): packets.read_unit(captured_run, "gloo", 1, PORT)["worker0"]}
     assert packets.resolve_addresses(gl)[0] == {"worker0": W0}       # three endpoints
     pk = pd.concat(caps.values(), ignore_index=True)
     assert set(pk["kind"]) == {"data", "probe"}
@@ -186,7 +192,7 @@ def test_truncated_capture_keeps_header_and_length(tmp_path):
 
 def test_fast_reader_equals_scapy_dissection(captured_run):
     for arm, role in (("dblp", "server"), ("dblp", "worker0"), ("gloo", "worker0")):
-        path = captured_run / "raw" / arm / f"{role}.pcap"
+        path = unit_raw(captured_run, arm) / f"{role}.pcap"
         fast = packets.read_pcap(path, arm, role, PORT)
         slow = packets._read_pcap_scapy(path, arm, role, PORT)
         assert len(fast) > 0

@@ -108,11 +108,15 @@ class _Fab:
         return host + "-eth0"
 
 
-def _arm_run(tmp_path, arm, overrides=()):
+def _arm_run(tmp_path, arm, overrides=(), seed=None):
     from testbed.run.runner import ArmRun
 
     spec = load(None, PRESETS["default"], list(overrides))
-    return ArmRun(spec, arm, _Fab(), tmp_path, "h000", ["h100", "h200", "h300", "h310"])
+    return ArmRun(spec, arm, _Fab(), tmp_path, "h000", ["h100", "h200", "h300", "h310"], seed)
+
+
+def _unit(tmp_path, arm, run):
+    return tmp_path / "raw" / arm / f"seed-{run.seed}"
 
 
 @pytest.mark.unit
@@ -122,9 +126,9 @@ def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, ar
 
     run = _arm_run(tmp_path, arm, ["transport.p_high=0.5", "transport.round_deadline_s=45"])
     argv = run._transport_args("worker")
-    assert argv == ["--transport-config", str(tmp_path / "raw" / arm / "transport.json")]
+    assert argv == ["--transport-config", str(_unit(tmp_path, arm, run) / "transport.json")]
     assert not any(a.startswith("--knob") or "=" in a for a in argv)
-    text = (tmp_path / "raw" / arm / "transport.json").read_text()
+    text = (_unit(tmp_path, arm, run) / "transport.json").read_text()
     assert run.secret not in text  # the key never lands in the run directory
     cfg = TransportConfig.from_json(text)
     a = ARMS[arm]
@@ -135,7 +139,7 @@ def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, ar
     assert run._env(0)[SECRET_ENV] == run.secret
     if not a.serverless:
         run._transport_args("server")
-        server = json.loads((tmp_path / "raw" / arm / "server.transport.json").read_text())
+        server = json.loads((_unit(tmp_path, arm, run) / "server.transport.json").read_text())
         assert server["rate_bps"] == pytest.approx(bps * 0.95)
         assert server["session_id"] == cfg.session_id
 
@@ -144,7 +148,7 @@ def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, ar
 def test_baseline_arms_get_no_transport_settings(tmp_path):
     run = _arm_run(tmp_path, "gloo")
     assert run._transport_args("worker") == []
-    assert not (tmp_path / "raw" / "gloo" / "transport.json").exists()
+    assert not (_unit(tmp_path, "gloo", run) / "transport.json").exists()
     from dblp.config import SECRET_ENV
     assert SECRET_ENV not in run._env(0)
 
@@ -154,6 +158,22 @@ def test_arm_runs_have_their_own_key_and_session(tmp_path):
     a, b = _arm_run(tmp_path, "dblp"), _arm_run(tmp_path, "static")
     assert a.secret != b.secret and a.session_id != b.session_id
     assert not hasattr(a, "session")
+
+
+@pytest.mark.unit
+def test_a_unit_trains_with_its_seed_and_writes_under_its_seed(tmp_path):
+    from testbed.run.runner import run_order, unit_label
+
+    run = _arm_run(tmp_path, "dblp", ["seed=3", "seeds=2"], seed=4)
+    assert run.raw == tmp_path / "raw" / "dblp" / "seed-4" and run.raw.is_dir()
+    args = run._common_args()
+    assert args[args.index("--seed") + 1] == "4"
+    assert run._transport_args("worker")[1] == str(tmp_path / "raw" / "dblp" / "seed-4" / "transport.json")
+    assert run.label == unit_label("dblp", 4) == "dblp s4"
+    assert _arm_run(tmp_path, "gloo", ["seed=3"]).seed == 3          # no seed given: the spec's
+    # Seed by seed, the spec's arms within each: a drift of the machine hits every arm alike.
+    spec = load(None, PRESETS["default"], ["arms=gloo,dblp", "seed=3", "seeds=2"])
+    assert run_order(spec) == [("gloo", 3), ("dblp", 3), ("gloo", 4), ("dblp", 4)]
 
 
 @pytest.mark.unit
@@ -173,7 +193,7 @@ def test_a_static_arm_takes_its_bound_from_the_spec_field_its_arm_names(tmp_path
 
     run = _arm_run(tmp_path, arm, ["transport.p_high=0.5", "transport.p_static=0.01"])
     run._transport_args("worker")
-    cfg = TransportConfig.from_json((tmp_path / "raw" / arm / "transport.json").read_text())
+    cfg = TransportConfig.from_json((_unit(tmp_path, arm, run) / "transport.json").read_text())
     assert (cfg.policy, cfg.p) == ("static", p)
     assert cfg.make_policy().bound(0) == p
 
@@ -185,3 +205,13 @@ def test_an_arm_naming_a_spec_field_that_does_not_exist_is_a_spec_error():
     spec = load(None, PRESETS["default"])
     with pytest.raises(SpecError, match="transport.p_nope"):
         transport_config(spec["transport"], Arm("x", "static", "udp", "ps", bound_from="p_nope"))
+
+
+@pytest.mark.unit
+def test_progress_names_the_arm_and_the_seed(tmp_path, capsys):
+    from testbed.run.runner import Progress
+
+    log = tmp_path / "worker0.jsonl"
+    log.write_text(json.dumps({"event": "round", "round": 39}) + "\n")
+    Progress(_arm_run(tmp_path, "dblp", seed=2).label, 200, log).show(final=True)
+    assert capsys.readouterr().err.strip().startswith("[dblp s2] round 40/200")

@@ -79,29 +79,32 @@ def test_every_reply_round_trips(request_cls, reply):
 
 
 BAD_LINES = [
-    (b'{"v": 2, "op": "status"}', "protocol version 2"),
+    (b'{"v": 1, "op": "status"}', "protocol version 1"),
     (b'{"op": "status"}', "protocol version None"),
     (b'{"v": "1", "op": "status"}', "protocol version '1'"),
     (b"not json", "not JSON"),
     (b"[" * 50_000, "not JSON"),
     (b"[1, 2]", "JSON object"),
-    (b'{"v": 1}', "unknown op None"),
-    (b'{"v": 1, "op": "reboot"}', "unknown op 'reboot'"),
-    (b'{"v": 1, "op": "status", "verbose": true}', "unknown field 'verbose'"),
-    (b'{"v": 1, "op": "round", "event": "start", "arm": "a"}', "missing field 'round'"),
-    (b'{"v": 1, "op": "round", "event": "middle", "arm": "a", "round": 1}', "event"),
-    (b'{"v": 1, "op": "round", "event": "start", "arm": "a", "round": 1e999}', "round.round"),
-    (b'{"v": 1, "op": "round", "event": "start", "arm": "a", "round": true}', "round.round"),
-    (b'{"v": 1, "op": "round", "event": "start", "arm": "a", "round": -1}', "round must be >= 0"),
-    (b'{"v": 1, "op": "round", "event": "start", "arm": "../../etc", "round": 1}', "not a plain name"),
-    (b'{"v": 1, "op": "burst", "kind": "loss", "target": "x", "duration_ms": 5, "params": {"q": 1}}',
+    (b'{"v": 2}', "unknown op None"),
+    (b'{"v": 2, "op": "reboot"}', "unknown op 'reboot'"),
+    (b'{"v": 2, "op": "status", "verbose": true}', "unknown field 'verbose'"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "a"}', "missing field 'round'"),
+    (b'{"v": 2, "op": "round", "event": "middle", "arm": "a", "round": 1}', "event"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "a", "round": 1e999}', "round.round"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "a", "round": true}', "round.round"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "a", "round": -1}', "round must be >= 0"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "../../etc", "round": 1}', "not a plain name"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "a", "round": 1, "seed": -1}',
+     "seed must be >= 0"),
+    (b'{"v": 2, "op": "round", "event": "start", "arm": "a", "round": 1, "seed": "2"}', "round.seed"),
+    (b'{"v": 2, "op": "burst", "kind": "loss", "target": "x", "duration_ms": 5, "params": {"q": 1}}',
      "burst.params.q"),
-    (b'{"v": 1, "op": "burst", "kind": "police", "target": "x", "duration_ms": 5, "params": {"p": 1}}',
+    (b'{"v": 2, "op": "burst", "kind": "police", "target": "x", "duration_ms": 5, "params": {"p": 1}}',
      "burst.params.p"),
-    (b'{"v": 1, "op": "burst", "kind": "loss", "target": "x", "duration_ms": -5}', "burst.duration_ms"),
-    (b'{"v": 1, "op": "burst", "kind": "flood", "target": "x", "duration_ms": 5}', "burst.kind"),
-    (b'{"v": 1, "op": "schedule", "bursts": [{"kind": "loss", "rounds": 1}]}', "schedule.bursts[0].rounds"),
-    (b'{"v": 1, "op": "schedule", "bursts": {"a": 1}}', "schedule.bursts"),
+    (b'{"v": 2, "op": "burst", "kind": "loss", "target": "x", "duration_ms": -5}', "burst.duration_ms"),
+    (b'{"v": 2, "op": "burst", "kind": "flood", "target": "x", "duration_ms": 5}', "burst.kind"),
+    (b'{"v": 2, "op": "schedule", "bursts": [{"kind": "loss", "rounds": 1}]}', "schedule.bursts[0].rounds"),
+    (b'{"v": 2, "op": "schedule", "bursts": {"a": 1}}', "schedule.bursts"),
 ]
 
 
@@ -113,12 +116,12 @@ def test_malformed_requests_are_refused_with_one_line(line, why):
 
 
 def test_a_reply_of_another_version_or_shape_is_refused():
-    with pytest.raises(ProtocolError, match="protocol version 2"):
-        parse_reply_line(StatusRequest, b'{"v": 2, "ok": true}\n')
-    with pytest.raises(ProtocolError, match="missing field 'topology'"):
+    with pytest.raises(ProtocolError, match="protocol version 1"):
         parse_reply_line(StatusRequest, b'{"v": 1, "ok": true}\n')
+    with pytest.raises(ProtocolError, match="missing field 'topology'"):
+        parse_reply_line(StatusRequest, b'{"v": 2, "ok": true}\n')
     with pytest.raises(ProtocolError, match="no ok field"):
-        parse_reply_line(StatusRequest, b'{"v": 1}\n')
+        parse_reply_line(StatusRequest, b'{"v": 2}\n')
 
 
 def test_client_request_dict_form_goes_through_the_declaration():

@@ -153,3 +153,47 @@ def test_one_set_of_ranges(bad, field):
     with pytest.raises(BurstError) as err:
         BurstSpec.from_dict(bad)
     assert err.value.field == field
+
+
+def test_the_controller_bursts_every_unit_of_an_arm_afresh(tmp_path):
+    """An arm repeated over seeds meets the whole schedule once per seed; each record
+    goes to its unit's directory (raw/<arm>/seed-<seed>/), a manual one to raw/<arm>/."""
+    pytest.importorskip("os_ken")
+    import json
+    import threading
+
+    from controllers.bursts_app import FabricBursts
+    from controllers.protocol import RoundRequest
+
+    app = object.__new__(FabricBursts)   # the burst lifecycle only: no switch, no mechanism
+    app.schedule = BurstSchedule.from_list([{"kind": "loss", "target": "server-downlink",
+                                             "params": {"p": 0.8}, "at_round": 1, "rounds": 1}])
+    app.active, app.done, app.arm_t0 = {}, [], {}
+    app.lock, app.raw = threading.RLock(), str(tmp_path)
+
+    def start(key, rec, end_at_ns):
+        rec.actual_start_ns = rec.requested_start_ns
+        app.active[key] = (rec, None)
+
+    def end(key, t_ns):
+        rec, _ = app.active.pop(key)
+        rec.requested_end_ns = rec.actual_end_ns = t_ns
+        app.done.append(rec)
+        app._log_burst(rec)
+
+    app._start, app._end = start, end
+    t = 1000
+    for i, seed in enumerate((1, 2, 1, None)):   # seed 1 again: its burst is done, not repeated
+        for rnd in range(3):
+            for event in ("start", "end"):
+                t += 1
+                reply = app.round_request(RoundRequest(event=event, arm="dblp", round=rnd,
+                                                       t_ns=t, seed=seed))
+                hit = rnd == 1 and event == "start" and i != 2
+                assert reply.active_bursts == (["b000"] if hit else [])
+    lines = {d: [json.loads(x) for x in (tmp_path / "dblp" / d / "bursts.jsonl").read_text()
+                 .splitlines()] for d in ("seed-1", "seed-2", ".")}
+    assert [(b["seed"], b["round"]) for b in lines["seed-1"]] == [(1, 1)]
+    assert [(b["seed"], b["round"]) for b in lines["seed-2"]] == [(2, 1)]
+    assert [b["round"] for b in lines["."]] == [1] and "seed" not in lines["."][0]
+    assert list(app.arm_t0) == [("dblp", 1), ("dblp", 2), ("dblp", None)]

@@ -86,7 +86,7 @@ def _fake_tc(bin_dir: pathlib.Path) -> None:
 def test_monitor_writes_declared_queue_lines(tmp_path, monkeypatch):
     _fake_tc(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    log = tmp_path / "raw" / "dblp" / "queue.jsonl"
+    log = tmp_path / "raw" / "dblp" / "seed-1" / "queue.jsonl"
     before = time.time_ns()
     mon = BottleneckMonitor("lo", shaped_mbps=20.0, arm="dblp", queue_log=log,
                             queue_period_s=0.05)

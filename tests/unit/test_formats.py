@@ -68,6 +68,20 @@ def test_controller_burst_line_matches_the_declaration():
     rec.dropped_packets, rec.seen_packets, rec.round = 3, 9, 5
     rec.error, rec.detail = "meter failed", {"ports": [1]}
     assert runlog.check_event(json.loads(json.dumps(rec.log_line())))
+    # A burst a unit announced carries the unit's seed and goes to the unit's directory.
+    assert "seed" not in rec.log_line() and rec.log_dir("/r") == "/r/dblp"
+    rec.seed = 3
+    assert runlog.check_event(rec.log_line())["seed"] == 3
+    assert rec.log_dir("/r") == runlog.unit_dir("/r", "dblp", 3) == "/r/dblp/seed-3"
+
+
+def test_the_controllers_copy_of_the_unit_layout_is_the_workloads():
+    from controllers.bursts import record_dir
+    for arm, seed in (("dblp", 0), ("static-high", 12), ("gloo", 2**31 - 1)):
+        assert record_dir("/run/raw", arm, seed) == runlog.unit_dir("/run/raw", arm, seed)
+        assert runlog.seed_of_dir(pathlib.Path(record_dir("/x", arm, seed)).name) == seed
+    assert [runlog.seed_of_dir(n) for n in ("seed-", "seed-01", "seed-x", "s-1", "seed--1")] == \
+        [None] * 5
 
 
 def _spec():
@@ -79,7 +93,7 @@ def test_manifest_round_trip_and_declaration(tmp_path):
     m.update(dblp_port=47474, rtt_ms=None, placement={"server": "h1", "workers": ["h2"]},
              fabric_startup_s=1.5)
     # The fidelity record the runner stores per arm (CpuSampler + BottleneckMonitor.summary).
-    m.arm("dblp", status="ok", started_ns=1, ended_ns=2,
+    m.unit("dblp", 1, status="ok", started_ns=1, ended_ns=2,
           fidelity={"cpu_busy_frac": 0.5, "bottleneck": "s1-eth1", "shaped_mbps": 20.0,
                     "achieved_mbps": 19.0, "queue_drops": None, "ovs_drops": 0})
     m.finish("ok")
@@ -89,12 +103,44 @@ def test_manifest_round_trip_and_declaration(tmp_path):
     with pytest.raises(ValueError, match="undeclared field.*addresses"):
         m.update(addresses={"server": "10.0.0.1"})
     with pytest.raises(ValueError, match="fidelity: undeclared field.*flags"):
-        m.arm("gloo", fidelity={"flags": ["x"]})
+        m.unit("gloo", 1, fidelity={"flags": ["x"]})
     assert rundir.read_manifest(tmp_path) == data == m.data   # a refused update changes nothing
+
+
+def test_manifest_records_every_unit_in_run_order(tmp_path):
+    spec = specmod.load(None, overrides=["name=t", "arms=gloo,dblp", "seed=5", "seeds=2"])
+    m = rundir.Manifest(tmp_path, spec)
+    assert m.data["seed"] == 5 and m.data["seeds"] == [5, 6]
+    assert [(u["arm"], u["seed"], u["status"]) for u in m.data["units"]] == [
+        ("gloo", 5, "pending"), ("dblp", 5, "pending"), ("gloo", 6, "pending"),
+        ("dblp", 6, "pending")]
+    m.unit("dblp", 6, status="failed", error="x")
+    m.unit("gloo", 5, status="ok", started_ns=1, ended_ns=2)
+    data = rundir.read_manifest(tmp_path)
+    assert [u["status"] for u in rundir.unit_records(data)] == ["ok", "pending", "pending", "failed"]
+    assert [u["seed"] for u in rundir.unit_records(data, "dblp")] == [5, 6]
+    with pytest.raises(ValueError, match="no unit arm dblp seed 7"):
+        m.unit("dblp", 7, status="ok")
+    assert rundir.unit_dir(tmp_path, "dblp", 6) == tmp_path / "raw" / "dblp" / "seed-6"
+
+
+def test_manifest_of_schema_1_is_refused_in_one_line(tmp_path):
+    """A run directory from before repeated seeds: per-arm records, raw/<arm>/."""
+    old = {"schema": 1, "raw_log_schema": 2, "name": "t", "seed": 1,
+           "arms": {"dblp": {"status": "ok"}}, "status": "ok", "started_utc": "x",
+           "started_ns": 1, "pid": 1, "environment": {}, "capabilities": {}}
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    with pytest.raises(rundir.ManifestError) as exc:
+        rundir.read_manifest(tmp_path)
+    msg = str(exc.value)
+    assert "\n" not in msg and "schema version 1 is from before repeated seeds" in msg
+    assert "cannot re-analyse it: run its spec.toml again" in msg
 
 
 @pytest.mark.parametrize("change,needle", [
     ({"schema": 7}, "schema version 7 is unknown"),
+    ({"units": [{"arm": "dblp", "seed": 1, "status": "ok"}] * 2}, "arm dblp seed 1 is listed twice"),
+    ({"units": [{"arm": "dblp", "status": "ok"}]}, "units[0]: field 'seed' missing"),
     ({"raw_log_schema": 9}, "raw-log schema version 9 is unknown"),
     ({"rtt_ms": "5"}, "'rtt_ms' must be num"),
 ])

@@ -16,16 +16,16 @@ import sys
 import pandas as pd
 import pytest
 from PIL import Image
-from scapy.utils import wrpcap
 
 from testbed.analysis import datasets, formats, load_run
 from testbed.analysis.report import build_outputs
 from testbed.errors import InputError
+from testbed.run.rundir import MANIFEST_SCHEMA
 from workloads.runlog import MalformedEvent, check_port_stats
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import PERIOD, ROUNDS, T0  # noqa: E402
-from test_analysis_packets import _gloo_capture, _rounds_packets, make_run  # noqa: E402
+from test_analysis import PERIOD, ROUNDS, T0, round_start, unit_raw  # noqa: E402
+from test_analysis_packets import _gloo_capture, _rounds_packets, make_run, write_captures  # noqa: E402
 
 pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -39,12 +39,12 @@ def _counters(tx_bytes, tx_dropped=0):
             "tx_bytes": tx_bytes, "rx_dropped": 0, "tx_dropped": tx_dropped, "tx_errors": 0}
 
 
-def _port_stats(arms) -> list[str]:
+def _port_stats(arms, seeds=(1,)) -> list[str]:
     lines, tx = [], 0
-    for arm in arms:
+    for arm, seed in ((a, s) for s in seeds for a in arms):
         for k in range(ROUNDS + 1):
-            t = T0[arm] + k * SEC
-            if arm == "dblp" and k == 6:
+            t = round_start(arm, 0, seed) + k * SEC
+            if arm == "dblp" and k == 6 and seed == 1:
                 tx = 0                            # the switch reconnected: counters restart
             else:
                 tx += RATE_BYTES
@@ -62,16 +62,16 @@ def _port_stats(arms) -> list[str]:
 QUEUE_MS, LIMIT = 10, 100
 
 
-def _burst_windows(run, arm) -> list[tuple[int, int, str]]:
-    lines = [json.loads(x) for x in (run / "raw" / arm / "bursts.jsonl").read_text().splitlines()]
+def _burst_windows(run, arm, seed=1) -> list[tuple[int, int, str]]:
+    lines = [json.loads(x) for x in (unit_raw(run, arm, seed) / "bursts.jsonl").read_text().splitlines()]
     return [(b["actual_start_ns"], b["actual_end_ns"], b["id"]) for b in lines]
 
 
-def _queue_samples(run, arm) -> list[str]:
+def _queue_samples(run, arm, seed=1) -> list[str]:
     lines, dropped = [], 0
-    windows = _burst_windows(run, arm)
+    windows = _burst_windows(run, arm, seed)
     for k in range(ROUNDS * 1000 // QUEUE_MS + 1):
-        t = T0[arm] + k * QUEUE_MS * 10**6 + 7
+        t = round_start(arm, 0, seed) + k * QUEUE_MS * 10**6 + 7
         hit = any(s <= t <= e for s, e, _ in windows)
         dropped = 0 if (arm == "dblp" and k == 500) else dropped + 2 * hit
         lines.append(json.dumps({"event": "queue", "arm": arm, "t_ns": t,
@@ -81,24 +81,27 @@ def _queue_samples(run, arm) -> list[str]:
     return lines
 
 
-@pytest.fixture
-def notebook_run(tmp_path):
-    arms = ("gloo", "static", "dblp")
-    run = make_run(tmp_path / "run", arms=arms)
-    srv, w0 = _rounds_packets()
-    wrpcap(str(run / "raw" / "dblp" / "server.pcap"), srv)
-    wrpcap(str(run / "raw" / "dblp" / "worker0.pcap"), w0)
-    wrpcap(str(run / "raw" / "gloo" / "worker0.pcap"), _gloo_capture())
-    (run / "raw" / "port_stats.jsonl").write_text("\n".join(_port_stats(arms)) + "\n")
+def make_notebook_run(run, arms=("gloo", "static", "dblp"), seeds=(1,)):
+    """`make_run` with captures, port statistics, queue samples and a placement, built."""
+    write_captures(make_run(run, arms=arms, seeds=seeds), seeds)
+    (run / "raw" / "port_stats.jsonl").write_text("\n".join(_port_stats(arms, seeds)) + "\n")
     for arm in arms:
-        (run / "raw" / arm / "queue.jsonl").write_text("\n".join(_queue_samples(run, arm)) + "\n")
+        for seed in seeds:
+            (unit_raw(run, arm, seed) / "queue.jsonl").write_text(
+                "\n".join(_queue_samples(run, arm, seed)) + "\n")
     man = json.loads((run / "manifest.json").read_text())
     man["placement"] = {"server": "h000", "workers": ["h100", "h200", "h300"]}
-    for arm in arms:
-        man["arms"][arm].update(started_ns=T0[arm], ended_ns=T0[arm] + ROUNDS * PERIOD)
+    for u in man["units"]:   # each unit's window holds its port-statistics samples
+        u.update(started_ns=round_start(u["arm"], 0, u["seed"]),
+                 ended_ns=round_start(u["arm"], ROUNDS, u["seed"]))
     (run / "manifest.json").write_text(json.dumps(man))
     build_outputs(run)
     return run
+
+
+@pytest.fixture
+def notebook_run(tmp_path):
+    return make_notebook_run(tmp_path / "run")
 
 
 def test_load_run_returns_the_declared_frames(notebook_run):
@@ -242,6 +245,8 @@ def _set_table_schema(path: pathlib.Path, value):
 
 @pytest.mark.parametrize("table,value,needle", [
     ("rounds", 99, "table schema version 99 is unknown"),
+    ("bursts", 2, "table schema version 2 is from before repeated seeds"),
+    ("evals", 1, "cannot re-analyse that run directory"),
     ("packets", None, "no dblp-testbed 'packets' table metadata"),
 ])
 def test_load_run_refuses_an_unknown_table_version(notebook_run, table, value, needle):
@@ -258,7 +263,7 @@ def test_load_run_refuses_an_unversioned_manifest_and_a_missing_table(notebook_r
     (notebook_run / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(InputError, match="field 'schema' missing"):
         load_run(notebook_run)
-    man["schema"] = 1
+    man["schema"] = MANIFEST_SCHEMA
     (notebook_run / "manifest.json").write_text(json.dumps(man))
     (notebook_run / "evals.parquet").unlink()
     with pytest.raises(InputError, match=r"evals.parquet: not found \(run `dblp-testbed report"):
@@ -316,7 +321,7 @@ def test_readme_notebook_example_runs(notebook_run):
 def test_burst_timestamps_stay_exact_when_one_is_missing(tmp_path):
     """One burst without an end used to turn the column into float64 (128 ns steps at 10^18)."""
     run = make_run(tmp_path / "run")
-    f = run / "raw" / "static" / "bursts.jsonl"
+    f = unit_raw(run, "static") / "bursts.jsonl"
     lines = [json.loads(x) for x in f.read_text().splitlines()]
     lines[1]["actual_end_ns"] = None                       # the burst's end was never logged
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -326,3 +331,42 @@ def test_burst_timestamps_stay_exact_when_one_is_missing(tmp_path):
     assert b.loc["static-b1", "actual_start_ns"] == T0["static"] + 3 * PERIOD + 11_000_000
     assert pd.isna(b.loc["static-b2", "actual_end_ns"])
     assert pd.read_csv(run / "bursts.csv")["actual_start_ns"].astype(str).str.isdigit().all()
+
+
+def test_every_table_has_the_seed_of_each_unit(tmp_path):
+    """Two arms x two seeds: every row says which unit (arm, seed) it comes from."""
+    run = load_run(make_notebook_run(tmp_path / "run", arms=("gloo", "dblp"), seeds=(1, 2)))
+    for name, table in datasets.TABLES.items():
+        df = getattr(run, name)
+        assert table.names()[:2] == ["arm", "seed"], name
+        assert str(df["seed"].dtype) == "Int64", name
+        units = set(zip(df["arm"].dropna(), df["seed"].dropna(), strict=True))
+        want = {("dblp", 1), ("dblp", 2)} if name == "packets" or name == "flows" else \
+            {(a, s) for a in ("gloo", "dblp") for s in (1, 2)}
+        if name in ("packets", "flows"):   # both arms were captured
+            want |= {("gloo", 1), ("gloo", 2)}
+        assert units == want, (name, units)
+    r = run.rounds
+    assert r.groupby(["arm", "seed"]).size().tolist() == [ROUNDS] * 4
+    # Each unit's rounds are joined to its own bursts only.
+    hit = r[r["in_burst"]].groupby(["arm", "seed"])["burst_id"].apply(list).to_dict()
+    assert hit[("dblp", 2)] == ["dblp-b1", "dblp-b2"] == hit[("dblp", 1)]
+    b = run.bursts.set_index(["arm", "seed", "id"])
+    assert b.loc[("dblp", 2, "dblp-b1"), "rounds_hit"] == 1
+    assert b.loc[("dblp", 2, "dblp-b1"), "actual_start_ns"] == round_start("dblp", 3, 2) + 11_000_000
+    # Packets take their rounds from their unit's rounds (seed 2's clock is 1000 s later).
+    pk = run.packets[run.packets["arm"] == "dblp"]
+    assert set(pk[pk["seed"] == 2]["round"].dropna()) == {2, 3}
+    assert len(run.flows[(run.flows["arm"] == "dblp") & (run.flows["seed"] == 2)]) == \
+        len(run.flows[(run.flows["arm"] == "dblp") & (run.flows["seed"] == 1)])
+    # Port statistics and queue samples fall in the unit whose manifest window holds them.
+    assert run.bottleneck.groupby(["arm", "seed"]).size().tolist() == [ROUNDS + 1] * 4
+    q = run.queue
+    assert q.groupby(["arm", "seed"]).size().nunique() == 1
+    assert set(q[(q["seed"] == 2) & q["burst_id"].notna()]["burst_id"]) == {"dblp-b1", "dblp-b2",
+                                                                            "gloo-b1", "gloo-b2"}
+    # An evaluation's time counts from its own unit's first round: round 4's end + 1 ms,
+    # 4 s + 13 ms + the round's latency (dblp 24 ms, gloo 40 ms; seed 2's are 1.5x).
+    e = run.evals.groupby(["arm", "seed"])["t_s"].min()
+    assert e.round(3).to_dict() == {("dblp", 1): 4.037, ("dblp", 2): 4.049, ("gloo", 1): 4.053,
+                                    ("gloo", 2): 4.073}

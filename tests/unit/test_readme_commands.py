@@ -106,7 +106,7 @@ def test_loopback_command(tmp_path):
                           "--rounds", "4", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert (tmp_path / "raw" / "reliable" / "server.jsonl").exists()
+    assert (tmp_path / "raw" / "reliable" / "seed-0" / "server.jsonl").exists()
 
 
 @pytest.mark.unit

@@ -11,7 +11,7 @@ from testbed.analysis.report import DERIVED, build_outputs
 from testbed.config.arms import ARMS, Arm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import make_run  # noqa: E402
+from test_analysis import make_run, unit_raw  # noqa: E402
 
 pytestmark = pytest.mark.unit
 CLI = pathlib.Path(sys.executable).with_name("dblp-testbed")
@@ -62,16 +62,31 @@ def test_report_on_a_non_run_dir_is_one_line(tmp_path):
 
 def test_fidelity_flags_reach_the_report(tmp_path):
     run = make_run(tmp_path / "run")
-    man = json.loads((run / "manifest.json").read_text())
-    man["arms"]["static"]["fidelity"] = {"cpu_busy_frac": 0.97, "achieved_mbps": 9.0,
-                                         "shaped_mbps": 20.0}
-    man["arms"]["dblp"]["fidelity"] = {"cpu_busy_frac": 0.5, "ovs_drops": 0}
-    (run / "manifest.json").write_text(json.dumps(man))
+    _set_fidelity(run, {("static", 1): {"cpu_busy_frac": 0.97, "achieved_mbps": 9.0,
+                                        "shaped_mbps": 20.0},
+                        ("dblp", 1): {"cpu_busy_frac": 0.5, "ovs_drops": 0}})
     s = build_outputs(run)
     assert s["fidelity_flags"]["dblp"] == []
     flags = s["fidelity_flags"]["static"]
     assert len(flags) == 2 and "CPU 97 % busy" in flags[0] and "9 of 20 Mbit/s" in flags[1]
     assert "arm static: CPU 97 % busy" in (run / "report.md").read_text()
+
+
+def _set_fidelity(run, records):
+    man = json.loads((run / "manifest.json").read_text())
+    for u in man["units"]:
+        if (u["arm"], u["seed"]) in records:
+            u["fidelity"] = records[(u["arm"], u["seed"])]
+    (run / "manifest.json").write_text(json.dumps(man))
+
+
+def test_fidelity_flags_name_the_seed_they_come_from(tmp_path):
+    run = make_run(tmp_path / "run", seeds=(1, 2))
+    _set_fidelity(run, {("static", 2): {"cpu_busy_frac": 0.95}, ("static", 1): {"ovs_drops": 0}})
+    s = build_outputs(run, figures=False)
+    assert s["fidelity_flags"]["static"] == ["seed 2: CPU 95 % busy: the emulator, not the "
+                                             "network, may have set the latencies"]
+    assert s["fidelity"]["static"]["1"]["fidelity"] == {"ovs_drops": 0}
 
 
 def _cli(*args):
@@ -82,10 +97,10 @@ def _cli(*args):
                                      b"\xd4\xc3\xb2\xa1\x02\x00"])   # cut in its file header
 def test_unreadable_capture_is_a_warning_naming_it(tmp_path, content):
     run = make_run(tmp_path / "run")
-    (run / "raw" / "dblp" / "server.pcap").write_bytes(content)
+    (unit_raw(run, "dblp") / "server.pcap").write_bytes(content)
     res = _cli("report", run)
     assert res.returncode == 0, res.stderr
-    assert "raw/dblp/server.pcap unreadable" in res.stdout
+    assert "raw/dblp/seed-1/server.pcap unreadable" in res.stdout
     for name in ("rounds.csv", "bursts.csv", "flows.csv", "packets.parquet", "summary.json",
                  "report.md", "report.html"):
         assert (run / name).stat().st_size > 0, name
@@ -95,19 +110,21 @@ def test_unreadable_capture_is_a_warning_naming_it(tmp_path, content):
 
 def test_raw_log_with_wrong_types_is_a_warning_naming_it(tmp_path):
     run = make_run(tmp_path / "run")
-    w = run / "raw" / "static" / "worker1.jsonl"
+    w = unit_raw(run, "static") / "worker1.jsonl"
     lines = [json.loads(x) for x in w.read_text().splitlines()]
     bad = next(i for i, e in enumerate(lines) if e["event"] == "round" and e["round"] == 5)
     lines[bad]["comm_s"] = "fast"
-    b = run / "raw" / "static" / "bursts.jsonl"
+    b = unit_raw(run, "static") / "bursts.jsonl"
     blines = [json.loads(x) for x in b.read_text().splitlines()]
     blines[0]["actual_start_ns"] = "soon"
     w.write_text("".join(json.dumps(e) + "\n" for e in lines))
     b.write_text("".join(json.dumps(e) + "\n" for e in blines))
     res = _cli("report", run)
     assert res.returncode == 0, res.stderr
-    assert f"raw/static/worker1.jsonl:{bad + 1}: round event: field 'comm_s' must be num" in res.stdout
-    assert "raw/static/bursts.jsonl:1: burst event: field 'actual_start_ns' must be int" in res.stdout
+    assert f"raw/static/seed-1/worker1.jsonl:{bad + 1}: round event: field 'comm_s' must be num" \
+        in res.stdout
+    assert "raw/static/seed-1/bursts.jsonl:1: burst event: field 'actual_start_ns' must be int" \
+        in res.stdout
     s = json.loads((run / "summary.json").read_text())
     assert s["arms"]["static"]["rounds"] == 10 and s["bursts"]["per_arm"]["static"] == 1
     assert (run / "report.html").stat().st_size > 0
@@ -122,13 +139,13 @@ def test_bad_capture_inside_run_keeps_the_summary(tmp_path):
             self.fields = fields
 
     run = make_run(tmp_path / "run")
-    (run / "raw" / "gloo" / "worker0.pcap").write_bytes(b"not a pcap")
+    (unit_raw(run, "gloo") / "worker0.pcap").write_bytes(b"not a pcap")
     rec = Recorder()
     _build_outputs(run, rec)
     assert not hasattr(rec, "fields"), rec.fields          # no report_error recorded
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "ok"
-    assert any("raw/gloo/worker0.pcap unreadable" in w for w in s["warnings"])
+    assert any("raw/gloo/seed-1/worker0.pcap unreadable" in w for w in s["warnings"])
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -185,7 +202,7 @@ def test_settings_come_from_the_spec_and_the_arms_registry(tmp_path, monkeypatch
     run = make_run(tmp_path / "run")
     for old, new in (("static", "mlt"), ("dblp", "phase-aware")):
         (run / "raw" / old).rename(run / "raw" / new)
-        for f in (run / "raw" / new).glob("*.jsonl"):
+        for f in (run / "raw" / new).glob("seed-*/*.jsonl"):
             f.write_text(f.read_text().replace(f'"arm": "{old}"', f'"arm": "{new}"'))
     spec = (run / "spec.toml").read_text()
     spec = spec.replace('"static", "dblp"', '"mlt", "phase-aware"')
@@ -193,7 +210,8 @@ def test_settings_come_from_the_spec_and_the_arms_registry(tmp_path, monkeypatch
     spec = spec.replace("p_high = 0.408", "p_high = 0.5").replace("p_static = 0.008", "p_static = 0.01")
     (run / "spec.toml").write_text(spec)
     man = json.loads((run / "manifest.json").read_text())
-    man["arms"] = {"gloo": {"status": "ok"}, "mlt": {"status": "ok"}, "phase-aware": {"status": "ok"}}
+    for u in man["units"]:
+        u["arm"] = {"static": "mlt", "dblp": "phase-aware"}.get(u["arm"], u["arm"])
     (run / "manifest.json").write_text(json.dumps(man))
     s = build_outputs(run, figures=False)
     assert s["baselines"] == ["gloo", "mlt"]

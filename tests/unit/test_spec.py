@@ -95,6 +95,10 @@ BAD_SPECS = [
     ("deadline-zero", '[transport]\nround_deadline_s = 0', "transport.round_deadline_s"),
     ("check-every-zero", '[transport]\ncheck_every = 0', "transport.check_every"),
     ("placement-strategy-is-gone", '[placement]\nstrategy = "spread"', "placement.strategy"),
+    ("seeds-negative", 'seeds = -1', "seeds"),
+    ("seeds-zero", 'seeds = 0', "seeds"),
+    ("seeds-not-int", 'seeds = 2.5', "seeds"),
+    ("seeds-past-the-last-seed", 'seed = 2147483647\nseeds = 2', "seeds"),
 ]
 
 
@@ -152,6 +156,32 @@ def test_command_line_overrides_win(tmp_path):
     res = CliRunner().invoke(main, ["run", str(f), "--rounds", "7", "--dry-run"])
     assert res.exit_code == 0
     assert "rounds = 7" in res.output
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--seeds", "-1"], ["--set", "seeds=-1"]])
+def test_bad_seeds_on_the_command_line_is_one_line_exit_2(argv):
+    res = CliRunner().invoke(main, ["run", "--dry-run", *argv])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "spec field 'seeds'" in lines[0], lines
+    assert "every arm runs once per seed" in lines[0]
+
+
+@pytest.mark.unit
+def test_seeds_are_the_spec_seed_and_those_after_it():
+    res = CliRunner().invoke(main, ["run", "--seed", "7", "--seeds", "3", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    doc = tomllib.loads(res.output)
+    assert (doc["seed"], doc["seeds"]) == (7, 3)
+    spec = load(None, PRESETS["default"], ["seed=7", "seeds=3"])
+    assert spec.seeds == 3 and spec.seed_values == [7, 8, 9]
+    assert load(None, PRESETS["default"]).seed_values == [load(None, PRESETS["default"]).seed]
+    # One burst schedule per run, from the spec's seed: the same for one seed or many.
+    from testbed.run.bursts import resolve_bursts
+    one = load(None, PRESETS["default"], ["seed=7"])
+    assert resolve_bursts(spec).to_dict() == resolve_bursts(one).to_dict()
+    assert len(resolve_bursts(spec)) > 0
 
 
 @pytest.mark.unit

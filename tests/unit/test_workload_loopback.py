@@ -41,10 +41,11 @@ def test_gloo_three_workers_train_on_loopback(tmp_path):
     rounds = 100
     res = run_arm("gloo", str(tmp_path), workers=3, rounds=rounds, timeout_s=180,
                   worker_args=["--eval-every", "50", "--eval-ranks", "all"])
-    assert res["status"] == "ok", (res, open(tmp_path / "raw/gloo/worker0.err").read())
+    assert res["status"] == "ok", (res, open(tmp_path / "raw/gloo/seed-0/worker0.err").read())
     finals = []
     for rank in range(3):
-        recs = check_worker_log(tmp_path / f"raw/gloo/worker{rank}.jsonl", "gloo", rank, rounds)
+        recs = check_worker_log(tmp_path / f"raw/gloo/seed-0/worker{rank}.jsonl", "gloo", rank,
+                                rounds)
         evals = [r for r in recs if r["event"] == "eval"]
         assert [e["round"] for e in evals] == [49, 99] and EVAL_KEYS <= set(evals[0])
         finals.append(evals[-1]["test_accuracy"])
@@ -129,7 +130,7 @@ def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, mon
                       transport={"round_timeout": 20.0})
     finally:
         lis.close()
-    raw = tmp_path / "raw" / arm
+    raw = tmp_path / "raw" / arm / "seed-0"   # run_arm's default seed
     assert res["status"] == "ok", (res, (raw / "server.err").read_text(), (raw / "worker0.err").read_text())
     finals = []
     for rank in range(3):
