@@ -22,6 +22,8 @@ COVERED = {
     "dblp-testbed run": "tests/e2e/test_run.py, tests/e2e/test_ci_regression.py",
     "dblp-testbed report": "tests/e2e/test_run.py",
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
+    "dblp-testbed reproduce": "tests/e2e/test_reproduce.py (a small reference end to end, and "
+                              "--readme-only); the README's tables: tests/unit/test_readme_tables.py",
     "dblp-testbed doctor": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed net check": "tests/emu/test_fabric_cleanup.py",
     "dblp-testbed net cli": "tests/emu/test_readme_fabric_commands.py",
