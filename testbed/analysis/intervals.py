@@ -60,6 +60,9 @@ RNG_SEED = 20_260_501
 # Replicates drawn at once: bounds the memory of the pooled resample
 # (replicates x seeds x rounds per seed floats).
 _CHUNK_VALUES = 4_000_000
+# Fewer values than this on one side (burst rounds, summed over seeds) give
+# no interval: two rounds' median is an anecdote, and its bootstrap is too.
+MIN_VALUES = 3
 # Evaluation metrics: the column in the evals table and which way reaches a target.
 METRICS = {"test_accuracy": "higher", "test_loss": "lower"}
 
@@ -182,6 +185,9 @@ def _bootstrap(arm: Mapping, base: Mapping, what: str, point_fn: Callable,
         raise ValueError(f"resamples must be at least 100, got {resamples}")
     seeds = _paired(arm, base, what)
     a, b = _arrays(arm, seeds), _arrays(base, seeds)
+    n = min(sum(g.size for g in a), sum(g.size for g in b))
+    if per_seed and n < MIN_VALUES:
+        raise ValueError(f"only {n} {what} on one side (fewer than {MIN_VALUES}): no interval")
     point = float(point_fn(a, b))
     if not math.isfinite(point):
         raise ValueError(f"{what}: the estimate is undefined on these data (a zero denominator)")
@@ -200,8 +206,9 @@ def _bootstrap(arm: Mapping, base: Mapping, what: str, point_fn: Callable,
 # ------------------------------------------------- estimators on arrays --
 # Each takes, for arm A and baseline B, a mapping seed -> values of that seed.
 
-def ratio_of_medians(arm: Mapping, base: Mapping, *, resamples: int = RESAMPLES,
-                     rng_seed: int = RNG_SEED, level: float = LEVEL) -> Interval:
+def ratio_of_medians(arm: Mapping, base: Mapping, *, what: str = "values",
+                     resamples: int = RESAMPLES, rng_seed: int = RNG_SEED,
+                     level: float = LEVEL) -> Interval:
     """median(B's pooled values) / median(A's): a speedup of A over B for latencies."""
     def point(a, b):
         den = np.median(np.concatenate(a))
@@ -211,35 +218,38 @@ def ratio_of_medians(arm: Mapping, base: Mapping, *, resamples: int = RESAMPLES,
         pa, pb = _pooled(a, picks, rng), _pooled(b, picks, rng)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.nanmedian(pb, axis=1) / np.nanmedian(pa, axis=1)
-    return _bootstrap(arm, base, "values", point, replicate, resamples, rng_seed, level)
+    return _bootstrap(arm, base, what, point, replicate, resamples, rng_seed, level)
 
 
-def relative_change_of_sums(arm: Mapping, base: Mapping, *, resamples: int = RESAMPLES,
-                            rng_seed: int = RNG_SEED, level: float = LEVEL) -> Interval:
-    """100 x (1 - sum of A's values / sum of B's), summed over rounds and seeds: a cut in percent."""
+def _of_sums(stat: Callable, arm: Mapping, base: Mapping, what: str, resamples: int,
+             rng_seed: int, level: float) -> Interval:
+    """``stat(sum of A's values, sum of B's)``, summed over rounds and seeds, with its interval."""
+    def guarded(sa, sb):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return stat(np.float64(sa) if np.isscalar(sa) else sa,
+                        np.float64(sb) if np.isscalar(sb) else sb)
+
     def point(a, b):
-        den = sum(g.sum() for g in b)
-        return 100.0 * (1.0 - sum(g.sum() for g in a) / den) if den > 0 else math.nan
+        return guarded(sum(g.sum() for g in a), sum(g.sum() for g in b))
 
     def replicate(a, b, picks, rng):
-        sa, sb = _sums(a, picks, rng).sum(axis=1), _sums(b, picks, rng).sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return 100.0 * (1.0 - sa / sb)
-    return _bootstrap(arm, base, "values", point, replicate, resamples, rng_seed, level)
+        return guarded(_sums(a, picks, rng).sum(axis=1), _sums(b, picks, rng).sum(axis=1))
+    return _bootstrap(arm, base, what, point, replicate, resamples, rng_seed, level)
 
 
-def ratio_of_sums(arm: Mapping, base: Mapping, *, resamples: int = RESAMPLES,
-                  rng_seed: int = RNG_SEED, level: float = LEVEL) -> Interval:
+def relative_change_of_sums(arm: Mapping, base: Mapping, *, what: str = "values",
+                            resamples: int = RESAMPLES, rng_seed: int = RNG_SEED,
+                            level: float = LEVEL) -> Interval:
+    """100 x (1 - sum of A's values / sum of B's), over rounds and seeds: a cut in percent."""
+    return _of_sums(lambda sa, sb: 100.0 * (1.0 - sa / sb), arm, base, what, resamples,
+                    rng_seed, level)
+
+
+def ratio_of_sums(arm: Mapping, base: Mapping, *, what: str = "values",
+                  resamples: int = RESAMPLES, rng_seed: int = RNG_SEED,
+                  level: float = LEVEL) -> Interval:
     """sum of B's values / sum of A's, over rounds and seeds: a speedup of A for times."""
-    def point(a, b):
-        den = sum(g.sum() for g in a)
-        return sum(g.sum() for g in b) / den if den > 0 else math.nan
-
-    def replicate(a, b, picks, rng):
-        sa, sb = _sums(a, picks, rng).sum(axis=1), _sums(b, picks, rng).sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return sb / sa
-    return _bootstrap(arm, base, "values", point, replicate, resamples, rng_seed, level)
+    return _of_sums(lambda sa, sb: sb / sa, arm, base, what, resamples, rng_seed, level)
 
 
 def mean_difference(arm: Mapping, base: Mapping, *, scale: float = 1.0,
@@ -269,9 +279,9 @@ def mean_difference(arm: Mapping, base: Mapping, *, scale: float = 1.0,
 
 # ------------------------------------------------- estimators on frames --
 
-def _with_seed(df: pd.DataFrame, default_seed: int = 0) -> pd.DataFrame:
-    """Tables written before `run --seeds` have no seed column: one seed."""
-    return df if "seed" in df.columns else df.assign(seed=default_seed)
+def _with_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """Tables written before `run --seeds` have no seed column: one seed, labelled 0."""
+    return df if "seed" in df.columns else df.assign(seed=0)
 
 
 def _groups(df: pd.DataFrame, arm: str, column: str) -> dict:
@@ -295,7 +305,8 @@ def burst_speedup(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
         if not r[(r["arm"] == a) & r["in_burst"].astype(bool)].shape[0]:
             raise ValueError(f"arm {a}: no burst rounds")
     hit = r[r["in_burst"].astype(bool)]
-    return ratio_of_medians(_groups(hit, arm, "latency_ms"), _groups(hit, base, "latency_ms"), **kw)
+    return ratio_of_medians(_groups(hit, arm, "latency_ms"), _groups(hit, base, "latency_ms"),
+                            what="burst rounds", **kw)
 
 
 def train_time_cut(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
@@ -304,7 +315,7 @@ def train_time_cut(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
     for a in (arm, base):
         _need(r, "rounds", a)
     return relative_change_of_sums(_groups(r, arm, "duration_ms"), _groups(r, base, "duration_ms"),
-                                   **kw)
+                                   what="rounds", **kw)
 
 
 def final_metric(evals: pd.DataFrame, arm: str, metric: str = "test_accuracy") -> dict:
@@ -401,7 +412,7 @@ def time_to_target_ratio(frames: RunFrames, arm: str, base: str, **kw) -> Interv
         for row in reached.itertuples(index=False):
             st = _steps(r[(r["arm"] == a) & (r["seed"] == row.seed)])
             groups[a][int(row.seed)] = _parts_until(st, int(row.round))
-    return ratio_of_sums(groups[arm], groups[base], **kw)
+    return ratio_of_sums(groups[arm], groups[base], what="rounds to the target", **kw)
 
 
 @dataclasses.dataclass(frozen=True)

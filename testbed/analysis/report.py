@@ -81,8 +81,8 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     rounds = analysis.add_physics(rounds, inputs)
     link = bn.bottleneck_table(run_dir, raw.spec, raw.manifest, notes)
     queue = bn.queue_table(raw.queue, bursts)
-    summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes)
     evals = _evals(raw, rounds)
+    summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes, evals)
 
     write_summary(run_dir / "summary.json", summary)
     for name in RETIRED:
