@@ -176,25 +176,24 @@ def check_summary(summary: dict, where: str = "summary") -> dict:
     return summary
 
 
-def _check_interval(obj, where: str) -> None:
-    if obj is not None:
-        check_fields(obj, INTERVAL_FIELDS, where)
+def _check_entries(entries: dict, fields: tuple, inner: str, inner_fields: tuple,
+                   where: str) -> None:
+    """Each entry by ``fields``, each of its ``inner`` items by ``inner_fields``, their intervals."""
+    for key, entry in entries.items():
+        check_fields(entry, fields, f"{where}.{key}")
+        for sub, item in entry[inner].items():
+            w = f"{where}.{key}.{inner}.{sub}"
+            check_fields(item, inner_fields, w)
+            if item["interval"] is not None:
+                check_fields(item["interval"], INTERVAL_FIELDS, f"{w}.interval")
 
 
 def _check_verdict_sections(summary: dict, where: str) -> None:
     """The version-3 sections, where present (MalformedEvent naming the entry)."""
-    for pair, entry in summary.get("intervals", {}).items():
-        check_fields(entry, SUMMARY_INTERVAL_PAIR_FIELDS, f"{where} intervals.{pair}")
-        for name, fig in entry["figures"].items():
-            w = f"{where} intervals.{pair}.figures.{name}"
-            check_fields(fig, SUMMARY_FIGURE_FIELDS, w)
-            _check_interval(fig["interval"], f"{w}.interval")
-    for claim, v in summary.get("verdicts", {}).items():
-        check_fields(v, SUMMARY_VERDICT_FIELDS, f"{where} verdicts.{claim}")
-        for pair, p in v["pairs"].items():
-            w = f"{where} verdicts.{claim}.pairs.{pair}"
-            check_fields(p, SUMMARY_VERDICT_PAIR_FIELDS, w)
-            _check_interval(p["interval"], f"{w}.interval")
+    _check_entries(summary.get("intervals", {}), SUMMARY_INTERVAL_PAIR_FIELDS, "figures",
+                   SUMMARY_FIGURE_FIELDS, f"{where} intervals")
+    _check_entries(summary.get("verdicts", {}), SUMMARY_VERDICT_FIELDS, "pairs",
+                   SUMMARY_VERDICT_PAIR_FIELDS, f"{where} verdicts")
     if "time_to_target" in summary:
         ttt = check_fields(summary["time_to_target"], SUMMARY_TIME_TO_TARGET_FIELDS,
                            f"{where} time_to_target")

@@ -402,5 +402,7 @@ def report_cmd(run_dir, rtt_ms, rate_mbps):
         if s["arms"][sp["arm"]]["transport"] == "dblp":
             click.echo(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
                        f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
+    for name, v in s["verdicts"].items():
+        click.echo(f"  claim {name}: {v['verdict']} ({v['reason']})")
     for w in s["warnings"]:
         click.echo(f"  warning: {w}")
