@@ -15,9 +15,10 @@ The verdict rule, never read from a point estimate:
 
 A claim is judged on every pair of arms its comparison finds among those
 that ran (DBLP against the static bound of the same control path and mode:
-dblp/static, dblp-tcp/static-tcp, dblp-sharded/static-sharded). The claim's
-own verdict is the pairs' when they agree, unresolved when they disagree
-(with each pair's verdict in the reason) or when no pair ran.
+dblp/static, dblp-tcp/static-tcp, dblp-sharded/static-sharded): one verdict
+per claim and pair, and one unresolved verdict, with no pair, for a claim
+none of whose pairs ran. Pairs are not merged into one verdict: a claim can
+hold with UDP control and fail with TCP, and that is the finding.
 
 Besides the claims, `judge` measures the figures the paper has no number for
 but a reader needs to place them (``COMPARISONS``): what the loose bound buys
@@ -173,18 +174,6 @@ def verdict(interval: iv.Interval | None, region: Region, why_none: str = "") ->
     return UNRESOLVED, f"the {span} straddles the region's edge at {edge:g}{caveat}"
 
 
-def _combined(pairs: dict) -> tuple[str, str]:
-    """A claim's verdict from its pairs': theirs when they agree, else unresolved."""
-    found = {p["verdict"] for p in pairs.values()}
-    if len(found) == 1:
-        (v,) = found
-        if len(pairs) == 1:
-            return v, next(iter(pairs.values()))["reason"]
-        return v, f"every pair ({', '.join(pairs)}): {v}"
-    return UNRESOLVED, "the pairs disagree: " + ", ".join(
-        f"{k} {p['verdict']}" for k, p in pairs.items())
-
-
 def target_metric(spec, evals: pd.DataFrame | None) -> tuple[float | None, str]:
     """(target accuracy, where it came from): the spec's field, else derived from the run.
 
@@ -248,22 +237,25 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
                                      "reason": reason}
             found[key] = {"arm": arm, "baseline": base, "comparison": comp.name,
                           "what": comp.what, "figures": figures}
-    verdicts = {}
+    verdicts = []
     for claim in CLAIMS.values():
-        pairs = {}
-        for arm, base in COMPARISONS[claim.comparison].pairs(arms):
+        head = {"claim": claim.name, "what": claim.what, "paper": claim.paper,
+                "comparison": claim.comparison, "estimator": claim.estimator,
+                "unit": iv.ESTIMATORS[claim.estimator].unit, "region": claim.region.to_list(),
+                "region_why": claim.region_why}
+        pairs = COMPARISONS[claim.comparison].pairs(arms)
+        for arm, base in pairs:
             fig = found[f"{arm}_vs_{base}"]["figures"][claim.estimator]
             got = iv.Interval(**fig["interval"]) if fig["interval"] else None
             v, why = verdict(got, claim.region, fig["reason"] or "")
-            pairs[f"{arm}_vs_{base}"] = {"arm": arm, "baseline": base, "verdict": v,
-                                         "reason": why, "interval": fig["interval"]}
-        v, why = _combined(pairs) if pairs else (
-            UNRESOLVED, f"no pair of arms for it ran ({COMPARISONS[claim.comparison].what})")
-        verdicts[claim.name] = {
-            "what": claim.what, "paper": claim.paper, "comparison": claim.comparison,
-            "estimator": claim.estimator, "unit": iv.ESTIMATORS[claim.estimator].unit,
-            "region": claim.region.to_list(), "region_why": claim.region_why,
-            "verdict": v, "reason": why, "pairs": pairs}
+            verdicts.append({**head, "pair": f"{arm}_vs_{base}", "arm": arm, "baseline": base,
+                             "verdict": v, "reason": why,
+                             "interval": dict(fig["interval"]) if fig["interval"] else None})
+        if not pairs:
+            verdicts.append({**head, "pair": None, "arm": None, "baseline": None,
+                             "verdict": UNRESOLVED, "interval": None,
+                             "reason": "no pair of arms for it ran ("
+                                       f"{COMPARISONS[claim.comparison].what})"})
     return {"intervals": found, "verdicts": verdicts,
             "time_to_target": _time_to_target(rounds, evals, target, source, arms)}
 
@@ -286,9 +278,13 @@ def _time_to_target(rounds, evals, target, source, arms) -> dict:
 
 def with_verdicts(summary: dict, spec, rounds: pd.DataFrame, evals: pd.DataFrame | None,
                   **kw) -> dict:
-    """``summary`` with the sections of `judge`, their definitions and a one-seed warning."""
+    """``summary`` with the sections of `judge`, their definitions, each arm's median time
+    to target (arms.<arm>.time_to_target_s) and a warning when the intervals have one seed."""
     out = dict(summary, **judge(spec, summary["arms_order"], rounds, evals, **kw))
     out["definitions"] = {**summary["definitions"], **DEFINITIONS}
+    per_arm = out["time_to_target"]["per_arm"]
+    out["arms"] = {a: dict(v, time_to_target_s=per_arm.get(a, {}).get("t_s_median"))
+                   for a, v in summary["arms"].items()}
     one = sorted({k for k, p in out["intervals"].items() for f in p["figures"].values()
                   if f["interval"] and f["interval"]["n_seeds"] == 1})
     if one:

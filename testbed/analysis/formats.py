@@ -27,9 +27,10 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #   3: intervals (95 % bootstrap intervals over seeds and rounds of every
 #      compared pair's figures, testbed.analysis.intervals), verdicts (each
 #      of the paper's claims reproduced / refuted / unresolved from those
-#      intervals, testbed.analysis.claims) and time_to_target (per arm and
-#      seed, the wall time to the target accuracy). Optional, so version-1
-#      and -2 summaries still read; every other field is unchanged.
+#      intervals, one entry per claim and pair, testbed.analysis.claims),
+#      time_to_target (per arm and seed, the wall time to the target
+#      accuracy) and arms.<arm>.time_to_target_s (its median over seeds).
+#      Optional, so version-1 and -2 summaries still read.
 SUMMARY_SCHEMA = 3
 KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3})
 
@@ -59,8 +60,9 @@ SUMMARY_FIELDS = (
     Field("intervals", "dict", required=False,
           doc="'<arm>_vs_<baseline>' -> SUMMARY_INTERVAL_PAIR_FIELDS: every compared pair's "
               "figures with 95 % intervals"),
-    Field("verdicts", "dict", required=False,
-          doc="claim name (claims.CLAIMS) -> SUMMARY_VERDICT_FIELDS"),
+    Field("verdicts", "list", required=False,
+          doc="SUMMARY_VERDICT_FIELDS, one per claim (claims.CLAIMS) and pair of arms that ran; "
+              "one with pair null for a claim none of whose pairs ran"),
     Field("time_to_target", "dict", required=False, doc="SUMMARY_TIME_TO_TARGET_FIELDS"),
 )
 SUMMARY_ARM_FIELDS = (
@@ -71,6 +73,9 @@ SUMMARY_ARM_FIELDS = (
     _num("round_duration_ms_p50"), _num("train_time_s"), _num("final_accuracy"),
     _num("bound_p50"), _num("burst_round_bound_p50"), _num("burst_round_phys_bound_ms_p50"),
     _num("burst_round_over_phys_bound"), _num("bytes_per_round_p50"),
+    Field("time_to_target_s", "num", required=False, nullable=True,
+          doc="median, over the seeds that reached it, of the wall time to the target accuracy "
+              "(time_to_target); null: none reached it. Version 3 on"),
     Field("phase_switches", "int", required=False, nullable=True,
           doc="rounds whose phase differs from the round before (raw round events' phase); "
               "null: the arm has no phase (not a dblp policy)"),
@@ -104,17 +109,16 @@ SUMMARY_FIGURE_FIELDS = (
     Field("reason", "str", nullable=True, doc="why there is no interval"),
 )
 SUMMARY_VERDICT_FIELDS = (
+    Field("claim", "str", doc="claims.CLAIMS name"),
     Field("what", "str", doc="the claim"), Field("paper", "str", doc="the paper's figure"),
     Field("comparison", "str"), Field("estimator", "str"), Field("unit", "str"),
     Field("region", "list", doc="[lo, hi] of the estimator that reproduces it; null: unbounded"),
     Field("region_why", "str"),
-    Field("verdict", "str", doc="reproduced | refuted | unresolved (the pairs' when they agree)"),
+    Field("pair", "str", nullable=True, doc="'<arm>_vs_<baseline>'; null: no pair ran"),
+    Field("arm", "str", nullable=True), Field("baseline", "str", nullable=True),
+    Field("verdict", "str", doc="reproduced | refuted | unresolved"),
     Field("reason", "str"),
-    Field("pairs", "dict", doc="'<arm>_vs_<baseline>' -> SUMMARY_VERDICT_PAIR_FIELDS"),
-)
-SUMMARY_VERDICT_PAIR_FIELDS = (
-    Field("arm", "str"), Field("baseline", "str"), Field("verdict", "str"), Field("reason", "str"),
-    Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS"),
+    Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS; null: not measurable"),
 )
 SUMMARY_TIME_TO_TARGET_FIELDS = (
     Field("metric", "str", doc="evals column the target is on"),
@@ -176,24 +180,23 @@ def check_summary(summary: dict, where: str = "summary") -> dict:
     return summary
 
 
-def _check_entries(entries: dict, fields: tuple, inner: str, inner_fields: tuple,
-                   where: str) -> None:
-    """Each entry by ``fields``, each of its ``inner`` items by ``inner_fields``, their intervals."""
-    for key, entry in entries.items():
-        check_fields(entry, fields, f"{where}.{key}")
-        for sub, item in entry[inner].items():
-            w = f"{where}.{key}.{inner}.{sub}"
-            check_fields(item, inner_fields, w)
-            if item["interval"] is not None:
-                check_fields(item["interval"], INTERVAL_FIELDS, f"{w}.interval")
+def _check_interval(obj, where: str) -> None:
+    if obj is not None:
+        check_fields(obj, INTERVAL_FIELDS, where)
 
 
 def _check_verdict_sections(summary: dict, where: str) -> None:
     """The version-3 sections, where present (MalformedEvent naming the entry)."""
-    _check_entries(summary.get("intervals", {}), SUMMARY_INTERVAL_PAIR_FIELDS, "figures",
-                   SUMMARY_FIGURE_FIELDS, f"{where} intervals")
-    _check_entries(summary.get("verdicts", {}), SUMMARY_VERDICT_FIELDS, "pairs",
-                   SUMMARY_VERDICT_PAIR_FIELDS, f"{where} verdicts")
+    for pair, entry in summary.get("intervals", {}).items():
+        check_fields(entry, SUMMARY_INTERVAL_PAIR_FIELDS, f"{where} intervals.{pair}")
+        for name, fig in entry["figures"].items():
+            w = f"{where} intervals.{pair}.figures.{name}"
+            check_fields(fig, SUMMARY_FIGURE_FIELDS, w)
+            _check_interval(fig["interval"], f"{w}.interval")
+    for i, v in enumerate(summary.get("verdicts", [])):
+        w = f"{where} verdicts[{i}]"
+        check_fields(v, SUMMARY_VERDICT_FIELDS, w)
+        _check_interval(v["interval"], f"{w}.interval")
     if "time_to_target" in summary:
         ttt = check_fields(summary["time_to_target"], SUMMARY_TIME_TO_TARGET_FIELDS,
                            f"{where} time_to_target")

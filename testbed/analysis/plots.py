@@ -305,8 +305,7 @@ def forest(summary: dict, path):
     """
     pairs = summary.get("intervals", {})
     names = list(next(iter(pairs.values()), {"figures": {}})["figures"])
-    regions = {(v["estimator"], key): v["region"]
-               for v in summary.get("verdicts", {}).values() for key in v["pairs"]}
+    regions = {(v["estimator"], v["pair"]): v["region"] for v in summary.get("verdicts", [])}
     keys = list(pairs)
     fig, axes = plt.subplots(1, max(1, len(names)), figsize=(3.2 * max(1, len(names)),
                                                             0.45 * len(keys) + 1.4),

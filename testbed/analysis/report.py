@@ -138,14 +138,13 @@ def _region(region: list, unit: str) -> str:
 def _verdict_section(s: dict) -> dict:
     """The paper's claims, each judged from its interval (claims.py): the report's first answer."""
     rows = []
-    for name, v in s.get("verdicts", {}).items():
-        pairs = v["pairs"] or {"–": {"interval": None, "verdict": v["verdict"], "reason": v["reason"]}}
-        for key, p in pairs.items():
-            iv = p["interval"]
-            rows.append([name, key, v["paper"], _region(v["region"], v["unit"]),
-                         _iv(iv, v["unit"]), str(iv["n_seeds"]) if iv else "–",
-                         p["verdict"].upper() if p["verdict"] != "unresolved" else p["verdict"],
-                         p["reason"]])
+    for v in s.get("verdicts", []):
+        iv = v["interval"]
+        rows.append([v["claim"], v["pair"] or "–", v["paper"], _region(v["region"], v["unit"]),
+                     _iv(iv, v["unit"]), str(iv["n_seeds"]) if iv else "–",
+                     v["verdict"].upper() if v["verdict"] != "unresolved" else v["verdict"],
+                     v["reason"]])
+    claims = {v["claim"]: v for v in s.get("verdicts", [])}
     return {"title": "Verdicts on the paper's claims",
             "text": ["Reproduced when the whole 95 % interval lies inside the claim's region, "
                      "refuted when it lies wholly outside, unresolved otherwise (or when there "
@@ -153,7 +152,7 @@ def _verdict_section(s: dict) -> dict:
                      "Intervals: hierarchical bootstrap, seeds then rounds within each seed "
                      "(one seed: rounds only, blind to seed-to-seed spread).",
                      *(f"{name}: {v['what']}. Region: {v['region_why']}."
-                       for name, v in s.get("verdicts", {}).items())],
+                       for name, v in claims.items())],
             "tables": [(["claim", "pair", "paper", "region", "measured [95 % interval]", "seeds",
                          "verdict", "why"], rows)] if rows else []}
 
@@ -402,7 +401,7 @@ def report_cmd(run_dir, rtt_ms, rate_mbps):
         if s["arms"][sp["arm"]]["transport"] == "dblp":
             click.echo(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
                        f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
-    for name, v in s["verdicts"].items():
-        click.echo(f"  claim {name}: {v['verdict']} ({v['reason']})")
+    for v in s["verdicts"]:
+        click.echo(f"  claim {v['claim']} {v['pair'] or ''}: {v['verdict']} ({v['reason']})")
     for w in s["warnings"]:
         click.echo(f"  warning: {w}")

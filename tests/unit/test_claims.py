@@ -10,7 +10,7 @@ from testbed.analysis import claims
 from testbed.analysis import intervals as iv
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_intervals import TRUTH, synthetic  # noqa: E402
+from test_intervals import ROUNDS, TRUTH, synthetic  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -74,6 +74,11 @@ def test_pairs_come_from_the_arms_registry_and_only_from_arms_that_ran():
     assert c["paper"].pairs(["gloo", "dblp", "static-tcp"]) == []
 
 
+def _verdicts(out, claim) -> dict:
+    """pair -> verdict entry of one claim (the summary's list, keyed for the test)."""
+    return {v["pair"]: v for v in out["verdicts"] if v["claim"] == claim}
+
+
 def _truth(**over):
     return {**TRUTH, **{arm: tuple(v) for arm, v in over.items()}}
 
@@ -83,13 +88,13 @@ def test_judge_gives_each_claim_its_verdict_from_known_data():
     # accuracy -0.3 points with little noise (reproduced: at most 0.5 points lost).
     rounds, evals = synthetic(seeds=tuple(range(6)), arms=("static", "dblp"), acc_sd=0.0003)
     out = claims.judge({"training": {}}, ["static", "dblp"], rounds, evals, resamples=2000)
-    v = out["verdicts"]
-    assert v["burst_speedup"]["verdict"] == claims.REPRODUCED
-    assert v["train_time_cut"]["verdict"] == claims.REFUTED
-    assert v["accuracy"]["verdict"] == claims.REPRODUCED
-    pair = v["burst_speedup"]["pairs"]["dblp_vs_static"]
+    assert [(v["claim"], v["pair"], v["verdict"]) for v in out["verdicts"]] == [
+        ("burst_speedup", "dblp_vs_static", claims.REPRODUCED),
+        ("train_time_cut", "dblp_vs_static", claims.REFUTED),
+        ("accuracy", "dblp_vs_static", claims.REPRODUCED)]
+    pair = _verdicts(out, "burst_speedup")["dblp_vs_static"]
     assert pair["interval"]["n_seeds"] == 6 and pair["interval"]["lo"] >= 4.0
-    assert v["burst_speedup"]["region"] == [4.0, None]
+    assert pair["region"] == [4.0, None] and pair["paper"] == "4.0-5.88x"
     fig = out["intervals"]["dblp_vs_static"]["figures"]
     assert set(fig) == set(iv.ESTIMATORS) and fig["time_to_target"]["interval"]["point"] > 1
     assert out["intervals"]["dblp_vs_static"]["comparison"] == "paper"
@@ -100,29 +105,30 @@ def test_an_interval_across_the_edge_is_unresolved():
     rounds, evals = synthetic(seeds=(1, 2, 3), arms=("static", "dblp"), seed_sd=0.3,
                               truth=_truth(static=(400.0, 30.0, 100.0, 0.9)))
     out = claims.judge({"training": {}}, ["static", "dblp"], rounds, evals, resamples=2000)
-    b = out["verdicts"]["burst_speedup"]
+    b = _verdicts(out, "burst_speedup")["dblp_vs_static"]
     assert b["verdict"] == claims.UNRESOLVED and "straddles the region's edge at 4" in b["reason"]
 
 
 def test_missing_arms_leave_a_claim_unresolved_with_the_reason():
     rounds, evals = synthetic(seeds=(1, 2), arms=("gloo", "dblp"))
     out = claims.judge({"training": {}}, ["gloo", "dblp"], rounds, evals, resamples=500)
-    for v in out["verdicts"].values():
-        assert v["verdict"] == claims.UNRESOLVED and v["pairs"] == {}
+    assert [v["claim"] for v in out["verdicts"]] == list(claims.CLAIMS)   # one each, no pair
+    for v in out["verdicts"]:
+        assert v["verdict"] == claims.UNRESOLVED and v["pair"] is None and v["interval"] is None
         assert v["reason"].startswith("no pair of arms for it ran")
     assert out["intervals"] == {}
 
 
-def test_pairs_that_disagree_leave_the_claim_unresolved_and_say_which():
+def test_each_pair_gets_its_own_verdict():
     truth = _truth(**{"dblp-tcp": TRUTH["dblp"], "static-tcp": (150.0, 30.0, 100.0, 0.9)})
     arms = ["static", "dblp", "static-tcp", "dblp-tcp"]
     rounds, evals = synthetic(seeds=(1, 2, 3, 4), arms=arms, truth=truth)
     out = claims.judge({"training": {}}, arms, rounds, evals, resamples=1000)
-    b = out["verdicts"]["burst_speedup"]
-    assert b["pairs"]["dblp_vs_static"]["verdict"] == claims.REPRODUCED
-    assert b["pairs"]["dblp-tcp_vs_static-tcp"]["verdict"] == claims.REFUTED   # 1.5x
-    assert b["verdict"] == claims.UNRESOLVED
-    assert b["reason"] == "the pairs disagree: dblp_vs_static reproduced, dblp-tcp_vs_static-tcp refuted"
+    b = _verdicts(out, "burst_speedup")
+    assert list(b) == ["dblp_vs_static", "dblp-tcp_vs_static-tcp"]
+    assert b["dblp_vs_static"]["verdict"] == claims.REPRODUCED
+    assert b["dblp-tcp_vs_static-tcp"]["verdict"] == claims.REFUTED   # 1.5x
+    assert b["dblp-tcp_vs_static-tcp"]["arm"] == "dblp-tcp"
 
 
 def test_the_target_comes_from_the_spec_else_from_the_lowest_final_accuracy():
@@ -152,10 +158,16 @@ def test_time_to_target_section_per_arm_and_seed():
 
 def test_with_verdicts_keeps_the_summary_declared_and_warns_on_one_seed():
     rounds, evals = synthetic(seeds=(1,), arms=("static", "dblp"))
-    base = {"arms_order": ["static", "dblp"], "definitions": {"latency": "x"}, "warnings": ["w"]}
+    base = {"arms_order": ["static", "dblp"], "definitions": {"latency": "x"}, "warnings": ["w"],
+            "arms": {"static": {"rounds": ROUNDS}, "dblp": {"rounds": ROUNDS}}}
     out = claims.with_verdicts(base, {"training": {}}, rounds, evals, resamples=500)
     assert out["definitions"]["latency"] == "x" and "verdict" in out["definitions"]
+    # Each arm carries its median time to target beside its other figures.
+    for arm in ("static", "dblp"):
+        assert out["arms"][arm]["rounds"] == ROUNDS
+        assert out["arms"][arm]["time_to_target_s"] == out["time_to_target"]["per_arm"][arm][
+            "t_s_median"] > 0
     assert out["warnings"][0] == "w" and "one seed per arm (dblp_vs_static)" in out["warnings"][1]
-    assert out["verdicts"]["accuracy"]["pairs"]["dblp_vs_static"]["reason"].startswith(
+    assert _verdicts(out, "accuracy")["dblp_vs_static"]["reason"].startswith(
         "one value per seed and only 1 seed")
     assert json.loads(json.dumps(out, allow_nan=False)) == out      # plain JSON, no NaN

@@ -135,7 +135,11 @@ def _v3_summary(tmp_path) -> dict:
 def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
     s = _v3_summary(tmp_path)
     assert s["schema"] == formats.SUMMARY_SCHEMA == 3 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
-    assert set(s["verdicts"]) == {"burst_speedup", "train_time_cut", "accuracy"}
+    assert [(v["claim"], v["pair"]) for v in s["verdicts"]] == [
+        ("burst_speedup", "dblp_vs_static"), ("train_time_cut", "dblp_vs_static"),
+        ("accuracy", "dblp_vs_static")]
+    assert s["arms"]["dblp"]["time_to_target_s"] == s["time_to_target"]["per_arm"]["dblp"][
+        "t_s_median"]
     fig = s["intervals"]["dblp_vs_static"]["figures"]["train_time_cut"]
     assert set(fig["interval"]) == {f.name for f in formats.INTERVAL_FIELDS}
     assert s["time_to_target"]["per_arm"]["dblp"]["reached"] == 1
@@ -145,9 +149,10 @@ def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
 @pytest.mark.parametrize("path,value,needle", [
     (("intervals", "dblp_vs_static", "figures", "train_time_cut", "interval", "lo"), "low",
      "intervals.dblp_vs_static.figures.train_time_cut.interval: field 'lo' must be num"),
-    (("verdicts", "accuracy", "verdict"), None, "verdicts.accuracy: field 'verdict' is null"),
-    (("verdicts", "burst_speedup", "pairs", "dblp_vs_static", "why"), "x",
-     "verdicts.burst_speedup.pairs.dblp_vs_static: undeclared field(s) why"),
+    (("verdicts", 2, "verdict"), None, "verdicts[2]: field 'verdict' is null"),
+    (("verdicts", 0, "why"), "x", "verdicts[0]: undeclared field(s) why"),
+    (("verdicts", 1, "interval", "n_seeds"), 1.0,
+     "verdicts[1].interval: field 'n_seeds' must be int"),
     (("time_to_target", "per_arm", "gloo", "reached"), 1.5,
      "time_to_target.gloo: field 'reached' must be int"),
 ])

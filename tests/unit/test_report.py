@@ -32,8 +32,8 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     res = subprocess.run([str(CLI), "report", str(run)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "dblp_vs_static: burst-round 4.00x" in res.stdout
-    assert ("claim accuracy: unresolved (one value per seed and only 1 seed: no spread to "
-            "resample (run more seeds, `run --seeds N`))") in res.stdout
+    assert ("claim accuracy dblp_vs_static: unresolved (one value per seed and only 1 seed: "
+            "no spread to resample (run more seeds, `run --seeds N`))") in res.stdout
     first = _digest(run)
     # 6 CSVs, 7 Parquet tables, summary, report.md/html, 9 plots as PNG and SVG
     # (the eighth: the dblp arm's phase timeline; the ninth: the intervals' forest plot)
