@@ -24,8 +24,15 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #   2: arms.<arm>.phase_switches (how often a phase-aware arm's phase changed
 #      between consecutive rounds; null for arms without a phase). Optional,
 #      so a version-1 summary still reads.
-SUMMARY_SCHEMA = 2
-KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2})
+#   3: intervals (95 % bootstrap intervals over seeds and rounds of every
+#      compared pair's figures, testbed.analysis.intervals), verdicts (each
+#      of the paper's claims reproduced / refuted / unresolved from those
+#      intervals, one entry per claim and pair, testbed.analysis.claims),
+#      time_to_target (per arm and seed, the wall time to the target
+#      accuracy) and arms.<arm>.time_to_target_s (its median over seeds).
+#      Optional, so version-1 and -2 summaries still read.
+SUMMARY_SCHEMA = 3
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -50,6 +57,13 @@ SUMMARY_FIELDS = (
     Field("targets", "list", doc="the default run's targets, each met true/false/null"),
     Field("warnings", "list", doc="what a reader should not miss"),
     Field("definitions", "dict", doc="how each figure is defined"),
+    Field("intervals", "dict", required=False,
+          doc="'<arm>_vs_<baseline>' -> SUMMARY_INTERVAL_PAIR_FIELDS: every compared pair's "
+              "figures with 95 % intervals"),
+    Field("verdicts", "list", required=False,
+          doc="SUMMARY_VERDICT_FIELDS, one per claim (claims.CLAIMS) and pair of arms that ran; "
+              "one with pair null for a claim none of whose pairs ran"),
+    Field("time_to_target", "dict", required=False, doc="SUMMARY_TIME_TO_TARGET_FIELDS"),
 )
 SUMMARY_ARM_FIELDS = (
     Field("transport", "str"), Field("status", "str"),
@@ -59,6 +73,9 @@ SUMMARY_ARM_FIELDS = (
     _num("round_duration_ms_p50"), _num("train_time_s"), _num("final_accuracy"),
     _num("bound_p50"), _num("burst_round_bound_p50"), _num("burst_round_phys_bound_ms_p50"),
     _num("burst_round_over_phys_bound"), _num("bytes_per_round_p50"),
+    Field("time_to_target_s", "num", required=False, nullable=True,
+          doc="median, over the seeds that reached it, of the wall time to the target accuracy "
+              "(time_to_target); null: none reached it. Version 3 on"),
     Field("phase_switches", "int", required=False, nullable=True,
           doc="rounds whose phase differs from the round before (raw round events' phase); "
               "null: the arm has no phase (not a dblp policy)"),
@@ -70,6 +87,50 @@ SUMMARY_SPEEDUP_FIELDS = (
     _num("normal_round"), _num("normal_round_spread"),
     _num("train_time"), _num("train_time_reduction_pct"), _num("accuracy_delta"),
     Field("warnings", "list"),
+)
+# One interval (testbed.analysis.intervals.Interval.to_dict).
+INTERVAL_FIELDS = (
+    Field("point", "num", doc="the estimate on the data"),
+    Field("lo", "num", doc="lower end of the interval"), Field("hi", "num", doc="upper end"),
+    Field("n_seeds", "int", doc="seeds both arms had data for (1: a round bootstrap only)"),
+    Field("n_samples", "int", doc="values both arms contributed (rounds or evaluations)"),
+    Field("method", "str", doc="how the interval was computed"),
+    Field("resamples", "int"), Field("level", "num", doc="0.95"),
+    Field("rng_seed", "int", doc="seed of the bootstrap's numpy generator"),
+)
+SUMMARY_INTERVAL_PAIR_FIELDS = (
+    Field("arm", "str"), Field("baseline", "str"),
+    Field("comparison", "str", doc="claims.COMPARISONS name"), Field("what", "str"),
+    Field("figures", "dict", doc="estimator (intervals.ESTIMATORS) -> SUMMARY_FIGURE_FIELDS"),
+)
+SUMMARY_FIGURE_FIELDS = (
+    Field("estimator", "str"), Field("unit", "str", doc="x | % | points"),
+    Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS; null: not measurable"),
+    Field("reason", "str", nullable=True, doc="why there is no interval"),
+)
+SUMMARY_VERDICT_FIELDS = (
+    Field("claim", "str", doc="claims.CLAIMS name"),
+    Field("what", "str", doc="the claim"), Field("paper", "str", doc="the paper's figure"),
+    Field("comparison", "str"), Field("estimator", "str"), Field("unit", "str"),
+    Field("region", "list", doc="[lo, hi] of the estimator that reproduces it; null: unbounded"),
+    Field("region_why", "str"),
+    Field("pair", "str", nullable=True, doc="'<arm>_vs_<baseline>'; null: no pair ran"),
+    Field("arm", "str", nullable=True), Field("baseline", "str", nullable=True),
+    Field("verdict", "str", doc="reproduced | refuted | unresolved"),
+    Field("reason", "str"),
+    Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS; null: not measurable"),
+)
+SUMMARY_TIME_TO_TARGET_FIELDS = (
+    Field("metric", "str", doc="evals column the target is on"),
+    _num("target", "target value (null: no evaluations)"),
+    Field("source", "str", doc="spec training.target_accuracy, or how it was derived"),
+    Field("per_arm", "dict", doc="arm -> SUMMARY_TIME_TO_TARGET_ARM_FIELDS"),
+)
+SUMMARY_TIME_TO_TARGET_ARM_FIELDS = (
+    Field("runs", "int", doc="seeds with rounds"), Field("reached", "int", doc="seeds that reached it"),
+    _num("t_s_median", "median over the seeds that reached it"),
+    Field("t_s", "dict", doc="seed -> seconds, null: never reached"),
+    Field("round", "dict", doc="seed -> the evaluated round that reached it, null: never"),
 )
 SUMMARY_BURST_FIELDS = (
     Field("count", "int"), Field("per_arm", "dict"), Field("rounds_hit", "int"),
@@ -113,9 +174,34 @@ def check_summary(summary: dict, where: str = "summary") -> dict:
         for pair, sp in summary["speedups"].items():
             check_fields(sp, SUMMARY_SPEEDUP_FIELDS, f"{where} speedups.{pair}")
         check_fields(summary["bursts"], SUMMARY_BURST_FIELDS, f"{where} bursts")
+        _check_verdict_sections(summary, where)
     except MalformedEvent as exc:
         raise FormatError(str(exc)) from None
     return summary
+
+
+def _check_interval(obj, where: str) -> None:
+    if obj is not None:
+        check_fields(obj, INTERVAL_FIELDS, where)
+
+
+def _check_verdict_sections(summary: dict, where: str) -> None:
+    """The version-3 sections, where present (MalformedEvent naming the entry)."""
+    for pair, entry in summary.get("intervals", {}).items():
+        check_fields(entry, SUMMARY_INTERVAL_PAIR_FIELDS, f"{where} intervals.{pair}")
+        for name, fig in entry["figures"].items():
+            w = f"{where} intervals.{pair}.figures.{name}"
+            check_fields(fig, SUMMARY_FIGURE_FIELDS, w)
+            _check_interval(fig["interval"], f"{w}.interval")
+    for i, v in enumerate(summary.get("verdicts", [])):
+        w = f"{where} verdicts[{i}]"
+        check_fields(v, SUMMARY_VERDICT_FIELDS, w)
+        _check_interval(v["interval"], f"{w}.interval")
+    if "time_to_target" in summary:
+        ttt = check_fields(summary["time_to_target"], SUMMARY_TIME_TO_TARGET_FIELDS,
+                           f"{where} time_to_target")
+        for arm, a in ttt["per_arm"].items():
+            check_fields(a, SUMMARY_TIME_TO_TARGET_ARM_FIELDS, f"{where} time_to_target.{arm}")
 
 
 def write_summary(path, summary: dict) -> None:

@@ -293,3 +293,60 @@ def phase_timeline(rounds: pd.DataFrame, arms, path):
         ax.set_title(f"{arm}: detector phase per round (shaded: burst rounds)", fontsize=9)
     axes[-1].set_xlabel("round")
     return _save(fig, path)
+
+
+def forest(summary: dict, path):
+    """Every compared pair's figures as point + 95 % interval, one panel per figure.
+
+    A claim's region (what reproduces it) is shaded green behind the pairs
+    the claim judges, so the verdict reads off the picture: inside, outside
+    or across the edge. A pair without an interval is listed with "no
+    interval" (summary.json says why).
+    """
+    pairs = summary.get("intervals", {})
+    names = list(next(iter(pairs.values()), {"figures": {}})["figures"])
+    regions = {(v["estimator"], v["pair"]): v["region"] for v in summary.get("verdicts", [])}
+    keys = list(pairs)
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(3.2 * max(1, len(names)),
+                                                            0.45 * len(keys) + 1.4),
+                             sharey=True, squeeze=False)
+    axes = axes[0]
+    if not keys:
+        axes[0].set_title("no compared pairs of arms in this run", fontsize=9)
+        axes[0].set_axis_off()
+        return _save(fig, path)
+    ys = np.arange(len(keys))[::-1]
+    for ax, name in zip(axes, names, strict=True):
+        unit = pairs[keys[0]]["figures"][name]["unit"]
+        ends = []
+        for y, key in zip(ys, keys, strict=True):
+            iv = pairs[key]["figures"][name]["interval"]
+            if iv is None:
+                ax.text(0.02, y, "no interval", transform=ax.get_yaxis_transform(),
+                        va="center", fontsize=7, color="0.4")
+                continue
+            ends += [iv["lo"], iv["hi"]]
+            ax.errorbar([iv["point"]], [y], xerr=[[iv["point"] - iv["lo"]], [iv["hi"] - iv["point"]]],
+                        fmt="o", ms=4, color="k", capsize=3, lw=1)
+        for key in keys:
+            ends += [x for x in regions.get((name, key), ()) if x is not None]
+        if ends:
+            lo, hi = min(ends), max(ends)
+            pad = 0.1 * (hi - lo) or 0.5
+            ax.set_xlim(lo - pad, hi + pad)
+        left, right = ax.get_xlim()
+        for y, key in zip(ys, keys, strict=True):
+            region = regions.get((name, key))
+            if region is not None:
+                a = left if region[0] is None else region[0]
+                b = right if region[1] is None else region[1]
+                ax.fill_betweenx([y - 0.4, y + 0.4], a, b, color="green", alpha=0.15, lw=0)
+        ax.set_xlim(left, right)
+        ax.axvline(1.0 if unit == "x" else 0.0, color="0.6", lw=0.8, ls=":")
+        ax.set_title(f"{name} ({unit})", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(ys, keys, fontsize=8)
+    axes[0].set_ylim(-0.7, len(keys) - 0.3)
+    fig.suptitle("point and 95 % interval per pair; green: the paper's claim reproduces there",
+                 fontsize=9)
+    return _save(fig, path)

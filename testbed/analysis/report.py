@@ -66,8 +66,8 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     rounds = analysis.add_physics(rounds, inputs)
     link = bn.bottleneck_table(run_dir, raw.spec, raw.manifest, notes)
     queue = bn.queue_table(raw.queue, bursts)
-    summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes)
     evals = analysis.evals_table(raw, rounds)
+    summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes, evals)
 
     write_summary(run_dir / "summary.json", summary)
     for name in RETIRED:
@@ -84,6 +84,7 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
     phased = [a for a in raw.arms if summary["arms"][a].get("phase_switches") is not None]
     if phased:
         pngs.append(plots.phase_timeline(rounds, phased, run_dir / "plots" / "phase_timeline.png"))
+    pngs.append(plots.forest(summary, run_dir / "plots" / "intervals.png"))
     sections = _sections(summary, rounds, bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))
@@ -98,6 +99,77 @@ def _f(x, fmt="{:.2f}", none="–"):
     return fmt.format(x)
 
 
+_UNIT_FMT = {"x": "{:.2f}x", "%": "{:.1f} %", "points": "{:+.2f} pt"}
+
+
+def _iv(interval: dict | None, unit: str, reason: str | None = None) -> str:
+    """'point [lo, hi]' in the figure's unit; no interval: the reason, shortened."""
+    if not interval:
+        return f"– ({reason})" if reason else "–"
+    f = _UNIT_FMT.get(unit, "{:.3g}")
+    return f"{f.format(interval['point'])} [{f.format(interval['lo'])}, {f.format(interval['hi'])}]"
+
+
+def _region(region: list, unit: str) -> str:
+    lo, hi = region
+    f = _UNIT_FMT.get(unit, "{:.3g}")
+    if hi is None:
+        return f">= {f.format(lo)}"
+    if lo is None:
+        return f"<= {f.format(hi)}"
+    return f"{f.format(lo)} to {f.format(hi)}"
+
+
+def _verdict_section(s: dict) -> dict:
+    """The paper's claims, each judged from its interval (claims.py): the report's first answer."""
+    rows = []
+    for v in s.get("verdicts", []):
+        iv = v["interval"]
+        rows.append([v["claim"], v["pair"] or "–", v["paper"], _region(v["region"], v["unit"]),
+                     _iv(iv, v["unit"]), str(iv["n_seeds"]) if iv else "–",
+                     v["verdict"].upper() if v["verdict"] != "unresolved" else v["verdict"],
+                     v["reason"]])
+    claims = {v["claim"]: v for v in s.get("verdicts", [])}
+    return {"title": "Verdicts on the paper's claims",
+            "text": ["Reproduced when the whole 95 % interval lies inside the claim's region, "
+                     "refuted when it lies wholly outside, unresolved otherwise (or when there "
+                     "is no interval: the reason says why). Never from a point estimate. "
+                     "Intervals: hierarchical bootstrap, seeds then rounds within each seed "
+                     "(one seed: rounds only, blind to seed-to-seed spread).",
+                     *(f"{name}: {v['what']}. Region: {v['region_why']}."
+                       for name, v in claims.items())],
+            "tables": [(["claim", "pair", "paper", "region", "measured [95 % interval]", "seeds",
+                         "verdict", "why"], rows)] if rows else []}
+
+
+def _intervals_section(s: dict) -> dict:
+    """Every compared pair's figures with intervals, and each arm's time to the target."""
+    names = list(next(iter(s.get("intervals", {}).values()), {"figures": {}})["figures"])
+    rows = []
+    for key, p in s.get("intervals", {}).items():
+        figs = p["figures"]
+        rows.append([key, p["comparison"]] + [_iv(figs[n]["interval"], figs[n]["unit"],
+                                                  figs[n]["reason"]) for n in names]
+                    + [str(max((f["interval"]["n_seeds"] for f in figs.values() if f["interval"]),
+                               default=0))])
+    text = [f"{c}: {w}." for c, w in dict((p["comparison"], p["what"])
+                                           for p in s.get("intervals", {}).values()).items()]
+    text.append("burst_speedup: baseline's burst-round median / the arm's; train_time_cut: "
+                "100 x (1 - arm's / baseline's summed round windows); accuracy_delta: final "
+                "accuracy, arm - baseline, in points, paired by seed; time_to_target: baseline's "
+                "/ the arm's wall time to the target accuracy, over the seeds where both reached it.")
+    tables = [(["pair", "comparison"] + names + ["seeds"], rows)] if rows else []
+    ttt = s.get("time_to_target")
+    if ttt:
+        text.append(f"Time to target: {ttt['metric']} >= "
+                    f"{_f(ttt['target'], '{:.4f}')} ({ttt['source']}).")
+        tables.append((["arm", "seeds reached / run", "median s", "per seed s"],
+                       [[arm, f"{t['reached']}/{t['runs']}", _f(t["t_s_median"]),
+                         ", ".join(f"{k}: {_f(v)}" for k, v in t["t_s"].items())]
+                        for arm, t in ttt["per_arm"].items()]))
+    return {"title": "Figures with 95 % intervals", "text": text, "tables": tables}
+
+
 def _sections(s: dict, rounds, bursts) -> list[dict]:
     arms = s["arms_order"]
     a = s["arms"]
@@ -108,11 +180,14 @@ def _sections(s: dict, rounds, bursts) -> list[dict]:
                          "(> 1: the arm is faster). Latency = critical-path communication time "
                          "of a round; a burst round is one whose window overlaps a burst window."],
                 "tables": []})
+    sec.append(_verdict_section(s))
+    sec.append(_intervals_section(s))
     # Paper-style table.
     dblp_arms = [x for x in arms if a[x]["transport"] == "dblp"]
     head = ["arm", "burst p50 ms", "burst max ms", "normal p50 ms", "train s", "final acc"]
     for d in dblp_arms:
-        head += [f"{d} burst speedup", f"{d} train-time cut"]
+        head += [f"{d} burst speedup", "95 % interval", f"{d} train-time cut",
+                 "95 % interval (round windows)"]
     rows = []
     for arm in arms:
         row = [arm, _f(a[arm]["burst_round_ms_p50"]), _f(a[arm]["burst_round_ms_max"]),
@@ -120,28 +195,37 @@ def _sections(s: dict, rounds, bursts) -> list[dict]:
                _f(a[arm]["final_accuracy"], "{:.4f}")]
         for d in dblp_arms:
             sp = s["speedups"].get(f"{d}_vs_{arm}")
+            figs = s.get("intervals", {}).get(f"{d}_vs_{arm}", {}).get("figures", {})
             row += [_f(sp["burst_round"], "{:.2f}x") if sp else "",
-                    _f(sp["train_time_reduction_pct"], "{:.1f} %") if sp else ""]
+                    _iv(figs["burst_speedup"]["interval"], "x") if figs else "",
+                    _f(sp["train_time_reduction_pct"], "{:.1f} %") if sp else "",
+                    _iv(figs["train_time_cut"]["interval"], "%") if figs else ""]
         rows.append(row)
     paper = ["paper (DBLP vs MLT-style static)", "", "", "", "", "within ~0.5 pt"]
     for _ in dblp_arms:
-        paper += ["up to 5.88x (4.0-5.9x)", "24.4 % mean, 33.9 % max"]
+        paper += ["up to 5.88x (4.0-5.9x)", "", "24.4 % mean, 33.9 % max", ""]
     rows.append(paper)
     sec.append({"title": "Paper-style table", "tables": [(head, rows)],
                 "text": ["Speedup columns: the DBLP arm's burst-round p50 speedup over the "
-                         "row's arm and the cut in end-to-end training time against it. The "
+                         "row's arm and the cut in end-to-end training time against it (the "
+                         "workers' train_time_s), each beside its 95 % interval where the pair "
+                         "is compared (the cut's interval is of the summed round windows, "
+                         "which decompose into rounds the bootstrap can resample). The "
                          "last row is the paper's figures (arXiv 2605.01989), not a measurement."]})
     # Speedups with spread.
     rows = []
     for key in sorted(s["speedups"]):
         sp = s["speedups"][key]
+        fig = s.get("intervals", {}).get(key, {}).get("figures", {}).get("burst_speedup")
         rows.append([sp["arm"], sp["baseline"], _f(sp["burst_round"], "{:.2f}x"),
+                     _iv(fig["interval"], "x") if fig else "",
                      f"{_f(sp['burst_round_low'])}-{_f(sp['burst_round_high'])}",
                      _f(sp["burst_round_spread"]), "/".join(str(n) for n in sp["burst_round_n"]),
                      _f(sp["normal_round"], "{:.2f}x"), _f(sp["train_time"], "{:.2f}x"),
                      _f(sp["accuracy_delta"], "{:+.4f}"), "; ".join(sp["warnings"])])
     sec.append({"title": "Speedups of every arm against every baseline",
-                "tables": [(["arm", "baseline", "burst-round", "quartile range", "spread",
+                "tables": [(["arm", "baseline", "burst-round", "95 % interval", "quartile range",
+                             "spread",
                              "n (arm/base)", "normal-round", "train time", "accuracy delta",
                              "warning"], rows)], "text": []})
     # Physics.
@@ -302,5 +386,7 @@ def report_cmd(run_dir, rtt_ms, rate_mbps):
         if s["arms"][sp["arm"]]["transport"] == "dblp":
             click.echo(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
                        f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
+    for v in s["verdicts"]:
+        click.echo(f"  claim {v['claim']} {v['pair'] or ''}: {v['verdict']} ({v['reason']})")
     for w in s["warnings"]:
         click.echo(f"  warning: {w}")

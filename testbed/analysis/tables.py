@@ -631,11 +631,15 @@ def packet_summary(table: pd.DataFrame | None, arms) -> dict:
 
 def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
               inputs: phys.PhysicsInputs | None, physics_missing: list[str],
-              packets: pd.DataFrame | None = None, notes: list[str] = ()) -> dict:
+              packets: pd.DataFrame | None = None, notes: list[str] = (),
+              evals: pd.DataFrame | None = None) -> dict:
     """The whole summary.json (declared in testbed.analysis.formats); its only author.
 
-    `packets` is the per-round packet table (None: no captures read) and
-    `notes` what reading the captures had to say.
+    `packets` is the per-round packet table (None: no captures read),
+    `notes` what reading the captures had to say and `evals` the evaluations
+    table (None: the accuracy and time-to-target figures are unresolved).
+    The intervals and the verdicts on the paper's claims are
+    `testbed.analysis.claims`'s.
     """
     tr = raw.spec["transport"]
     arms, warnings = {}, list(raw.problems) + list(notes)
@@ -753,7 +757,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
     warnings += [f"arm {a}: {f}" for a in raw.arms for f in flags[a]]
     ok = [a for a in raw.arms if arms[a]["status"] == "ok"]
     status = "ok" if raw.arms and len(ok) == len(raw.arms) else ("partial" if ok else "failed")
-    return _finite({
+    summary = _finite({
         "schema": SUMMARY_SCHEMA,
         "status": status,
         "name": raw.spec.name,
@@ -773,6 +777,8 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "warnings": warnings,
         "definitions": DEFINITIONS,
     })
+    from testbed.analysis.claims import with_verdicts  # claims imports this module
+    return with_verdicts(summary, raw.spec, rounds, evals)
 
 
 # The default run's acceptance figures.

@@ -188,10 +188,17 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
     assert "summary.json: file not found" in res.stderr and "dblp-testbed report" in res.stderr
 
 
-def test_a_version_1_summary_without_phase_switches_still_reads(tmp_path):
+def test_version_1_and_2_summaries_without_their_successors_fields_still_read(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run, figures=False)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 2
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 3
+    # Version 2: no intervals, verdicts or time to target.
+    s["schema"] = 2
+    for key in ("intervals", "verdicts", "time_to_target"):
+        del s[key]
+    (run / "summary.json").write_text(json.dumps(s))
+    assert formats.read_summary(run / "summary.json")["schema"] == 2
+    # Version 1: no phase switches either.
     s["schema"] = 1
     for a in s["arms"].values():
         del a["phase_switches"]

@@ -167,3 +167,55 @@ def test_no_citation_of_documents_or_issues_outside_the_repository():
         text = f.read_text()
         assert "COMMON.md" not in text, f
         assert not re.search(r"\b[Ii]ssue \d", text), f
+
+
+def _v3_summary(tmp_path) -> dict:
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from test_analysis import make_run
+
+    from testbed.analysis.report import build_outputs
+    return build_outputs(make_run(tmp_path / "run"), figures=False)
+
+
+def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
+    s = _v3_summary(tmp_path)
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 3 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
+    assert [(v["claim"], v["pair"]) for v in s["verdicts"]] == [
+        ("burst_speedup", "dblp_vs_static"), ("train_time_cut", "dblp_vs_static"),
+        ("accuracy", "dblp_vs_static")]
+    assert s["arms"]["dblp"]["time_to_target_s"] == s["time_to_target"]["per_arm"]["dblp"][
+        "t_s_median"]
+    fig = s["intervals"]["dblp_vs_static"]["figures"]["train_time_cut"]
+    assert set(fig["interval"]) == {f.name for f in formats.INTERVAL_FIELDS}
+    assert s["time_to_target"]["per_arm"]["dblp"]["reached"] == 1
+    assert formats.read_summary(tmp_path / "run")["verdicts"] == s["verdicts"]
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    (("intervals", "dblp_vs_static", "figures", "train_time_cut", "interval", "lo"), "low",
+     "intervals.dblp_vs_static.figures.train_time_cut.interval: field 'lo' must be num"),
+    (("verdicts", 2, "verdict"), None, "verdicts[2]: field 'verdict' is null"),
+    (("verdicts", 0, "why"), "x", "verdicts[0]: undeclared field(s) why"),
+    (("verdicts", 1, "interval", "n_seeds"), 1.0,
+     "verdicts[1].interval: field 'n_seeds' must be int"),
+    (("time_to_target", "per_arm", "gloo", "reached"), 1.5,
+     "time_to_target.gloo: field 'reached' must be int"),
+])
+def test_summary_reader_names_the_bad_field_of_the_new_sections(tmp_path, path, value, needle):
+    s = _v3_summary(tmp_path)
+    node = s
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(formats.FormatError, match=re.escape(needle)):
+        formats.read_summary(tmp_path / "run")
+
+
+def test_summary_reader_refuses_a_version_from_the_future(tmp_path):
+    s = _v3_summary(tmp_path)
+    s["schema"] = 4
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(formats.FormatError, match="schema version 4, this dblp-testbed reads 1, 2, 3"):
+        formats.read_summary(tmp_path / "run")

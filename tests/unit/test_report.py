@@ -32,20 +32,29 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     res = subprocess.run([str(CLI), "report", str(run)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "dblp_vs_static: burst-round 4.00x" in res.stdout
+    assert ("claim accuracy dblp_vs_static: unresolved (one value per seed and only 1 seed: "
+            "no spread to resample (run more seeds, `run --seeds N`))") in res.stdout
     first = _digest(run)
-    # 6 CSVs, 7 Parquet tables, summary, report.md/html, 8 plots as PNG and SVG
-    # (the eighth: the dblp arm's phase timeline)
-    assert len(first) == 32
+    # 6 CSVs, 7 Parquet tables, summary, report.md/html, 9 plots as PNG and SVG
+    # (the eighth: the dblp arm's phase timeline; the ninth: the intervals' forest plot)
+    assert len(first) == 34 and "plots/intervals.svg" in first
     # Derived files deleted or tampered with: the rebuild restores them exactly.
     (run / "summary.json").write_text("{}")
     (run / "rounds.csv").unlink()
     build_outputs(run)
     assert _digest(run) == first
     html = (run / "report.html").read_text()
-    assert html.count("src='data:image/png;base64,") == 8
+    assert html.count("src='data:image/png;base64,") == 9
     assert "src='plots/" not in html and "http" not in html.split("<body>")[1]
     md = (run / "report.md").read_text()
-    assert "| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | 25.0 % |" in md
+    # The speedups beside their intervals: two burst rounds give none, the cut's is there.
+    assert ("| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | – | 25.0 % | "
+            "55.9 % [-40.0 %, 80.6 %] |") in md
+    # The verdicts come first, one row per claim and pair, each from its interval.
+    assert md.split("\n## ")[1].startswith("Verdicts on the paper's claims")
+    assert ("| burst_speedup | dblp_vs_static | 4.0-5.88x | >= 4.00x | – | – | unresolved | "
+            "only 2 burst rounds on one side (fewer than 3): no interval |") in md
+    assert "| train_time_cut | dblp_vs_static |" in md and "straddles the region's edge at 17" in md
     assert "up to 5.88x" in md and "24.4 %" in md
     assert "between the bandwidth-bound and pass-bound ratios" in md
     s = json.loads((run / "summary.json").read_text())

@@ -1,0 +1,173 @@
+"""The paper's claims: declared once, paired through the arms registry, judged by the interval rule."""
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+from testbed.analysis import claims
+from testbed.analysis import intervals as iv
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_intervals import ROUNDS, TRUTH, synthetic  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def _iv(lo, hi, n_seeds=5):
+    return iv.Interval((lo + hi) / 2, lo, hi, n_seeds, 100, "test")
+
+
+def test_every_claim_names_a_registered_estimator_and_comparison():
+    assert set(claims.CLAIMS) == {"burst_speedup", "train_time_cut", "accuracy"}
+    for c in claims.CLAIMS.values():
+        assert c.estimator in iv.ESTIMATORS and c.comparison in claims.COMPARISONS
+        assert c.paper and c.what and c.region_why
+    assert claims.CLAIMS["burst_speedup"].region == claims.Region(4.0, math.inf)
+    assert claims.CLAIMS["train_time_cut"].region == claims.Region(17.0, 34.0)
+    assert claims.CLAIMS["accuracy"].region == claims.Region(-0.5, math.inf)
+    assert claims.Region(4.0).to_list() == [4.0, None]
+
+
+@pytest.mark.parametrize("lo,hi,want,needle", [
+    (4.2, 6.0, claims.REPRODUCED, "lies inside"),
+    (4.0, 4.0, claims.REPRODUCED, "lies inside"),            # the edge belongs to the region
+    (1.5, 3.9, claims.REFUTED, "lies outside"),
+    (3.5, 5.0, claims.UNRESOLVED, "straddles the region's edge at 4"),
+])
+def test_the_verdict_comes_from_the_whole_interval_never_the_point(lo, hi, want, needle):
+    v, why = claims.verdict(_iv(lo, hi), claims.CLAIMS["burst_speedup"].region)
+    assert v == want and needle in why
+
+
+def test_a_two_sided_region_refutes_from_either_side():
+    region = claims.CLAIMS["train_time_cut"].region
+    assert claims.verdict(_iv(40, 60), region)[0] == claims.REFUTED
+    assert claims.verdict(_iv(1, 10), region)[0] == claims.REFUTED
+    assert claims.verdict(_iv(30, 40), region) == (
+        claims.UNRESOLVED, "the 95 % interval [30, 40] straddles the region's edge at 34")
+
+
+def test_no_interval_or_one_seed_is_said():
+    region = claims.CLAIMS["accuracy"].region
+    assert claims.verdict(None, region, "arm dblp: no evaluations") == (
+        claims.UNRESOLVED, "arm dblp: no evaluations")
+    v, why = claims.verdict(_iv(-0.2, 0.1, n_seeds=1), region)
+    assert v == claims.REPRODUCED and "one seed: a round bootstrap" in why
+
+
+ALL_ARMS = ["gloo", "static", "dblp", "static-high", "dblp-tcp", "static-tcp",
+            "dblp-sharded", "static-sharded", "static-high-sharded"]
+
+
+def test_pairs_come_from_the_arms_registry_and_only_from_arms_that_ran():
+    c = claims.COMPARISONS
+    assert c["paper"].pairs(ALL_ARMS) == [("dblp", "static"), ("dblp-tcp", "static-tcp"),
+                                          ("dblp-sharded", "static-sharded")]
+    assert c["loose_bound"].pairs(ALL_ARMS) == [("static-high", "static"),
+                                                ("static-high-sharded", "static-sharded")]
+    assert c["phase_awareness"].pairs(ALL_ARMS) == [("dblp", "static-high"),
+                                                    ("dblp-sharded", "static-high-sharded")]
+    assert c["against_gloo"].pairs(ALL_ARMS) == [("dblp-sharded", "gloo"), ("static-sharded", "gloo"),
+                                                 ("static-high-sharded", "gloo")]
+    assert c["paper"].pairs(["gloo", "dblp", "static-tcp"]) == []
+
+
+def _verdicts(out, claim) -> dict:
+    """pair -> verdict entry of one claim (the summary's list, keyed for the test)."""
+    return {v["pair"]: v for v in out["verdicts"] if v["claim"] == claim}
+
+
+def _truth(**over):
+    return {**TRUTH, **{arm: tuple(v) for arm, v in over.items()}}
+
+
+def test_judge_gives_each_claim_its_verdict_from_known_data():
+    # dblp vs static: burst speedup 5x (reproduced), cut ~50 % (refuted: outside 17-34 %),
+    # accuracy -0.3 points with little noise (reproduced: at most 0.5 points lost).
+    rounds, evals = synthetic(seeds=tuple(range(6)), arms=("static", "dblp"), acc_sd=0.0003)
+    out = claims.judge({"training": {}}, ["static", "dblp"], rounds, evals, resamples=2000)
+    assert [(v["claim"], v["pair"], v["verdict"]) for v in out["verdicts"]] == [
+        ("burst_speedup", "dblp_vs_static", claims.REPRODUCED),
+        ("train_time_cut", "dblp_vs_static", claims.REFUTED),
+        ("accuracy", "dblp_vs_static", claims.REPRODUCED)]
+    pair = _verdicts(out, "burst_speedup")["dblp_vs_static"]
+    assert pair["interval"]["n_seeds"] == 6 and pair["interval"]["lo"] >= 4.0
+    assert pair["region"] == [4.0, None] and pair["paper"] == "4.0-5.88x"
+    fig = out["intervals"]["dblp_vs_static"]["figures"]
+    assert set(fig) == set(iv.ESTIMATORS) and fig["time_to_target"]["interval"]["point"] > 1
+    assert out["intervals"]["dblp_vs_static"]["comparison"] == "paper"
+
+
+def test_an_interval_across_the_edge_is_unresolved():
+    # A 4x speedup measured with wide spread straddles the region's edge at 4.
+    rounds, evals = synthetic(seeds=(1, 2, 3), arms=("static", "dblp"), seed_sd=0.3,
+                              truth=_truth(static=(400.0, 30.0, 100.0, 0.9)))
+    out = claims.judge({"training": {}}, ["static", "dblp"], rounds, evals, resamples=2000)
+    b = _verdicts(out, "burst_speedup")["dblp_vs_static"]
+    assert b["verdict"] == claims.UNRESOLVED and "straddles the region's edge at 4" in b["reason"]
+
+
+def test_missing_arms_leave_a_claim_unresolved_with_the_reason():
+    rounds, evals = synthetic(seeds=(1, 2), arms=("gloo", "dblp"))
+    out = claims.judge({"training": {}}, ["gloo", "dblp"], rounds, evals, resamples=500)
+    assert [v["claim"] for v in out["verdicts"]] == list(claims.CLAIMS)   # one each, no pair
+    for v in out["verdicts"]:
+        assert v["verdict"] == claims.UNRESOLVED and v["pair"] is None and v["interval"] is None
+        assert v["reason"].startswith("no pair of arms for it ran")
+    assert out["intervals"] == {}
+
+
+def test_each_pair_gets_its_own_verdict():
+    truth = _truth(**{"dblp-tcp": TRUTH["dblp"], "static-tcp": (150.0, 30.0, 100.0, 0.9)})
+    arms = ["static", "dblp", "static-tcp", "dblp-tcp"]
+    rounds, evals = synthetic(seeds=(1, 2, 3, 4), arms=arms, truth=truth)
+    out = claims.judge({"training": {}}, arms, rounds, evals, resamples=1000)
+    b = _verdicts(out, "burst_speedup")
+    assert list(b) == ["dblp_vs_static", "dblp-tcp_vs_static-tcp"]
+    assert b["dblp_vs_static"]["verdict"] == claims.REPRODUCED
+    assert b["dblp-tcp_vs_static-tcp"]["verdict"] == claims.REFUTED   # 1.5x
+    assert b["dblp-tcp_vs_static-tcp"]["arm"] == "dblp-tcp"
+
+
+def test_the_target_comes_from_the_spec_else_from_the_lowest_final_accuracy():
+    rounds, evals = synthetic(seeds=(1, 2), arms=("static", "dblp", "static-high"), acc_sd=0.0)
+    assert claims.target_metric({"training": {"target_accuracy": 0.8}}, evals) == (
+        0.8, "spec training.target_accuracy")
+    low = evals[evals["round"] == evals["round"].max()]["test_accuracy"].min()
+    for spec in ({"training": {}}, {"training": {"target_accuracy": 0}}, {}):
+        t, source = claims.target_metric(spec, evals)
+        assert t == pytest.approx(0.95 * low) and source.startswith("derived: 95% of the lowest")
+        assert "static-high" in source
+    t, source = claims.target_metric({"training": {"target_accuracy": 1.5}}, evals)
+    assert t == pytest.approx(0.95 * low) and "is not in (0, 1], ignored" in source
+    assert claims.target_metric({"training": {}}, None) == (None, "no evaluations: no target")
+
+
+def test_time_to_target_section_per_arm_and_seed():
+    rounds, evals = synthetic(seeds=(1, 2), arms=("static", "dblp"))
+    out = claims.judge({"training": {"target_accuracy": 0.86}}, ["static", "dblp"], rounds, evals,
+                       resamples=500)
+    t = out["time_to_target"]
+    assert t["target"] == 0.86 and t["source"] == "spec training.target_accuracy"
+    assert t["per_arm"]["static"]["reached"] == 2 and set(t["per_arm"]["static"]["t_s"]) == {"1", "2"}
+    assert t["per_arm"]["dblp"]["reached"] == 2       # 0.897 x (0.5 + 0.5 x 60/60) >= 0.86
+    assert t["per_arm"]["static"]["t_s_median"] > t["per_arm"]["dblp"]["t_s_median"]
+
+
+def test_with_verdicts_keeps_the_summary_declared_and_warns_on_one_seed():
+    rounds, evals = synthetic(seeds=(1,), arms=("static", "dblp"))
+    base = {"arms_order": ["static", "dblp"], "definitions": {"latency": "x"}, "warnings": ["w"],
+            "arms": {"static": {"rounds": ROUNDS}, "dblp": {"rounds": ROUNDS}}}
+    out = claims.with_verdicts(base, {"training": {}}, rounds, evals, resamples=500)
+    assert out["definitions"]["latency"] == "x" and "verdict" in out["definitions"]
+    # Each arm carries its median time to target beside its other figures.
+    for arm in ("static", "dblp"):
+        assert out["arms"][arm]["rounds"] == ROUNDS
+        assert out["arms"][arm]["time_to_target_s"] == out["time_to_target"]["per_arm"][arm][
+            "t_s_median"] > 0
+    assert out["warnings"][0] == "w" and "one seed per arm (dblp_vs_static)" in out["warnings"][1]
+    assert _verdicts(out, "accuracy")["dblp_vs_static"]["reason"].startswith(
+        "one value per seed and only 1 seed")
+    assert json.loads(json.dumps(out, allow_nan=False)) == out      # plain JSON, no NaN

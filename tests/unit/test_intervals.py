@@ -1,0 +1,216 @@
+"""The bootstrap intervals: known truths covered, more seeds narrower, same seed same answer.
+
+`synthetic` builds rounds and evals tables of the declared columns (with
+the `seed` column repeated runs add) from distributions whose true figures
+are known: burst-round latencies lognormal around a chosen median,
+round windows around a chosen mean, final accuracies around a chosen value,
+each with a per-seed random effect so that seeds differ as real runs do.
+"""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from testbed.analysis import intervals as iv
+
+pytestmark = pytest.mark.unit
+
+MS = 1_000_000
+# arm -> (burst-round median ms, normal-round ms, round window ms, final accuracy)
+TRUTH = {"static": (500.0, 30.0, 100.0, 0.900),
+         "dblp": (100.0, 24.0, 75.0, 0.897),
+         "static-high": (80.0, 20.0, 70.0, 0.880),
+         "gloo": (800.0, 40.0, 120.0, 0.905)}
+ROUNDS = 60
+BURST_EVERY = 6          # rounds 0, 6, 12, ...: 10 burst rounds per seed
+EVAL_EVERY = 10
+
+
+def synthetic(seeds=(1, 2, 3), arms=("static", "dblp"), seed_sd=0.05, round_sd=0.2,
+              acc_sd=0.002, rng=0, truth=TRUTH, rounds=ROUNDS):
+    """(rounds, evals) frames with per-seed effects; every figure's true value follows TRUTH."""
+    g = np.random.default_rng(rng)
+    rows, evals = [], []
+    for arm in arms:
+        burst_med, normal, window, acc = truth[arm]
+        for s in seeds:
+            effect = math.exp(g.normal(0, seed_sd))
+            t = 10**18 + (list(truth).index(arm) * 1000 + s) * 10**12
+            for r in range(rounds):
+                burst = r % BURST_EVERY == 0
+                lat = (burst_med if burst else normal) * effect * math.exp(g.normal(0, round_sd))
+                dur = window * effect * math.exp(g.normal(0, round_sd)) + (lat if burst else 0)
+                rows.append({"arm": arm, "seed": s, "round": r, "t_start_ns": t,
+                             "t_end_ns": t + int(dur * MS), "duration_ms": dur,
+                             "latency_ms": lat, "in_burst": burst})
+                t += int(dur * MS) + 2 * MS
+                if (r + 1) % EVAL_EVERY == 0:
+                    # Accuracy climbs to its final value over the run.
+                    a = acc * (0.5 + 0.5 * (r + 1) / rounds) + g.normal(0, acc_sd)
+                    evals.append({"arm": arm, "seed": s, "round": r, "rank": 0,
+                                  "t_s": math.nan, "test_accuracy": a, "test_loss": 1 - a})
+    return pd.DataFrame(rows), pd.DataFrame(evals)
+
+
+def _frames(**kw):
+    rounds, evals = synthetic(**kw)
+    return iv.RunFrames(rounds, evals, target=0.85)
+
+
+def test_burst_speedup_covers_the_true_ratio_of_medians():
+    f = _frames(seeds=tuple(range(8)))
+    got = iv.burst_speedup(f, "dblp", "static")
+    assert got.lo < 5.0 < got.hi           # 500 / 100
+    assert got.lo < got.point < got.hi
+    assert got.n_seeds == 8 and got.n_samples == 2 * 8 * (ROUNDS // BURST_EVERY)
+    assert "hierarchical" in got.method and got.resamples == iv.RESAMPLES and got.level == 0.95
+
+
+def test_train_time_cut_covers_the_true_cut():
+    f = _frames(seeds=tuple(range(6)))
+    got = iv.train_time_cut(f, "dblp", "static")
+    # Windows: 75 + burst latency 100 every 6th round vs 100 + 500 every 6th.
+    truth = 100 * (1 - (75 + 100 / BURST_EVERY) / (100 + 500 / BURST_EVERY))
+    assert got.lo < truth < got.hi
+
+
+def test_accuracy_delta_is_in_points_and_paired_by_seed():
+    f = _frames(seeds=tuple(range(20)), acc_sd=0.0005)
+    got = iv.accuracy_delta(f, "dblp", "static")
+    assert got.lo < -0.3 < got.hi          # 0.897 - 0.900, in points
+    assert got.method.startswith("bootstrap over seeds") and got.n_samples == 40
+
+
+def test_a_seed_effect_shared_by_both_arms_cancels_in_the_pairing():
+    """Accuracy differs a lot between seeds but equally for both arms: the pairing sees through it."""
+    rounds, evals = synthetic(seeds=tuple(range(5)), acc_sd=0.0)
+    shift = {s: 0.05 * s for s in range(5)}
+    evals["test_accuracy"] += evals["seed"].map(shift)
+    got = iv.accuracy_delta(iv.RunFrames(rounds, evals), "dblp", "static")
+    assert got.point == pytest.approx(-0.3) and got.hi - got.lo < 1e-9
+
+
+def test_more_seeds_give_a_narrower_interval():
+    """Seed-to-seed spread dominates (seed_sd): four times the seeds, about half the width."""
+    widths = {3: [], 12: []}
+    for n, rng in ((n, rng) for n in widths for rng in range(4)):
+        got = iv.burst_speedup(_frames(seeds=tuple(range(n)), seed_sd=0.2, rng=rng),
+                               "dblp", "static", resamples=2000)
+        widths[n].append(got.hi - got.lo)
+    assert np.mean(widths[12]) < 0.75 * np.mean(widths[3])
+
+
+def test_mean_difference_coverage_is_near_its_level():
+    """Over 200 data sets from a known distribution, the interval covers the truth ~95 % of the time."""
+    g = np.random.default_rng(7)
+    hits = 0
+    for k in range(200):
+        a = {s: 0.5 + g.normal(0, 0.01) for s in range(10)}
+        b = {s: 0.5 + g.normal(0, 0.01) for s in range(10)}
+        got = iv.mean_difference(a, b, resamples=1000, rng_seed=k)
+        hits += got.lo <= 0.0 <= got.hi
+    assert 0.85 <= hits / 200 <= 0.99
+
+
+def test_one_seed_is_a_round_bootstrap_and_says_so():
+    got = iv.burst_speedup(_frames(seeds=(4,)), "dblp", "static")
+    assert got.n_seeds == 1 and got.one_seed and got.to_dict()["n_seeds"] == 1
+    assert got.method.startswith("round bootstrap (one seed")
+    assert got.lo < got.point < got.hi     # the round-to-round spread is still there
+
+
+def test_same_rng_seed_same_interval_and_another_seed_moves_it_a_little():
+    f = _frames()
+    a = iv.burst_speedup(f, "dblp", "static", rng_seed=1)
+    assert iv.burst_speedup(f, "dblp", "static", rng_seed=1) == a
+    b = iv.burst_speedup(f, "dblp", "static", rng_seed=2)
+    assert b.point == a.point and (b.lo, b.hi) != (a.lo, a.hi)
+    assert abs(b.lo - a.lo) < 0.1 * a.point
+    assert a.to_dict() == {"point": a.point, "lo": a.lo, "hi": a.hi, "n_seeds": 3,
+                           "n_samples": a.n_samples, "method": a.method,
+                           "resamples": iv.RESAMPLES, "level": 0.95, "rng_seed": 1}
+
+
+def test_only_seeds_both_arms_ran_are_paired():
+    rounds, evals = synthetic(seeds=(1, 2, 3))
+    rounds = rounds[~((rounds["arm"] == "dblp") & (rounds["seed"] == 3))]
+    got = iv.burst_speedup(iv.RunFrames(rounds, evals), "dblp", "static")
+    assert got.n_seeds == 2
+
+
+def test_tables_without_a_seed_column_are_one_seed():
+    rounds, evals = synthetic(seeds=(1,))
+    got = iv.burst_speedup(iv.RunFrames(rounds.drop(columns="seed"), evals), "dblp", "static")
+    assert got.n_seeds == 1
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda r, e: (r[r["arm"] != "dblp"], e), "arm dblp: no rounds"),
+    (lambda r, e: (r.assign(in_burst=False), e), "no burst rounds"),
+    (lambda r, e: (r, e), "only 2 burst rounds on one side"),     # 12 rounds: 2 burst rounds
+    (lambda r, e: (r, e.iloc[0:0]), "no evaluations"),
+])
+def test_degenerate_input_is_a_clear_value_error(change, needle):
+    rounds, evals = synthetic(seeds=(1,), rounds=12)
+    rounds, evals = change(rounds, evals)
+    f = iv.RunFrames(rounds, evals, target=0.5)
+    est = "accuracy_delta" if "evaluations" in needle else "burst_speedup"
+    with pytest.raises(ValueError, match=needle):
+        iv.ESTIMATORS[est](f, "dblp", "static")
+
+
+def test_degenerate_arrays_are_value_errors():
+    with pytest.raises(ValueError, match="only 1 seed: no spread"):
+        iv.mean_difference({1: 0.5}, {1: 0.4})
+    with pytest.raises(ValueError, match="no seed has"):
+        iv.ratio_of_medians({1: [1.0, 2, 3]}, {2: [1.0, 2, 3]})
+    with pytest.raises(ValueError, match="undefined"):
+        iv.ratio_of_medians({1: [0.0, 0, 0]}, {1: [1.0, 2, 3]})
+    with pytest.raises(ValueError, match="non-finite"):
+        iv.ratio_of_medians({1: [1.0, math.nan, 3]}, {1: [1.0, 2, 3]})
+    with pytest.raises(ValueError, match="resamples"):
+        iv.ratio_of_medians({1: [1.0, 2, 3]}, {1: [1.0, 2, 3]}, resamples=10)
+
+
+def test_time_to_target_is_the_wall_time_to_the_first_evaluation_that_reaches_it():
+    rounds, evals = synthetic(seeds=(1, 2), arms=("dblp",))
+    ttt = iv.time_to_target(rounds, evals, target=0.5 * 0.897 * 1.4)   # reached by round ~29-39
+    for row in ttt.itertuples(index=False):
+        e = evals[(evals["seed"] == row.seed)].sort_values("round")
+        first = e[e["test_accuracy"] >= 0.5 * 0.897 * 1.4]["round"].iloc[0]
+        r = rounds[rounds["seed"] == row.seed]
+        assert row.round == first
+        want = (r[r["round"] == first]["t_end_ns"].iloc[0] - r["t_start_ns"].min()) / 1e9
+        assert row.t_s == pytest.approx(want) and row.evaluated == ROUNDS // EVAL_EVERY
+    never = iv.time_to_target(rounds, evals, target=0.99)
+    assert never["round"].isna().all() and never["t_s"].isna().all()
+    by_loss = iv.time_to_target(rounds, evals, target=1.0, metric="test_loss")
+    assert (by_loss["round"] == EVAL_EVERY - 1).all()   # every loss <= 1: the first evaluation
+    with pytest.raises(ValueError, match="metric"):
+        iv.time_to_target(rounds, evals, 0.5, metric="f1")
+
+
+def test_time_to_target_ratio_covers_the_true_ratio_and_skips_unreached_seeds():
+    rounds, evals = synthetic(seeds=tuple(range(6)), acc_sd=0.0)
+    f = iv.RunFrames(rounds, evals, target=0.5 * 0.9)   # both reach it at their first evaluation
+    got = iv.ESTIMATORS["time_to_target"](f, "dblp", "static")
+    # Ten rounds each, rounds 0 and 6 burst rounds, 2 ms between rounds.
+    truth = (10 * 100 + 2 * 500 + 9 * 2) / (10 * 75 + 2 * 100 + 9 * 2)
+    assert got.lo < truth < got.hi
+    evals.loc[(evals["arm"] == "dblp") & (evals["seed"] == 0), "test_accuracy"] = 0.0
+    assert iv.time_to_target_ratio(iv.RunFrames(rounds, evals, target=0.45),
+                                   "dblp", "static").n_seeds == 5
+    with pytest.raises(ValueError, match="never reached"):
+        iv.time_to_target_ratio(iv.RunFrames(rounds, evals, target=0.99), "dblp", "static")
+    with pytest.raises(ValueError, match="no target"):
+        iv.time_to_target_ratio(iv.RunFrames(rounds, evals), "dblp", "static")
+
+
+def test_ten_thousand_resamples_of_a_long_run_stay_fast():
+    import time
+    rounds, evals = synthetic(seeds=tuple(range(5)), rounds=600)
+    t = time.perf_counter()
+    iv.train_time_cut(iv.RunFrames(rounds, evals), "dblp", "static")
+    iv.burst_speedup(iv.RunFrames(rounds, evals), "dblp", "static")
+    assert time.perf_counter() - t < 10
