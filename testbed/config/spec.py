@@ -154,6 +154,10 @@ SCHEMA: dict[str, dict[str, Setting]] = {
         # "cosine": decay to zero over the rounds.
         "lr_schedule": Setting(str, "constant", choices=lambda: LR_SCHEDULES, noun="schedule"),
         "eval_every": Setting(int, 50, lo=1, hi=100_000, fix="evaluate every 1..100000 rounds"),
+        # Test accuracy whose first arrival times each arm ("time to accuracy");
+        # 0: derived from the run (testbed.analysis.claims.target_metric).
+        "target_accuracy": Setting(_NUMBER, 0.0, lo=0, hi=1, unset=0,
+                                   fix="use 0 (derive it from the run) or an accuracy in (0, 1]"),
     },
     "transport": {
         "missing": Setting(str, "zero", transport="missing"),

@@ -4,6 +4,7 @@ import math
 import pathlib
 import sys
 
+import pandas as pd
 import pytest
 
 from testbed.analysis import claims
@@ -131,18 +132,31 @@ def test_each_pair_gets_its_own_verdict():
     assert b["dblp-tcp_vs_static-tcp"]["arm"] == "dblp-tcp"
 
 
-def test_the_target_comes_from_the_spec_else_from_the_lowest_final_accuracy():
+def test_the_target_comes_from_the_spec_else_halfway_from_the_first_to_the_lowest_final():
     rounds, evals = synthetic(seeds=(1, 2), arms=("static", "dblp", "static-high"), acc_sd=0.0)
     assert claims.target_metric({"training": {"target_accuracy": 0.8}}, evals) == (
         0.8, "spec training.target_accuracy")
     low = evals[evals["round"] == evals["round"].max()]["test_accuracy"].min()
+    first = evals[evals["round"] == evals["round"].min()]["test_accuracy"].median()
+    assert first < low
     for spec in ({"training": {}}, {"training": {"target_accuracy": 0}}, {}):
         t, source = claims.target_metric(spec, evals)
-        assert t == pytest.approx(0.95 * low) and source.startswith("derived: 95% of the lowest")
+        assert t == pytest.approx(first + 0.5 * (low - first))
+        assert source.startswith("derived: 50% of the way from the first evaluation")
         assert "static-high" in source
     t, source = claims.target_metric({"training": {"target_accuracy": 1.5}}, evals)
-    assert t == pytest.approx(0.95 * low) and "is not in (0, 1], ignored" in source
+    assert t == pytest.approx(first + 0.5 * (low - first)) and "is not in (0, 1], ignored" in source
     assert claims.target_metric({"training": {}}, None) == (None, "no evaluations: no target")
+
+
+def test_a_plateau_start_does_not_make_the_derived_target_trivial():
+    """A byte LM evaluates at 27 % before it learns; 95 % of a 30 % final would be met at once."""
+    evals = pd.DataFrame({"arm": ["a"] * 4 + ["b"] * 4, "seed": [1] * 8,
+                          "round": [9, 19, 29, 39] * 2,
+                          "test_accuracy": [0.271, 0.275, 0.29, 0.31, 0.271, 0.274, 0.28, 0.30]})
+    t, _ = claims.target_metric({"training": {}}, evals)
+    assert t == pytest.approx(0.271 + 0.5 * (0.30 - 0.271))
+    assert t > 0.28
 
 
 def test_time_to_target_section_per_arm_and_seed():

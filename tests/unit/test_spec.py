@@ -47,6 +47,7 @@ BAD_SPECS = [
     ("model-unknown", '[training]\nmodel = "gpt5"', "training.model"),
     ("lr-schedule", '[training]\nlr_schedule = "step"', "training.lr_schedule"),
     ("rounds-zero", '[training]\nrounds = 0', "training.rounds"),
+    ("target-above-one", '[training]\ntarget_accuracy = 1.5', "training.target_accuracy"),
     ("lr-negative", '[training]\nlr = -0.1', "training.lr"),
     ("too-many-workers", '[topology]\nk = 4\n[placement]\nworkers = 16',
      "placement.workers"),
