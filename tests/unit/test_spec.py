@@ -177,7 +177,8 @@ def test_seeds_are_the_spec_seed_and_those_after_it():
     assert (doc["seed"], doc["seeds"]) == (7, 3)
     spec = load(None, PRESETS["default"], ["seed=7", "seeds=3"])
     assert spec.seeds == 3 and spec.seed_values == [7, 8, 9]
-    assert load(None, PRESETS["default"]).seed_values == [load(None, PRESETS["default"]).seed]
+    assert load(None, PRESETS["ci"]).seed_values == [load(None, PRESETS["ci"]).seed]
+    assert load(None, PRESETS["default"]).seed_values == [1, 2, 3]  # the default repeats
     # One burst schedule per run, from the spec's seed: the same for one seed or many.
     from testbed.run.bursts import resolve_bursts
     one = load(None, PRESETS["default"], ["seed=7"])
