@@ -25,7 +25,11 @@ BLOCK_RE = re.compile(r"(<!-- reference:(?P<ref>[\w.-]+) (?P<table>[\w.-]+) -->\
 
 
 def _load(ref_dir: pathlib.Path) -> dict:
-    return json.loads((ref_dir / "summary.json").read_text())
+    path = ref_dir / "summary.json"
+    if not path.is_file():
+        from testbed.errors import InputError
+        raise InputError(f"{path} does not exist; run `dblp-testbed reproduce {ref_dir.name}`")
+    return json.loads(path.read_text())
 
 
 def _num(x, fmt: str = "{:.0f}", none: str = "–") -> str:
@@ -34,14 +38,14 @@ def _num(x, fmt: str = "{:.0f}", none: str = "–") -> str:
     return fmt.format(x)
 
 
-def _interval(iv: dict | None, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
-    """``point [lo, hi]`` of an interval dict; a dash when it could not be computed."""
+def _interval(iv: dict | None, fmt: str = "{:.2f}", unit: str = "") -> str:
+    """``point [lo, hi] unit`` of an interval dict; a dash when it could not be computed."""
     if not iv or iv.get("point") is None:
         return "–"
-    p, lo, hi = (None if iv.get(k) is None else iv[k] * scale for k in ("point", "lo", "hi"))
+    p, lo, hi = (iv.get(k) for k in ("point", "lo", "hi"))
     if lo is None or hi is None:
-        return _num(p, fmt)
-    return f"{_num(p, fmt)} [{_num(lo, fmt)}, {_num(hi, fmt)}]"
+        return _num(p, fmt) + unit
+    return f"{_num(p, fmt)} [{_num(lo, fmt)}, {_num(hi, fmt)}]{unit}"
 
 
 def arms_table(summary: dict) -> str:
@@ -63,14 +67,41 @@ def arms_table(summary: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+#: How each estimator's unit is printed.
+UNIT_FMT = {"x": ("{:.2f}", "x"), "%": ("{:.1f}", " %"), "points": ("{:+.2f}", " points")}
+#: The figures of the intervals table, in column order: (estimator, heading).
+FIGURES = (("burst_speedup", "burst-round speedup"), ("train_time_cut", "training-time cut"),
+           ("accuracy_delta", "final accuracy, difference"),
+           ("time_to_target", "time-to-target speedup"))
+
+
+def _figure(fig: dict | None) -> str:
+    if not fig:
+        return "–"
+    fmt, unit = UNIT_FMT.get(fig.get("unit", ""), ("{:.2f}", ""))
+    return _interval(fig.get("interval"), fmt, unit) if fig.get("interval") else "–"
+
+
 def verdicts_table(summary: dict) -> str:
-    """One row per claim of the paper: its value, the measured interval, the verdict."""
-    rows = ["| claim | paper | measured, point [95 % interval] | seeds | verdict |",
-            "|---|---|---|---|---|"]
+    """One row per claim of the paper and pair of arms: the measured interval and the verdict."""
+    rows = ["| claim | arm vs baseline | paper | measured, point [95 % interval] | seeds | verdict |",
+            "|---|---|---|---|---|---|"]
     for v in summary.get("verdicts", []):
         iv = v.get("interval") or {}
-        rows.append(f"| {v['what']} | {v['paper']} | {_interval(iv, v.get('fmt', '{:.2f}'))} "
+        pair = f"{v['arm']} vs {v['baseline']}" if v.get("pair") else "(did not run)"
+        rows.append(f"| {v['claim']} | {pair} | {v['paper']} | {_figure(v)} "
                     f"| {iv.get('n_seeds', '–')} | {v['verdict']} |")
+    return "\n".join(rows) + "\n"
+
+
+def intervals_table(summary: dict) -> str:
+    """Every compared pair's headline figures, each a point and its 95 % interval."""
+    rows = ["| arm vs baseline | " + " | ".join(h for _, h in FIGURES) + " |",
+            "|---" * (len(FIGURES) + 1) + "|"]
+    for pair in summary.get("intervals", {}).values():
+        figs = pair.get("figures", {})
+        rows.append(f"| {pair['arm']} vs {pair['baseline']} | "
+                    + " | ".join(_figure(figs.get(e)) for e, _ in FIGURES) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -95,14 +126,46 @@ def levels_table(ref_dir: pathlib.Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def phases_table(ref_dir: pathlib.Path) -> str:
+    """Burst-round latency p50 per arm, split by the phase DBLP was in at that round and seed.
+
+    Every arm met the same bursts at the same rounds of the same seeds; the
+    phase-aware arm's phase there says which bound it could use, so this is
+    where the phase-aware bound can and cannot beat the static one.
+    """
+    import pandas as pd
+
+    rounds = pd.read_csv(ref_dir / "rounds.csv")
+    order = _load(ref_dir).get("arms_order") or sorted(rounds["arm"].unique())
+    phased = rounds[rounds["phase"].notna()]
+    if not len(phased):
+        return "| no arm with a phase detector ran |\n|---|\n"
+    dblp = phased["arm"].iloc[0]
+    phase = phased[phased["arm"] == dblp].set_index(["seed", "round"])["phase"]
+    hit = rounds[rounds["in_burst"].astype(bool)].copy()
+    hit["dblp_phase"] = [phase.get((s, r)) for s, r in zip(hit["seed"], hit["round"], strict=True)]
+    rows = [f"| {dblp}'s phase at the burst | " + " | ".join(order) + " |",
+            "|---" * (len(order) + 1) + "|"]
+    for ph in ("critical", "relaxed"):
+        at = hit[hit["dblp_phase"] == ph]
+        cells = []
+        for arm in order:
+            lat = at.loc[at["arm"] == arm, "latency_ms"]
+            cells.append(f"{lat.median():.0f} ms (n={len(lat)})" if len(lat) else "–")
+        rows.append(f"| {ph} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 #: Tables rendered from summary.json alone.
 TABLES: dict[str, Callable[[dict], str]] = {
     "arms": arms_table,
     "verdicts": verdicts_table,
+    "intervals": intervals_table,
 }
 #: Tables that read the reference folder's other files.
 FILE_TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     "levels": levels_table,
+    "phases": phases_table,
 }
 
 
@@ -116,16 +179,20 @@ def render(ref: str, table: str, reference_dir: pathlib.Path) -> str:
     return TABLES[table](_load(reference_dir / ref))
 
 
-def update(text: str, reference_dir: pathlib.Path) -> str:
-    """``text`` with every marked block rendered afresh from ``reference_dir``."""
-    return BLOCK_RE.sub(lambda m: m.group(1) + render(m["ref"], m["table"], reference_dir)
-                        + m.group(5), text)
+def update(text: str, reference_dir: pathlib.Path, only: tuple[str, ...] = ()) -> str:
+    """``text`` with every marked block (of the ``only`` references, if given) rendered afresh."""
+    def one(m):
+        if only and m["ref"] not in only:
+            return m.group(0)
+        return m.group(1) + render(m["ref"], m["table"], reference_dir) + m.group(5)
+    return BLOCK_RE.sub(one, text)
 
 
-def stale(text: str, reference_dir: pathlib.Path) -> list[str]:
+def stale(text: str, reference_dir: pathlib.Path, only: tuple[str, ...] = ()) -> list[str]:
     """``ref table`` of every marked block whose text is not what the files give."""
     return [f"{m['ref']} {m['table']}" for m in BLOCK_RE.finditer(text)
-            if m["body"] != render(m["ref"], m["table"], reference_dir)]
+            if (not only or m["ref"] in only)
+            and m["body"] != render(m["ref"], m["table"], reference_dir)]
 
 
 def blocks(text: str) -> list[tuple[str, str]]:

@@ -123,14 +123,15 @@ def reproduce(refs: list[Reference], runs_root: pathlib.Path,
 
 
 def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
-                  readme: pathlib.Path = REPO_ROOT / "README.md") -> list[str]:
-    """Rewrite the README's marked result tables from ``reference_dir``; return the changed ones."""
+                  readme: pathlib.Path = REPO_ROOT / "README.md",
+                  only: tuple[str, ...] = ()) -> list[str]:
+    """Rewrite the README's marked result tables (of ``only``, if given); return the changed ones."""
     from testbed.analysis import readme as rd
 
     text = readme.read_text()
-    changed = rd.stale(text, reference_dir)
+    changed = rd.stale(text, reference_dir, only)
     if changed:
-        readme.write_text(rd.update(text, reference_dir))
+        readme.write_text(rd.update(text, reference_dir, only))
     return changed
 
 
@@ -145,11 +146,12 @@ def reproduce_cmd(names, runs_root, readme_only, json_out):
     """Regenerate the README's result tables from scratch: every reference run (or NAMES).
 
     Each run's small derived files replace results/reference/NAME/ (commit
-    them); then the README's marked tables are re-rendered from them.
+    them); then the README's marked tables (of NAMES, if given) are
+    re-rendered from them.
     """
     refs = select(names)
     done = {} if readme_only else reproduce(refs, pathlib.Path(runs_root))
-    changed = update_readme()
+    changed = update_readme(only=tuple(names))
     failed = [n for n, e in done.items() if e["status"] != "ok"]
     doc = {"runs": done, "readme_tables_changed": changed, "failed": failed}
 
