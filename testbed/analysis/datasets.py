@@ -120,6 +120,7 @@ _ROUND_BURSTS = _cols(
     ("burst_id", "str", "ids of the bursts that hit the round, ';'-separated"),
     ("burst_overlap_ms", "float", "overlap with the bursts that hit it"),
     ("burst_loss", "float", "largest measured (else requested) loss of those bursts"),
+    ("burst_capped", "bool", "one of those bursts lasted its whole cap (bursts.capped)"),
 )
 _ROUND_PHYSICS = _cols(
     ("phys_loss", "float", "loss probability the physical bound assumes for the round"),
@@ -158,6 +159,11 @@ BURSTS = Table("bursts", "one row per burst: requested vs actual window, measure
     ("rounds_hit", "int", "rounds whose window it hit"),
     ("error", "str", "why the burst failed"),
     ("params", "str", "the kind's knobs, JSON"),
+    ("model", "str", "round-locked (on for its rounds, cut at cap_ms) | fixed (on for "
+                     "requested_ms from its trigger, every arm alike) | manual (not in the schedule)"),
+    ("cap_ms", "float", "a round-locked burst's cap (max_ms); NaN for the other models"),
+    ("capped", "bool", "a round-locked burst that lasted its whole cap: the cap, not the round, "
+                       "ended it, so the rounds it hit measure the cap"),
 ))
 
 FLOWS = Table("flows", "packets per arm x seed x round x flow (src, dst) from the captures", _cols(

@@ -305,6 +305,13 @@ def burst_speedup(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
         if not r[(r["arm"] == a) & r["in_burst"].astype(bool)].shape[0]:
             raise ValueError(f"arm {a}: no burst rounds")
     hit = r[r["in_burst"].astype(bool)]
+    if "burst_capped" in hit.columns:
+        capped = hit[hit["arm"].isin([arm, base]) & hit["burst_capped"].astype(bool)]
+        if len(capped):
+            # The cap, not the transports, set those rounds: never a speedup.
+            raise ValueError(f"{len(capped)} burst round(s) of {arm} or {base} hit a round-locked "
+                             "burst's cap: the cap set them; use fixed-duration bursts "
+                             "(burst_every.duration_ms or a burst's duration_ms)")
     return ratio_of_medians(_groups(hit, arm, "latency_ms"), _groups(hit, base, "latency_ms"),
                             what="burst rounds", **kw)
 

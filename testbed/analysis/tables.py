@@ -272,8 +272,26 @@ def requested_loss(kind: str, params: dict) -> float:
 BURST_COLUMNS = datasets.BURSTS.names()
 
 
+#: A round-locked burst whose actual window is within this of its cap lasted the whole cap.
+CAP_SLACK_MS = 5.0
+
+
+def burst_models(spec) -> dict[str, tuple[str, float]]:
+    """burst id -> (model, cap in ms): from the run's one schedule, resolved again from its spec."""
+    from testbed.run.bursts import resolve_bursts
+
+    out = {}
+    for b in resolve_bursts(spec):
+        if b.rounds is not None:
+            out[b.id] = ("round-locked", float(b.max_ms) if b.max_ms is not None else math.nan)
+        else:
+            out[b.id] = ("fixed", math.nan)
+    return out
+
+
 def bursts_table(raw: RawRun) -> pd.DataFrame:
     rows = []
+    models = burst_models(raw.spec)
     for arm in raw.arms:
         # A burst may be logged twice (a failed start, then its end): the last line wins.
         last = {(b["seed"], b["id"]): b for b in raw.bursts[arm]}
@@ -295,6 +313,7 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
                 "received_packets": math.nan, "measured_loss": math.nan,
                 "measured_loss_source": None, "rounds_hit": 0, "error": b.get("error"),
                 "params": json.dumps(b["params"], sort_keys=True),
+                **_cap(models.get(b["id"], ("manual", math.nan)), as_, ae),
             })
     df = pd.DataFrame(rows, columns=BURST_COLUMNS)
     # A missing value would turn a column of ns timestamps into float64, which
@@ -311,6 +330,13 @@ def bursts_table(raw: RawRun) -> pd.DataFrame:
         df = df.sort_values(["arm", "seed", "actual_start_ns", "id"],
                             kind="stable").reset_index(drop=True)
     return df
+
+
+def _cap(model: tuple[str, float], start_ns, end_ns) -> dict:
+    name, cap = model
+    lasted = (end_ns - start_ns) / 1e6 if start_ns is not None and end_ns is not None else math.nan
+    capped = name == "round-locked" and math.isfinite(cap) and lasted >= cap - CAP_SLACK_MS
+    return {"model": name, "cap_ms": cap, "capped": bool(capped)}
 
 
 def _stat_columns(stats_list: list[dict], prefix: str) -> dict:
@@ -386,7 +412,7 @@ def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
     without hitting it.
     """
     df = rounds.copy()
-    in_burst, touch, ids, overlap, bloss = [], [], [], [], []
+    in_burst, touch, ids, overlap, bloss, capped = [], [], [], [], [], []
     for r in df.itertuples(index=False):
         hits, touched = [], False
         if len(bursts):
@@ -400,7 +426,7 @@ def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
                     continue
                 touched = True
                 if 2 * ov >= min(r.t_end_ns - r.t_start_ns, be - bs):
-                    hits.append((bb.id, ov, bb.measured_loss, bb.requested_loss))
+                    hits.append((bb.id, ov, bb.measured_loss, bb.requested_loss, bool(bb.capped)))
         in_burst.append(bool(hits))
         touch.append(touched)
         ids.append(";".join(h[0] for h in hits))
@@ -408,11 +434,13 @@ def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
         losses = [h[2] if math.isfinite(h[2]) else h[3] for h in hits]
         losses = [x for x in losses if math.isfinite(x)]
         bloss.append(max(losses) if losses else math.nan)
+        capped.append(any(h[4] for h in hits))
     df["in_burst"] = pd.Series(in_burst, index=df.index, dtype=bool)
     df["burst_touch"] = pd.Series(touch, index=df.index, dtype=bool)
     df["burst_id"] = pd.Series(ids, index=df.index, dtype=object)
     df["burst_overlap_ms"] = pd.Series(overlap, index=df.index, dtype=float)
     df["burst_loss"] = pd.Series(bloss, index=df.index, dtype=float)
+    df["burst_capped"] = pd.Series(capped, index=df.index, dtype=bool)
     return df
 
 
@@ -520,6 +548,13 @@ def _latencies(rounds: pd.DataFrame, burst: bool) -> np.ndarray:
     if not len(rounds):
         return np.array([])
     return rounds[rounds["in_burst"] == burst]["latency_ms"].to_numpy(dtype=float)
+
+
+def _capped_rounds(rounds: pd.DataFrame) -> int:
+    """Burst rounds of one arm that a round-locked burst's cap ended (bursts.capped)."""
+    if "burst_capped" not in rounds.columns:
+        return 0
+    return int((rounds["in_burst"].astype(bool) & rounds["burst_capped"].astype(bool)).sum())
 
 
 def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
@@ -688,6 +723,13 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             pair = f"{arm}_vs_{base}"
             rb = rounds[rounds["arm"] == base]
             br = _ratio(_latencies(rb, True), _latencies(ra, True), "burst-round", pair)
+            n_capped = _capped_rounds(ra) + _capped_rounds(rb)
+            if n_capped:
+                # The cap, not the transports, set those rounds: never a speedup.
+                br = {**br, "ratio": math.nan, "low": math.nan, "high": math.nan,
+                      "spread": math.nan,
+                      "warning": f"{pair}: burst-round ratio not reported: {n_capped} burst "
+                                 "round(s) hit a round-locked burst's cap, which set them"}
             nr = _ratio(_latencies(rb, False), _latencies(ra, False), "normal-round", pair)
             ta, tb = arms[arm]["train_time_s"], arms[base]["train_time_s"]
             entry = {
