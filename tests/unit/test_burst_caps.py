@@ -22,8 +22,9 @@ def test_a_burst_is_capped_only_when_round_locked_and_it_lasted_its_cap():
 
 
 def test_each_burst_s_model_comes_from_the_run_s_schedule():
-    ci = tables.burst_models(load(None, PRESETS["ci"]))
-    assert ci and set(ci.values()) == {("round-locked", 3000.0)}
+    smoke = tables.burst_models(load(None, PRESETS["smoke"]))
+    assert smoke and set(smoke.values()) == {("round-locked", 3000.0)}
+    assert [m for m, _ in tables.burst_models(load(None, PRESETS["ci"])).values()] == ["fixed"] * 5
     default = tables.burst_models(load(None, PRESETS["default"]))
     assert [m for m, _ in default.values()] == ["fixed"] * 5
 
