@@ -283,13 +283,21 @@ def phase_timeline(rounds: pd.DataFrame, arms, path):
         if not len(r):
             ax.set_title(f"{arm}: no phase logged", fontsize=9)
             continue
-        x = r["round"].to_numpy(dtype=float)
-        ax.step(x, (r["phase"] == "critical").astype(float), where="post", lw=1.2,
-                color=col[arm])
-        for rnd in r[r["in_burst"].astype(bool)]["round"]:
+        # One step line per seed, stacked a little apart: seeds never interleave.
+        seeds = sorted(r["seed"].unique()) if "seed" in r.columns else [None]
+        for i, seed in enumerate(seeds):
+            rs = r if seed is None else r[r["seed"] == seed]
+            off = 0.08 * i
+            ax.step(rs["round"].to_numpy(dtype=float),
+                    (rs["phase"] == "critical").astype(float) + off, where="post", lw=1.2,
+                    color=col[arm], alpha=1.0 - 0.25 * min(i, 3),
+                    label=None if seed is None else f"seed {seed}")
+        for rnd in sorted(set(r[r["in_burst"].astype(bool)]["round"])):
             ax.axvspan(rnd, rnd + 1, color="crimson", alpha=0.2, lw=0)
         ax.set_yticks([0, 1], ["relaxed", "critical"])
-        ax.set_ylim(-0.2, 1.2)
+        ax.set_ylim(-0.2, 1.2 + 0.08 * (len(seeds) - 1))
+        if len(seeds) > 1:
+            ax.legend(fontsize=7, loc="center right")
         ax.set_title(f"{arm}: detector phase per round (shaded: burst rounds)", fontsize=9)
     axes[-1].set_xlabel("round")
     return _save(fig, path)
