@@ -105,6 +105,19 @@ def intervals_table(summary: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _median_rows(hit, key: str, groups: list[tuple[str, object]], order: list[str]) -> list[str]:
+    """One row per (label, value) of ``key``: each arm's median burst-round latency and count."""
+    rows = []
+    for label, value in groups:
+        at = hit[hit[key] == value]
+        cells = []
+        for arm in order:
+            lat = at.loc[at["arm"] == arm, "latency_ms"]
+            cells.append(f"{lat.median():.0f} ms (n={len(lat)})" if len(lat) else "–")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def levels_table(ref_dir: pathlib.Path) -> str:
     """Burst-round latency p50 per loss level (rows) and arm (columns), with the rounds counted."""
     import pandas as pd
@@ -116,13 +129,8 @@ def levels_table(ref_dir: pathlib.Path) -> str:
     hit = rounds[rounds["in_burst"].astype(bool) & rounds["burst_id"].notna()].copy()
     hit["level"] = hit["burst_id"].map(asked).round(2)
     rows = ["| burst loss | " + " | ".join(order) + " |", "|---" * (len(order) + 1) + "|"]
-    for loss in sorted(hit["level"].dropna().unique()):
-        at = hit[hit["level"] == loss]
-        cells = []
-        for arm in order:
-            lat = at.loc[at["arm"] == arm, "latency_ms"]
-            cells.append(f"{lat.median():.0f} ms (n={len(lat)})" if len(lat) else "–")
-        rows.append(f"| {100 * loss:.0f} % | " + " | ".join(cells) + " |")
+    levels = sorted(hit["level"].dropna().unique())
+    rows += _median_rows(hit, "level", [(f"{100 * x:.0f} %", x) for x in levels], order)
     return "\n".join(rows) + "\n"
 
 
@@ -146,13 +154,7 @@ def phases_table(ref_dir: pathlib.Path) -> str:
     hit["dblp_phase"] = [phase.get((s, r)) for s, r in zip(hit["seed"], hit["round"], strict=True)]
     rows = [f"| {dblp}'s phase at the burst | " + " | ".join(order) + " |",
             "|---" * (len(order) + 1) + "|"]
-    for ph in ("critical", "relaxed"):
-        at = hit[hit["dblp_phase"] == ph]
-        cells = []
-        for arm in order:
-            lat = at.loc[at["arm"] == arm, "latency_ms"]
-            cells.append(f"{lat.median():.0f} ms (n={len(lat)})" if len(lat) else "–")
-        rows.append(f"| {ph} | " + " | ".join(cells) + " |")
+    rows += _median_rows(hit, "dblp_phase", [(ph, ph) for ph in ("critical", "relaxed")], order)
     return "\n".join(rows) + "\n"
 
 
