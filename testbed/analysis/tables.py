@@ -426,7 +426,8 @@ def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
                     continue
                 touched = True
                 if 2 * ov >= min(r.t_end_ns - r.t_start_ns, be - bs):
-                    hits.append((bb.id, ov, bb.measured_loss, bb.requested_loss, bool(bb.capped)))
+                    hits.append((bb.id, ov, bb.measured_loss, bb.requested_loss,
+                                 bool(getattr(bb, "capped", False))))
         in_burst.append(bool(hits))
         touch.append(touched)
         ids.append(";".join(h[0] for h in hits))
