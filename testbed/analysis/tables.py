@@ -588,7 +588,7 @@ RATE_SHORTFALL_FLAG = 0.80
 
 
 def fidelity_flags(f: dict) -> list[str]:
-    """Human-readable flags from an arm's fidelity record (manifest arms.<arm>.fidelity)."""
+    """Human-readable flags from a unit's fidelity record (manifest units[].fidelity)."""
     out = []
     cpu = f.get("cpu_busy_frac")
     if cpu is not None and cpu >= CPU_BUSY_FLAG:
