@@ -209,3 +209,9 @@ def test_every_detector_setting_reaches_the_transport_config(tmp_path):
     default = transport_config(load(None, PRESETS["default"])["transport"], ARMS["dblp"])
     assert (default.check_every, default.rounds_per_epoch, default.signal) == \
         (10, None, "delivered")
+
+
+@pytest.mark.unit
+def test_readme_counts_the_bad_specs_this_file_checks():
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"Bad input: {len({b[1] for b in BAD_SPECS})} distinct bad specs" in readme
