@@ -199,7 +199,7 @@ def target_metric(spec, evals: pd.DataFrame | None) -> tuple[float | None, str]:
     if evals is not None and len(evals):
         for arm in evals["arm"].unique():
             finals += [(v, arm, s) for s, v in iv.final_metric(evals, arm).items()]
-            firsts += list(first_metric(evals, arm).values())
+            firsts += list(iv.first_metric(evals, arm).values())
     if not finals:
         return None, note + "no evaluations: no target"
     low, arm, seed = min(finals)
@@ -211,13 +211,6 @@ def target_metric(spec, evals: pd.DataFrame | None) -> tuple[float | None, str]:
         note + f"derived: {TARGET_FRACTION:.0%} of the way from the first evaluation's accuracy "
         f"{start:.4f} to the lowest final accuracy {low:.4f} ({arm}, seed {seed})")
 
-
-def first_metric(evals: pd.DataFrame, arm: str, metric: str = "test_accuracy") -> dict:
-    """seed -> the metric at the arm's first evaluated round (mean over evaluating ranks)."""
-    e = evals if "seed" in evals.columns else evals.assign(seed=0)
-    e = e[(e["arm"] == arm) & e[metric].notna()]
-    return {int(s): float(g[g["round"] == g["round"].min()][metric].mean())
-            for s, g in e.groupby("seed", sort=True)}
 
 
 def _seeded(df: pd.DataFrame | None, seed: int) -> pd.DataFrame | None:

@@ -325,15 +325,25 @@ def train_time_cut(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
                                    what="rounds", **kw)
 
 
-def final_metric(evals: pd.DataFrame, arm: str, metric: str = "test_accuracy") -> dict:
-    """seed -> the metric at the arm's last evaluated round (mean over evaluating ranks)."""
+def _metric_at(evals: pd.DataFrame, arm: str, metric: str, last: bool) -> dict:
+    """seed -> the metric at the arm's last (or first) evaluated round, mean over evaluating ranks."""
     e = _with_seed(evals)
     e = e[(e["arm"] == arm) & e[metric].notna()]
     out = {}
     for s, g in e.groupby("seed", sort=True):
-        last = g[g["round"] == g["round"].max()]
-        out[int(s)] = float(last[metric].mean())
+        at = g[g["round"] == (g["round"].max() if last else g["round"].min())]
+        out[int(s)] = float(at[metric].mean())
     return out
+
+
+def final_metric(evals: pd.DataFrame, arm: str, metric: str = "test_accuracy") -> dict:
+    """seed -> the metric at the arm's last evaluated round (mean over evaluating ranks)."""
+    return _metric_at(evals, arm, metric, last=True)
+
+
+def first_metric(evals: pd.DataFrame, arm: str, metric: str = "test_accuracy") -> dict:
+    """seed -> the metric at the arm's first evaluated round (mean over evaluating ranks)."""
+    return _metric_at(evals, arm, metric, last=False)
 
 
 def accuracy_delta(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
