@@ -276,12 +276,24 @@ BURST_COLUMNS = datasets.BURSTS.names()
 CAP_SLACK_MS = 5.0
 
 
-def burst_models(spec) -> dict[str, tuple[str, float]]:
-    """burst id -> (model, cap in ms): from the run's one schedule, resolved again from its spec."""
+def burst_models(spec, run_dir: pathlib.Path | None = None) -> dict[str, tuple[str, float]]:
+    """burst id -> (model, cap in ms), from the schedule the run recorded and ran.
+
+    The runner writes `raw/burst_schedule.json` before the first unit; that
+    record, not a fresh resolution of the spec by today's code, says what
+    each burst was. A raw directory without it (one built by hand) falls
+    back to resolving the spec's bursts.
+    """
+    from controllers.bursts import BurstSchedule
     from testbed.run.bursts import resolve_bursts
 
+    recorded = run_dir / "raw" / "burst_schedule.json" if run_dir is not None else None
+    if recorded is not None and recorded.is_file():
+        schedule = BurstSchedule.from_dict(json.loads(recorded.read_text()))
+    else:
+        schedule = resolve_bursts(spec)
     out = {}
-    for b in resolve_bursts(spec):
+    for b in schedule:
         if b.rounds is not None:
             out[b.id] = ("round-locked", float(b.max_ms) if b.max_ms is not None else math.nan)
         else:
@@ -291,7 +303,7 @@ def burst_models(spec) -> dict[str, tuple[str, float]]:
 
 def bursts_table(raw: RawRun) -> pd.DataFrame:
     rows = []
-    models = burst_models(raw.spec)
+    models = burst_models(raw.spec, raw.run_dir)
     for arm in raw.arms:
         # A burst may be logged twice (a failed start, then its end): the last line wins.
         last = {(b["seed"], b["id"]): b for b in raw.bursts[arm]}

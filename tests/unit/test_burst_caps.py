@@ -29,6 +29,20 @@ def test_each_burst_s_model_comes_from_the_run_s_schedule():
     assert [m for m, _ in default.values()] == ["fixed"] * 5
 
 
+def test_the_recorded_schedule_wins_over_the_spec(tmp_path):
+    """A run's burst_schedule.json says what ran, even if the spec would resolve otherwise."""
+    import json
+
+    from testbed.run.bursts import resolve_bursts
+
+    spec = load(None, PRESETS["default"])
+    doc = resolve_bursts(load(None, PRESETS["smoke"])).to_dict()   # one round-locked burst
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "burst_schedule.json").write_text(json.dumps(doc))
+    assert tables.burst_models(spec, tmp_path) == {"b000": ("round-locked", 3000.0)}
+    assert [m for m, _ in tables.burst_models(spec, tmp_path / "nothing").values()] == ["fixed"] * 5
+
+
 def _frames(capped: bool):
     rows = []
     for arm, lat in (("static", 3000.0), ("dblp", 2900.0)):
