@@ -128,6 +128,7 @@ PRESETS = {
         "training": {"model": "digits_cnn", "rounds": 400, "eval_every": 50,
                      "lr_schedule": "cosine"},
         "burst_every": {"enabled": False},
+        "seeds": 2,
     },
     "smoke": {
         "name": "smoke",

@@ -66,6 +66,9 @@ register(Reference("default", "default",
 register(Reference("paper", "paper",
                    "the paper's star with the parameter server, both control paths, "
                    "five bursts at each of 60/70/80/90 %"))
+register(Reference("star", "star",
+                   "the accuracy check: the paper's star without bursts, every transport arm, "
+                   "400 rounds with the rate annealed, two seeds"))
 
 
 def select(names: tuple[str, ...] | list[str]) -> list[Reference]:
