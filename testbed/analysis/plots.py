@@ -358,3 +358,51 @@ def forest(summary: dict, path):
     fig.suptitle("point and 95 % interval per pair; green: the paper's claim reproduces there",
                  fontsize=9)
     return _save(fig, path)
+
+
+def ablation_axis(doc: dict, axis: dict, path):
+    """One axis of an ablation: final accuracy, and each point against each baseline.
+
+    Left, the final metric of every seed (dots) and its mean (line), with
+    the baselines' means as dashed lines; then the training-time cut and the
+    time-to-target speedup against each baseline, point and 95 % interval.
+    The preset's own value is marked: it is the point every axis shares.
+    """
+    pts = [p for p in axis["points"] if not p.get("missing")]
+    xs = np.arange(len(pts), dtype=float)
+    labels = [f"{p['value']}*" if p["base"] else str(p["value"]) for p in pts]
+    bases = list(doc["baselines"])
+    col = _colors(["point", *bases])
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    ax = axes[0]
+    for x, p in zip(xs, pts, strict=True):
+        vals = [100 * v for v in p["final_accuracy"].values()]
+        ax.scatter([x] * len(vals), vals, s=12, color=col["point"], alpha=0.6)
+    ax.plot(xs, [100 * (p["final_accuracy_mean"] or np.nan) for p in pts], color=col["point"],
+            label=doc["arm"])
+    for b in bases:
+        m = doc["baseline_points"][b]["final_accuracy_mean"]
+        if m is not None:
+            ax.axhline(100 * m, color=col[b], ls="--", lw=1, label=b)
+    ax.set_ylabel("final accuracy (%)")
+    ax.legend(fontsize=7)
+    for ax, name, ylabel, ref in ((axes[1], "train_time_cut", "training-time cut vs baseline (%)", 0.0),
+                                  (axes[2], "time_to_target", "time-to-target speedup (x)", 1.0)):
+        for j, b in enumerate(bases):
+            off = (j - (len(bases) - 1) / 2) * 0.15
+            ivs = [p["against"][b][name]["interval"] for p in pts]
+            ok = [(x + off, i) for x, i in zip(xs, ivs, strict=True) if i]
+            if ok:
+                ax.errorbar([x for x, _ in ok], [i["point"] for _, i in ok],
+                            yerr=[[i["point"] - i["lo"] for _, i in ok],
+                                  [i["hi"] - i["point"] for _, i in ok]],
+                            fmt="o", ms=4, capsize=3, color=col[b], label=f"vs {b}")
+        ax.axhline(ref, color="grey", lw=0.8)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    for ax in axes:
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel(f"{axis['label']} (* the preset's)")
+    fig.suptitle(f"ablation {doc['ablation']}: {doc['arm']} over {axis['label']} "
+                 f"({doc['preset']} preset; 95 % intervals)", fontsize=10)
+    return _save(fig, path)

@@ -1,0 +1,238 @@
+"""What an ablation's runs say: each point against the baselines, with intervals.
+
+The runs of `dblp-testbed ablate` (`testbed.run.ablation`) share a preset,
+seeds and burst schedule, so their tables join: each point's varied arm is
+renamed ``ARM@FIELD=VALUE`` and the base run's copy of the arm (the
+preset's own settings) stands for that value on every axis. Each point is
+then compared with every baseline by the run verdicts' own estimators
+(`testbed.analysis.intervals.ESTIMATORS`: accuracy difference, training-time
+cut, time-to-target speedup, burst-round speedup), paired by seed, with the
+same bootstrap, and described by what the detector did (phase switches,
+share of rounds relaxed). The target metric is one for all points: the
+spec's, or derived over every arm and point of the ablation
+(`claims.target_metric`), so time to target compares like with like.
+
+Files written to the ablation's directory: ``ablation-summary.json``
+(``SCHEMA``), ``points.csv`` (one row per point), ``report.md`` and
+``plots/ablation-FIELD.png`` per axis.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+import pandas as pd
+
+from testbed.analysis import claims, datasets
+from testbed.analysis import intervals as iv
+from testbed.errors import InputError
+
+#: Version of ablation-summary.json.
+#: 1: first version (points with per-baseline intervals, the target, the axes).
+SCHEMA = 1
+#: The figures each point is compared with each baseline by.
+FIGURES = ("accuracy_delta", "train_time_cut", "time_to_target", "burst_speedup")
+
+
+def _read(run_dir: pathlib.Path, name: str) -> pd.DataFrame:
+    return datasets.read(run_dir, datasets.TABLES[name])
+
+
+def _label(arm: str, setting: str, value) -> str:
+    return f"{arm}@{setting.rsplit('.', 1)[-1]}={value}"
+
+
+def join(out: pathlib.Path, plan: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every finished run's rounds and evals in one pair of frames, points' arms relabelled."""
+    rounds, evals = [], []
+    for name, run in plan["runs"].items():
+        if run["status"] != "ok":
+            continue
+        d = out / name
+        r, e = _read(d, "rounds"), _read(d, "evals")
+        if run["setting"] is not None:
+            lab = _label(plan["arm"], run["setting"], run["value"])
+            r = r[r["arm"] == plan["arm"]].assign(arm=lab)
+            e = e[e["arm"] == plan["arm"]].assign(arm=lab)
+        rounds.append(r)
+        evals.append(e)
+    if not rounds or "base" not in plan["runs"] or plan["runs"]["base"]["status"] != "ok":
+        raise InputError(f"{out}: the base run has not finished; rerun the ablation")
+    return pd.concat(rounds, ignore_index=True), pd.concat(evals, ignore_index=True)
+
+
+def _phase(rounds: pd.DataFrame, arm: str) -> dict:
+    """Mean phase switches per seed and the share of rounds the detector ran relaxed."""
+    r = rounds[(rounds["arm"] == arm) & rounds["phase"].notna()]
+    if not len(r):
+        return {"switches": None, "relaxed_share": None}
+    switches = [int((g.sort_values("round")["phase"].astype(str).to_numpy()[1:]
+                     != g.sort_values("round")["phase"].astype(str).to_numpy()[:-1]).sum())
+                for _, g in r.groupby("seed")]
+    return {"switches": float(np.mean(switches)),
+            "relaxed_share": float((r["phase"] == "stable").mean())}
+
+
+def _point(frames: iv.RunFrames, arm: str, baselines: list[str], **kw) -> dict:
+    r = frames.rounds[frames.rounds["arm"] == arm]
+    finals = iv.final_metric(frames.evals, arm) if frames.evals is not None else {}
+    losses = iv.final_metric(frames.evals, arm, "test_loss") if frames.evals is not None else {}
+    ttt = iv.time_to_target(r, frames.evals, frames.target) if frames.target is not None else None
+    reached = ttt[ttt["round"].notna()] if ttt is not None else pd.DataFrame()
+    out = {"arm": arm, "seeds": sorted(int(s) for s in r["seed"].unique()),
+           "final_accuracy": finals, "final_accuracy_mean": _mean(finals.values()),
+           "final_loss_mean": _mean(losses.values()),
+           "train_time_s_mean": _mean(g["duration_ms"].sum() / 1e3 for _, g in r.groupby("seed")),
+           "time_to_target_s_median": float(reached["t_s"].median()) if len(reached) else None,
+           "reached_target": f"{len(reached)}/{0 if ttt is None else len(ttt)}",
+           **_phase(frames.rounds, arm), "against": {}}
+    for base in baselines:
+        figs = {}
+        for name in FIGURES:
+            try:
+                figs[name] = {"interval": iv.ESTIMATORS[name](frames, arm, base, **kw).to_dict(),
+                              "reason": None}
+            except ValueError as exc:
+                figs[name] = {"interval": None, "reason": str(exc)}
+        out["against"][base] = figs
+    return out
+
+
+def _mean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return float(np.mean(vals)) if vals else None
+
+
+def analyse(out: pathlib.Path, plan: dict, **kw) -> dict:
+    """ablation-summary.json's content (``SCHEMA``) from the finished runs of ``plan``."""
+    from testbed.analysis.tables import load_spec
+
+    rounds, evals = join(out, plan)
+    target, source = claims.target_metric(load_spec(out / "base"), evals)
+    frames = iv.RunFrames(rounds, evals, target)
+    baselines = list(plan["baselines"])
+    axes = []
+    for axis in plan["axes"]:
+        points = []
+        for v in axis["values"]:
+            if v == axis["base"]:
+                arm = plan["arm"]
+            else:
+                run = plan["runs"].get(f"{axis['setting'].rsplit('.', 1)[-1]}={v}")
+                if not run or run["status"] != "ok":
+                    points.append({"value": v, "arm": None, "missing": True})
+                    continue
+                arm = _label(plan["arm"], axis["setting"], v)
+            points.append({"value": v, "base": v == axis["base"], **_point(frames, arm, baselines, **kw)})
+        axes.append({**axis, "points": points})
+    return {"schema": SCHEMA, "ablation": plan["ablation"], "preset": plan["preset"],
+            "arm": plan["arm"], "baselines": baselines,
+            "baseline_points": {b: _point(frames, b, [], **kw) for b in baselines},
+            "target": {"metric": frames.metric, "value": target, "source": source},
+            "axes": axes,
+            "runs": {n: {k: r[k] for k in ("status", "wall_s")} for n, r in plan["runs"].items()}}
+
+
+def _fmt(fig: dict | None, unit: str) -> str:
+    if not fig or not fig["interval"]:
+        return "-"
+    i = fig["interval"]
+    return f"{i['point']:.2f} [{i['lo']:.2f}, {i['hi']:.2f}]{unit}"
+
+
+def points_table(doc: dict) -> pd.DataFrame:
+    """One row per point: its figures, and each against each baseline with its interval."""
+    rows = []
+    for axis in doc["axes"]:
+        for p in axis["points"]:
+            if p.get("missing"):
+                rows.append({"axis": axis["label"], "value": p["value"], "arm": None})
+                continue
+            row = {"axis": axis["label"], "value": p["value"], "arm": p["arm"],
+                   "base": p["base"], "seeds": len(p["seeds"]),
+                   "final_accuracy_pct": _pct(p["final_accuracy_mean"]),
+                   "final_loss": p["final_loss_mean"], "train_time_s": p["train_time_s_mean"],
+                   "time_to_target_s": p["time_to_target_s_median"],
+                   "reached_target": p["reached_target"], "phase_switches": p["switches"],
+                   "relaxed_share": p["relaxed_share"]}
+            for base, figs in p["against"].items():
+                for name, fig in figs.items():
+                    i = fig["interval"]
+                    for k in ("point", "lo", "hi"):
+                        row[f"{name}_vs_{base}_{k}"] = i[k] if i else None
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pct(v):
+    return None if v is None else 100.0 * v
+
+
+def text(doc: dict) -> str:
+    """The report's tables: per axis, each point against each baseline."""
+    units = {n: iv.ESTIMATORS[n].unit for n in FIGURES}
+    suffix = {"x": "x", "%": " %", "points": ""}
+    lines = [f"# Ablation `{doc['ablation']}` ({doc['preset']} preset, arm {doc['arm']})", ""]
+    t = doc["target"]
+    lines += [f"Target {t['metric']}: {t['value']:.4f} ({t['source']})." if t["value"] is not None
+              else f"No target ({t['source']}).", ""]
+    lines += ["Baselines: " + "; ".join(
+        f"{b} {_num(p['final_accuracy_mean'], 100, '.2f')} % final accuracy, "
+        f"{_num(p['train_time_s_mean'], 1, '.0f')} s training, "
+        f"{_num(p['time_to_target_s_median'], 1, '.0f')} s to target"
+        for b, p in doc["baseline_points"].items()), ""]
+    for axis in doc["axes"]:
+        head = ["value", "final acc %", "train s", "to target s", "switches", "relaxed"]
+        for b in doc["baselines"]:
+            head += [f"acc vs {b} (points)", f"time cut vs {b} (%)", f"to target vs {b} (x)"]
+        lines += [f"## {axis['label']} (`{axis['setting']}`; the preset's: {axis['base']})", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for p in axis["points"]:
+            if p.get("missing"):
+                lines.append(f"| {p['value']} | not run |" + " |" * (len(head) - 2))
+                continue
+            cells = [f"**{p['value']}**" if p["base"] else str(p["value"]),
+                     _num(p["final_accuracy_mean"], 100, ".2f"), _num(p["train_time_s_mean"], 1, ".0f"),
+                     _num(p["time_to_target_s_median"], 1, ".0f") + f" ({p['reached_target']})",
+                     _num(p["switches"], 1, ".1f"), _num(p["relaxed_share"], 100, ".0f") + " %"]
+            for b in doc["baselines"]:
+                cells += [_fmt(p["against"][b][n], suffix[units[n]]).replace(" %", "")
+                          for n in ("accuracy_delta", "train_time_cut", "time_to_target")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _num(v, scale, spec) -> str:
+    return "-" if v is None else format(v * scale, spec)
+
+
+def write(out: pathlib.Path, plan: dict) -> dict:
+    """Analyse the finished runs and write the summary, table, report and plots; return the summary."""
+    from testbed.analysis import plots
+
+    out = pathlib.Path(out)
+    doc = analyse(out, plan)
+    (out / "ablation-summary.json").write_text(json.dumps(doc, indent=2) + "\n")
+    points_table(doc).to_csv(out / "points.csv", index=False)
+    (out / "plots").mkdir(exist_ok=True)
+    for axis in doc["axes"]:
+        plots.ablation_axis(doc, axis, out / "plots" / f"ablation-{axis['setting'].rsplit('.', 1)[-1]}.png")
+    (out / "report.md").write_text(text(doc) + "\n")
+    return doc
+
+
+def read_summary(out: pathlib.Path) -> dict:
+    """ablation-summary.json, refusing a version this code does not know (one line)."""
+    path = pathlib.Path(out) / "ablation-summary.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    if doc.get("schema") != SCHEMA:
+        raise InputError(f"{path} has schema {doc.get('schema')!r}; this code reads {SCHEMA}: "
+                         f"rebuild it (`dblp-testbed ablate {doc.get('ablation', 'NAME')} "
+                         f"--report-only --out {out}`)")
+    return doc

@@ -1,0 +1,257 @@
+"""`dblp-testbed ablate`: one setting of one arm varied over runs, everything else held.
+
+Why runs and not arms: a point of a sweep is the same arm with one setting
+changed (DBLP at another P_high, another threshold), and a spec gives every
+arm the same transport settings. So each point is its own `run` of the same
+preset, seeds and burst schedule, with one `--set` added, and only the
+varied arm runs there; the baselines (and the varied arm at the preset's own
+settings, every axis's shared point) run once, in the ``base`` run. The
+analysis (`testbed.analysis.ablation`) joins the runs' tables, labels each
+point's arm ``ARM@SETTING=VALUE`` and compares every point with the
+baselines by the same estimators and intervals as a run's verdicts.
+
+Long work is resumable: a point whose run finished (``status = ok`` in its
+manifest) is not run again, and a point that failed keeps its directory,
+renamed ``POINT.failed-TIME``, before it is retried. `ablation.json` in the
+output directory says what was asked and how each run ended.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Callable
+
+import click
+
+from testbed import output
+from testbed.errors import ExperimentFailed, InputError
+from testbed.output import json_option, results
+
+#: Version of ablation.json (the plan and how each run ended).
+#: 1: first version.
+PLAN_SCHEMA = 1
+#: The directory of the run that holds the baselines and the shared point.
+BASE = "base"
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One spec setting and the values a sweep gives it."""
+
+    setting: str              # SECTION.FIELD, as `--set` takes it
+    values: tuple             # the points, the preset's own value among them
+    label: str                # how tables and plots name it
+
+    @property
+    def field(self) -> str:
+        return self.setting.rsplit(".", 1)[-1]
+
+    def point(self, value) -> str:
+        """The point's directory name and arm suffix: ``FIELD=VALUE``."""
+        return f"{self.field}={value}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ablation:
+    """A declared sweep: the preset, the varied arm, the baselines, the axes and seeds."""
+
+    name: str
+    preset: str
+    arm: str
+    baselines: tuple[str, ...]
+    axes: tuple[Axis, ...]
+    seeds: int
+    doc: str
+    overrides: tuple[str, ...] = ()
+
+    def base_value(self, axis: Axis):
+        """The preset's own value of ``axis`` (the base run's point on it)."""
+        spec = self.spec([])
+        section, field = axis.setting.split(".", 1)
+        return spec[section][field]
+
+    def spec(self, extra: list[str]):
+        from testbed.config import spec as specmod
+        from testbed.config.presets import PRESETS
+
+        return specmod.load(None, PRESETS[self.preset],
+                            [*self.overrides, f"seeds={self.seeds}", *extra])
+
+    def runs(self, axes: tuple[str, ...] = ()) -> list[Run]:
+        """The runs, base first: each point not equal to the preset's own value, axis by axis."""
+        chosen = self.select(axes)
+        out = [Run(BASE, [f"arms={','.join((*self.baselines, self.arm))}"], None, None)]
+        for axis in chosen:
+            here = self.base_value(axis)
+            for v in axis.values:
+                if v != here:
+                    out.append(Run(axis.point(v), [f"arms={self.arm}", f"{axis.setting}={v}"],
+                                   axis.setting, v))
+        return out
+
+    def select(self, axes: tuple[str, ...]) -> tuple[Axis, ...]:
+        if not axes:
+            return self.axes
+        known = {a.field: a for a in self.axes}
+        unknown = [a for a in axes if a not in known]
+        if unknown:
+            raise InputError(f"ablation {self.name} has no axis {unknown[0]!r}; "
+                             f"choose from {', '.join(known)}")
+        return tuple(known[a] for a in axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One `run` of an ablation: its directory name and the overrides that make it."""
+
+    name: str
+    overrides: list[str]
+    setting: str | None
+    value: object
+
+
+ABLATIONS: dict[str, Ablation] = {}
+
+
+def register(ab: Ablation) -> Ablation:
+    if ab.name in ABLATIONS and ABLATIONS[ab.name] != ab:
+        raise ValueError(f"ablation {ab.name!r} is already registered")
+    ABLATIONS[ab.name] = ab
+    return ab
+
+
+# The detector's sweep, on the paper's set-up (star, 100 Mbit/s, the
+# parameter server, 20 one-second bursts): a dblp unit there takes about
+# 1.5 min against 3.5 on the default fat-tree, so three seeds of every point
+# fit in an hour. P_high runs from P_low + 10 to + 80 points (the paper's
+# choice is + 40); the threshold from 0.1 to 0.9 (the paper's 0.5); the
+# signal is the drop-corrected one against the paper's zero-filled norm.
+register(Ablation(
+    "detector", "paper", "dblp", ("static", "static-high"),
+    (Axis("transport.p_high", (0.108, 0.208, 0.408, 0.608, 0.808), "P_high"),
+     Axis("transport.threshold", (0.1, 0.3, 0.5, 0.7, 0.9), "threshold"),
+     Axis("transport.signal", ("delivered", "rescaled"), "signal")),
+    seeds=3,
+    doc="DBLP's relaxed bound, phase threshold and detector signal, each varied alone on the "
+        "paper's set-up, against static (P_low) and static-high (P_high)"))
+# Seconds per point: for tests and a first look (the smoke preset's star).
+register(Ablation(
+    "smoke", "smoke", "dblp", ("static",),
+    (Axis("transport.p_high", (0.208, 0.408), "P_high"),),
+    seeds=1, overrides=("training.rounds=8", "training.eval_every=4", "capture.enabled=false"),
+    doc="two points of P_high on the smoke preset, eight rounds: the command's own check"))
+
+
+def _status(run_dir: pathlib.Path) -> str | None:
+    """How a run directory's run ended (its manifest's status), None if there is none."""
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
+            run_fn: Callable | None = None) -> dict:
+    """Run every point not yet done; return the plan with each run's status and wall time.
+
+    ``run_fn(spec, out_dir) -> status`` runs one experiment (the runner's
+    `run_experiment`; tests pass their own).
+    """
+    if run_fn is None:
+        from testbed.run.runner import run_experiment as run_fn
+    out.mkdir(parents=True, exist_ok=True)
+    plan_file = out / "ablation.json"
+    runs = ab.runs(axes)
+    specs = {r.name: ab.spec(r.overrides) for r in runs}  # every point valid before any runs
+    done: dict[str, dict] = {}
+    if plan_file.is_file():
+        old = read_plan(out)
+        if old["ablation"] != ab.name:
+            raise InputError(f"{out} holds ablation {old['ablation']!r}, not {ab.name!r}; "
+                             "give another --out")
+        done = old["runs"]
+    for i, r in enumerate(runs, 1):
+        d = out / r.name
+        if _status(d) == "ok":
+            output.say(f"ablate {ab.name}: {r.name} done before ({i}/{len(runs)})")
+            continue
+        if d.exists() and any(d.iterdir()):
+            kept = d.with_name(f"{r.name}.failed-{time.strftime('%Y%m%dT%H%M%S')}")
+            d.rename(kept)
+            output.warn(f"ablate {ab.name}: {r.name} had not finished; kept as {kept.name}")
+        output.say(f"ablate {ab.name}: run {i}/{len(runs)}: {r.name} "
+                   f"(--set {' --set '.join(r.overrides)})")
+        t0 = time.monotonic()
+        status = run_fn(specs[r.name], str(d))
+        done[r.name] = {"overrides": r.overrides, "setting": r.setting, "value": r.value,
+                        "status": status, "wall_s": round(time.monotonic() - t0, 1)}
+        _write_plan(plan_file, ab, done)
+    for r in runs:  # runs finished before this invocation keep their record
+        done.setdefault(r.name, {"overrides": r.overrides, "setting": r.setting,
+                                 "value": r.value, "status": _status(out / r.name), "wall_s": None})
+    _write_plan(plan_file, ab, done)
+    return read_plan(out)
+
+
+def _write_plan(path: pathlib.Path, ab: Ablation, runs: dict):
+    doc = {"schema": PLAN_SCHEMA, "ablation": ab.name, "preset": ab.preset, "arm": ab.arm,
+           "baselines": list(ab.baselines), "seeds": ab.seeds, "overrides": list(ab.overrides),
+           "axes": [{"setting": a.setting, "label": a.label, "values": list(a.values),
+                     "base": ab.base_value(a)} for a in ab.axes],
+           "runs": runs}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def read_plan(out: pathlib.Path) -> dict:
+    """ablation.json of ``out``; a missing file or unknown schema is one InputError line."""
+    path = pathlib.Path(out) / "ablation.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path} not found; run `dblp-testbed ablate NAME --out {out}` first") from None
+    except ValueError as exc:
+        raise InputError(f"{path} is not JSON ({exc})") from None
+    if doc.get("schema") != PLAN_SCHEMA:
+        raise InputError(f"{path} has schema {doc.get('schema')!r}; this code reads "
+                         f"{PLAN_SCHEMA}: rerun the ablation with this version")
+    return doc
+
+
+@click.command("ablate")
+@click.argument("name", default="detector")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Output directory (resumed if it holds this ablation). "
+                   "Default: results/ablate-NAME-TIME.")
+@click.option("--axis", "axes", multiple=True,
+              help="Only this axis (by field, e.g. p_high; repeatable). Default: every axis.")
+@click.option("--report-only", is_flag=True, help="Run nothing: rebuild the tables and plots.")
+@json_option
+def ablate_cmd(name, out, axes, report_only, json_out):
+    """Vary one setting of one arm over runs (same preset, seeds, bursts): NAME's axes.
+
+    Ablations: detector (P_high, threshold, signal of DBLP on the paper's
+    set-up; 3 seeds, about an hour), smoke (seconds per point).
+    """
+    if name not in ABLATIONS:
+        raise InputError(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)}")
+    ab = ABLATIONS[name]
+    ab.select(tuple(axes))  # an unknown axis fails before anything runs
+    if out is None:
+        if report_only:
+            raise InputError("--report-only needs --out DIR (the ablation's directory)")
+        out = f"results/ablate-{name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    out_dir = pathlib.Path(out)
+    plan = read_plan(out_dir) if report_only else execute(ab, out_dir, tuple(axes))
+    from testbed.analysis import ablation as analysis
+
+    doc = analysis.write(out_dir, plan)
+    failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
+    results(doc, json_out, lambda: click.echo(analysis.text(doc)))
+    if failed:
+        raise ExperimentFailed(f"ablation run(s) {', '.join(failed)} did not finish "
+                               f"(see {out_dir}/<run>/manifest.json); rerun the same command "
+                               "to retry only those")
