@@ -75,6 +75,43 @@ def _phase(rounds: pd.DataFrame, arm: str) -> dict:
             "relaxed_share": float((r["phase"] == "stable").mean())}
 
 
+def _critical_by_round(rounds: pd.DataFrame, arm: str) -> dict:
+    """round -> share of the seeds whose detector was critical in it (only rounds with a phase)."""
+    r = rounds[(rounds["arm"] == arm) & rounds["phase"].notna()]
+    share = (r["phase"] == "critical").groupby(r["round"]).mean()
+    return {int(k): float(v) for k, v in share.items()}
+
+
+def harm(out: pathlib.Path) -> dict | None:
+    """Where drops hurt: the ablation's loss-tolerance sweep per window, or None if it has none.
+
+    Per phase window (its rounds), the mean change of final accuracy and the
+    gap right after the window, against the same seed without drops, at the
+    sweep's non-zero drop fraction.
+    """
+    path = out / "harm" / "sweep.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    meta, rows = doc["meta"], doc["runs"]
+    frac = max(meta["fractions"])
+    windows = []
+    for phase in meta["phases"]:
+        sel = [r for r in rows if r["phase"] == phase and r["drop_fraction"] == frac]
+        if sel:
+            windows.append({"phase": phase, "start": sel[0]["window_start"], "stop": sel[0]["window_end"],
+                            "final_delta": float(np.mean([r["final_accuracy"] - b["final_accuracy"]
+                                                          for r in sel for b in rows
+                                                          if b["drop_fraction"] == 0
+                                                          and b["phase"] == phase
+                                                          and b["seed"] == r["seed"]])),
+                            "gap_after": float(np.mean([r["gap_after_window"] for r in sel])),
+                            "seeds": len(sel)})
+    return {"model": meta["model"], "workers": meta["workers"], "rounds": meta["rounds"],
+            "drop_fraction": frac, "order": meta["order"], "elapsed_s": meta["elapsed_s"],
+            "windows": windows}
+
+
 def _point(frames: iv.RunFrames, arm: str, baselines: list[str], **kw) -> dict:
     r = frames.rounds[frames.rounds["arm"] == arm]
     finals = iv.final_metric(frames.evals, arm) if frames.evals is not None else {}
@@ -87,7 +124,8 @@ def _point(frames: iv.RunFrames, arm: str, baselines: list[str], **kw) -> dict:
            "train_time_s_mean": _mean(g["duration_ms"].sum() / 1e3 for _, g in r.groupby("seed")),
            "time_to_target_s_median": float(reached["t_s"].median()) if len(reached) else None,
            "reached_target": f"{len(reached)}/{0 if ttt is None else len(ttt)}",
-           **_phase(frames.rounds, arm), "against": {}}
+           **_phase(frames.rounds, arm),
+           "critical_by_round": _critical_by_round(frames.rounds, arm), "against": {}}
     for base in baselines:
         figs = {}
         for name in FIGURES:
@@ -131,7 +169,7 @@ def analyse(out: pathlib.Path, plan: dict, **kw) -> dict:
             "arm": plan["arm"], "baselines": baselines,
             "baseline_points": {b: _point(frames, b, [], **kw) for b in baselines},
             "target": {"metric": frames.metric, "value": target, "source": source},
-            "axes": axes,
+            "axes": axes, "harm": harm(out),
             "runs": {n: {k: r[k] for k in ("status", "wall_s")} for n, r in plan["runs"].items()}}
 
 
@@ -202,6 +240,15 @@ def text(doc: dict) -> str:
                           for n in ("accuracy_delta", "train_time_cut", "time_to_target")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    h = doc.get("harm")
+    if h:
+        lines += [f"## Where drops hurt ({h['model']}, {h['workers']} workers, no network)", "",
+                  f"Drop {h['drop_fraction']:.1%} of every worker's chunks in one window; change "
+                  "against the same seed without drops, in points (`harm/report.md`):", "",
+                  "| window | rounds | gap right after | at the end |", "|---|---|---|---|"]
+        lines += [f"| {w['phase']} | {w['start']}-{w['stop'] - 1} | {100 * w['gap_after']:+.2f} | "
+                  f"{100 * w['final_delta']:+.2f} |" for w in h["windows"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -219,7 +266,9 @@ def write(out: pathlib.Path, plan: dict) -> dict:
     points_table(doc).to_csv(out / "points.csv", index=False)
     (out / "plots").mkdir(exist_ok=True)
     for axis in doc["axes"]:
-        plots.ablation_axis(doc, axis, out / "plots" / f"ablation-{axis['setting'].rsplit('.', 1)[-1]}.png")
+        field = axis["setting"].rsplit(".", 1)[-1]
+        plots.ablation_axis(doc, axis, out / "plots" / f"ablation-{field}.png")
+        plots.ablation_phases(doc, axis, out / "plots" / f"phases-{field}.png")
     (out / "report.md").write_text(text(doc) + "\n")
     return doc
 

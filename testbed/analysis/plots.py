@@ -406,3 +406,46 @@ def ablation_axis(doc: dict, axis: dict, path):
     fig.suptitle(f"ablation {doc['ablation']}: {doc['arm']} over {axis['label']} "
                  f"({doc['preset']} preset; 95 % intervals)", fontsize=10)
     return _save(fig, path)
+
+
+def ablation_phases(doc: dict, axis: dict, path):
+    """Where each point's detector called critical, under where drops actually hurt.
+
+    Top (when the ablation ran its loss-tolerance sweep): each drop window's
+    accuracy cost right after it and at the end, in points. Below, one row
+    per point of the axis: the share of seeds whose detector was critical in
+    each round. A detector that matters calls critical where the top panel
+    shows drops hurt, and relaxes elsewhere.
+    """
+    pts = [p for p in axis["points"] if not p.get("missing")]
+    h = doc.get("harm")
+    rows = len(pts) + (1 if h else 0)
+    fig, axes = plt.subplots(rows, 1, figsize=(9, 0.6 + 1.1 * rows), sharex=True, squeeze=False)
+    axes = axes[:, 0]
+    if h:
+        ax = axes[0]
+        for w in h["windows"]:
+            mid = (w["start"] + w["stop"]) / 2
+            ax.bar(mid - 1.5, 100 * w["gap_after"], width=3, color="crimson", alpha=0.7,
+                   label="right after" if w is h["windows"][0] else None)
+            ax.bar(mid + 1.5, 100 * w["final_delta"], width=3, color="grey", alpha=0.8,
+                   label="at the end" if w is h["windows"][0] else None)
+            ax.axvspan(w["start"], w["stop"], color="crimson", alpha=0.06, lw=0)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_ylabel("points", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title(f"cost of dropping {h['drop_fraction']:.0%} in one window (no network)",
+                     fontsize=9)
+    for ax, p in zip(axes[1:] if h else axes, pts, strict=True):
+        crit = p.get("critical_by_round") or {}
+        xs = sorted(int(k) for k in crit)
+        ax.step(xs, [crit[k] if k in crit else crit[str(k)] for k in xs], where="post", lw=1.2)
+        ax.set_ylim(-0.1, 1.1)
+        ax.set_yticks([0, 1], ["relaxed", "critical"], fontsize=7)
+        name = f"{axis['label']} = {p['value']}" + (" (the preset's)" if p["base"] else "")
+        ax.set_title(f"{name}: share of seeds critical", fontsize=8)
+        if h:
+            for w in h["windows"]:
+                ax.axvspan(w["start"], w["stop"], color="crimson", alpha=0.06, lw=0)
+    axes[-1].set_xlabel("round")
+    return _save(fig, path)

@@ -34,6 +34,9 @@ from testbed.output import json_option, results
 PLAN_SCHEMA = 1
 #: The directory of the run that holds the baselines and the shared point.
 BASE = "base"
+#: The directory of the loss-tolerance sweep, and its drop window (share of the rounds).
+HARM = "harm"
+HARM_WINDOW = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,11 @@ class Ablation:
     seeds: int
     doc: str
     overrides: tuple[str, ...] = ()
+    #: Also run the loss-tolerance sweep (`workloads.sweep`, no network) on the
+    #: preset's model, workers, rounds and seeds, dropping the preset's P_high
+    #: early, in the middle or late: where drops actually hurt, against which
+    #: the analysis draws where the detector called critical.
+    harm: bool = False
 
     def base_value(self, axis: Axis):
         """The preset's own value of ``axis`` (the base run's point on it)."""
@@ -133,7 +141,7 @@ register(Ablation(
     (Axis("transport.p_high", (0.108, 0.208, 0.408, 0.608, 0.808), "P_high"),
      Axis("transport.threshold", (0.1, 0.3, 0.5, 0.7, 0.9), "threshold"),
      Axis("transport.signal", ("delivered", "rescaled"), "signal")),
-    seeds=3,
+    seeds=3, harm=True,
     doc="DBLP's relaxed bound, phase threshold and detector signal, each varied alone on the "
         "paper's set-up, against static (P_low) and static-high (P_high)"))
 # Seconds per point: for tests and a first look (the smoke preset's star).
@@ -172,6 +180,8 @@ def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
             raise InputError(f"{out} holds ablation {old['ablation']!r}, not {ab.name!r}; "
                              "give another --out")
         done = old["runs"]
+    if ab.harm:
+        _harm(ab, out / HARM)
     for i, r in enumerate(runs, 1):
         d = out / r.name
         if _status(d) == "ok":
@@ -193,6 +203,26 @@ def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
                                  "value": r.value, "status": _status(out / r.name), "wall_s": None})
     _write_plan(plan_file, ab, done)
     return read_plan(out)
+
+
+def _harm(ab: Ablation, out: pathlib.Path):
+    """The loss-tolerance sweep of the preset's workload (skipped when done before)."""
+    if (out / "sweep.json").is_file():
+        output.say(f"ablate {ab.name}: the loss-tolerance sweep was done before ({out})")
+        return
+    import torch
+
+    from workloads.sweep import PHASES, run_sweep
+
+    spec = ab.spec([])
+    tr = spec["training"]
+    output.say(f"ablate {ab.name}: loss-tolerance sweep of {tr['model']} (no network; "
+               f"{spec['placement']['workers']} workers, {tr['rounds']} rounds, "
+               f"seeds {spec.seed_values}) -> {out}")
+    torch.set_num_threads(1)  # as each worker has
+    run_sweep(str(out), tr["model"], spec["placement"]["workers"], tr["rounds"],
+              (0.0, spec["transport"]["p_high"]), PHASES, HARM_WINDOW, spec.seed_values,
+              eval_every=tr["eval_every"], log=output.detail)
 
 
 def _write_plan(path: pathlib.Path, ab: Ablation, runs: dict):

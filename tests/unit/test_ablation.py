@@ -93,9 +93,18 @@ def test_a_resumed_ablation_runs_only_what_did_not_finish_and_keeps_the_failure(
 def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
     ab = ablation.Ablation("t", "smoke", "dblp", ("static",),
                            (ablation.Axis("transport.p_high", (0.208, 0.408), "P_high"),),
-                           seeds=3, doc="", overrides=ablation.ABLATIONS["smoke"].overrides)
+                           seeds=3, doc="", overrides=ablation.ABLATIONS["smoke"].overrides,
+                           harm=True)
     plan = ablation.execute(ab, tmp_path, run_fn=fake_run([]))
     doc = analysis.write(tmp_path, plan)
+    # The loss-tolerance sweep ran for real (digits, 8 rounds): P_high dropped in each window.
+    h = doc["harm"]
+    assert h["drop_fraction"] == 0.408 and h["rounds"] == 8 and h["model"] == "digits_cnn"
+    assert [(w["phase"], w["start"], w["stop"], w["seeds"]) for w in h["windows"]] == [
+        ("early", 0, 2, 3), ("middle", 3, 5, 3), ("late", 6, 8, 3)]
+    assert "## Where drops hurt (digits_cnn, 3 workers, no network)" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "plots" / "phases-p_high.png").stat().st_size > 10_000
+    assert doc["axes"][0]["points"][0]["critical_by_round"][0] == 1.0   # rounds 0-9 critical
     (axis,) = doc["axes"]
     low, high = axis["points"]
     assert (low["value"], low["base"], low["arm"]) == (0.208, False, "dblp@p_high=0.208")
