@@ -169,6 +169,46 @@ def _seed_span_s(rounds, arm: str) -> dict:
 SEED_DIFFERENCE = ("dblp", "reliable")
 
 
+def _seed_pair_sentence(summary: dict, rounds, evals, arm: str, base: str, span: dict) -> str:
+    """``arm`` against ``base`` seed by seed: training time, relaxed rounds, final test loss."""
+    from testbed.analysis.intervals import final_metric
+
+    seeds = sorted(set(span[arm]) & set(span[base]))
+    cut = ", ".join(f"{100 * (1 - span[arm][s] / span[base][s]):.0f} %" for s in seeds)
+    text = (f"Seeds {', '.join(map(str, seeds))} in turn: {arm}'s training time was {cut} "
+            f"shorter than {base}'s")
+    r = rounds[rounds["arm"] == arm]
+    if "phase" in r.columns and r["phase"].notna().any():
+        relaxed = ", ".join(f"{100 * (g['phase'] == 'relaxed').mean():.0f} %"
+                            for _, g in r.groupby("seed", sort=True))
+        text += f"; {arm} relaxed its bound in {relaxed} of its rounds"
+    p50 = [summary.get("arms", {}).get(a, {}).get("round_ms_p50") for a in (arm, base)]
+    if None not in p50:
+        text += f" (round p50 {p50[0]:.0f} ms against {p50[1]:.0f} ms)"
+    if "test_loss" in evals.columns:
+        la, lb = final_metric(evals, arm, "test_loss"), final_metric(evals, base, "test_loss")
+        text += "; its final test loss " + ", ".join(
+            f"{la[s]:.3f} against {lb[s]:.3f}" for s in seeds if s in la and s in lb)
+    return text + "."
+
+
+#: How many of an arm's last evaluations the seeds table's stability sentence spans.
+LAST_EVALS = 4
+
+
+def _last_evals_sentence(evals, order: list[str]) -> str:
+    """How far each arm's accuracy moved over its last evaluations (the worst seed)."""
+    e = evals.groupby(["arm", "seed", "round"])["test_accuracy"].mean().reset_index()
+    moved = {}
+    for a in order:
+        tails = [g.sort_values("round")["test_accuracy"].tail(LAST_EVALS)
+                 for _, g in e[e["arm"] == a].groupby("seed")]
+        moved[a] = max((100 * (t.max() - t.min()) for t in tails), default=None)
+    return (f"Over its last {LAST_EVALS} evaluations each arm's accuracy moved by at most (worst "
+            "seed): " + ", ".join(f"{a} {_num(m, '{:.2f}')}" for a, m in moved.items())
+            + " points.")
+
+
 def seeds_table(ref_dir: pathlib.Path) -> str:
     """Final test accuracy (training time) per seed and arm, and the summary's accuracy intervals.
 
@@ -200,6 +240,9 @@ def seeds_table(ref_dir: pathlib.Path) -> str:
             cells.append(_num(d, "{:+.2f} points"))
         rows.append(f"| {seed} | " + " | ".join(cells) + " |")
     out = "\n".join(rows) + "\n"
+    if diff:
+        out += "\n" + _seed_pair_sentence(summary, rounds, evals, arm, base, span) + "\n"
+    out += "\n" + _last_evals_sentence(evals, order) + "\n"
     for pair in summary.get("intervals", {}).values():
         fig = pair.get("figures", {}).get("accuracy_delta")
         if fig and fig.get("interval"):
