@@ -1,4 +1,4 @@
-"""The README's result tables, rendered from the committed reference runs.
+"""The README's measured tables, rendered from the committed references (runs and commands).
 
 The README marks each generated table with a pair of comments::
 
@@ -7,10 +7,14 @@ The README marks each generated table with a pair of comments::
     <!-- /reference -->
 
 naming the reference folder (``results/reference/default``) and the table
-(a key of `TABLES`). `update` rewrites every marked block from the files;
-`stale` lists the blocks whose text differs from what the files give, which
-is what the README test asserts to be empty. No figure in a marked block is
-typed by hand.
+(a key of `TABLES`; each renderer reads its reference's folder: a run's
+summary and tables, or the JSON files of a command reference). A block
+naming ``all`` renders from every reference at once (`EVERY_TABLES`: the
+wall times). A block whose reference has no folder yet fails with one line
+naming the `reproduce` command. `update` rewrites every marked block from
+the files; `stale` lists the blocks whose text differs from what the files
+give, which is what the README test asserts to be empty. No figure in a
+marked block is typed by hand.
 """
 from __future__ import annotations
 
