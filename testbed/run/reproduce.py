@@ -201,6 +201,32 @@ register(RunReference("paper", "paper",
 register(RunReference("star", "star",
                       "the accuracy check: the paper's star without bursts, every transport arm, "
                       "400 rounds with the rate annealed, two seeds"))
+# The transport bench with UDP control (TCP rows miss their deadlines for
+# minutes at 50-80 % loss) and gloo beside it: gloo's two deadline misses at
+# 50 and 80 % cost about a minute each, and its column is the like-for-like
+# peer of the sharded rows.
+register(CommandReference(
+    "transport", "the transport benchmark: every bound, PS and sharded, UDP control, with and "
+    "without a secret, and gloo's all-reduce, on a 100 Mbit/s veth pair at 0-80 % loss",
+    (Command("bench-transport.json", ("bench", "transport", "--controls", "udp", "--reps", "3",
+                                      "--losses", "0,0.1,0.5,0.8")),)))
+#: The fat-tree sizes `net check` builds for the README (k=8 routes in ~20 s).
+FABRIC_KS = (4, 6, 8)
+register(CommandReference(
+    "fabric", "`net check` of the fat-tree at each size: start-up, reachability, core spread, "
+    "one TCP flow", tuple(Command(f"net-check-k{k}.json", ("net", "check", "--k", str(k)))
+                          for k in FABRIC_KS)))
+#: Shaping rates (Mbit/s) and concurrent flows of the capacity table.
+CAPACITY_RATES, CAPACITY_FLOWS = (20, 30, 40, 50, 60, 100), (1, 4)
+register(CommandReference(
+    "capacity", "cross-pod TCP goodput on the k=4 fat-tree at each shaping rate, one flow and "
+    "four at once: where the emulator, not the link, sets the rate",
+    tuple(Command(f"net-check-bw{b}-flows{f}.json",
+                  ("net", "check", "--bw", str(b), "--flows", str(f)))
+          for b in CAPACITY_RATES for f in CAPACITY_FLOWS)))
+register(CommandReference(
+    "bursts", "requested against measured burst loss and timing on the k=4 fat-tree",
+    (Command("bench-bursts.json", ("bench", "bursts")),)))
 
 
 def select(names: tuple[str, ...] | list[str]) -> list[Reference]:

@@ -433,3 +433,19 @@ def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, mo
     new = readme.read_text()
     assert new.count("old") == 2 and "t, 20 Mbit/s links" in new
 
+
+
+@pytest.mark.parametrize("name, table, first", [
+    ("fabric", "fat-trees", "| | fattree-k4 | fattree-k6 | fattree-k8 |"),
+    ("capacity", "goodput", "| shaping Mbit/s | 1 flow | 4 flows, each (range) | 4 flows, total |"),
+    ("bursts", "bursts", "fattree-k4, 20 Mbit/s links, 100-packet queues, 500 ms windows:"),
+    ("transport", "round-trips", "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS |")])
+def test_each_registered_command_reference_renders_its_table(tmp_path, fake_machine, name, table, first):
+    """The registered commands, run by the real CLI, write the files their README table reads."""
+    import dataclasses
+
+    ref = dataclasses.replace(rp.REFERENCES[name], runner=fake_machine)
+    done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
+    assert done[name]["status"] == "ok", done
+    text = rd.render(name, table, tmp_path / "reference")
+    assert text.startswith(first) and "–" not in text  # every cell measured
