@@ -1,4 +1,4 @@
-"""The README's result tables, rendered from the committed reference runs.
+"""The README's measured tables, rendered from the committed references (runs and commands).
 
 The README marks each generated table with a pair of comments::
 
@@ -7,10 +7,14 @@ The README marks each generated table with a pair of comments::
     <!-- /reference -->
 
 naming the reference folder (``results/reference/default``) and the table
-(a key of `TABLES`). `update` rewrites every marked block from the files;
-`stale` lists the blocks whose text differs from what the files give, which
-is what the README test asserts to be empty. No figure in a marked block is
-typed by hand.
+(a key of `TABLES`; each renderer reads its reference's folder: a run's
+summary and tables, or the JSON files of a command reference). A block
+naming ``all`` renders from every reference at once (`EVERY_TABLES`: the
+wall times). A block whose reference has no folder yet fails with one line
+naming the `reproduce` command. `update` rewrites every marked block from
+the files; `stale` lists the blocks whose text differs from what the files
+give, which is what the README test asserts to be empty. No figure in a
+marked block is typed by hand.
 """
 from __future__ import annotations
 
@@ -158,27 +162,348 @@ def phases_table(ref_dir: pathlib.Path) -> str:
     return "\n".join(rows) + "\n"
 
 
-#: Tables rendered from summary.json alone.
-TABLES: dict[str, Callable[[dict], str]] = {
-    "arms": arms_table,
-    "verdicts": verdicts_table,
-    "intervals": intervals_table,
-}
-#: Tables that read the reference folder's other files.
-FILE_TABLES: dict[str, Callable[[pathlib.Path], str]] = {
+def _seed_span_s(rounds, arm: str) -> dict:
+    """seed -> seconds from the arm's first round start to its last round end (rounds.csv)."""
+    r = rounds[rounds["arm"] == arm]
+    return {int(s): (g["t_end_ns"].max() - g["t_start_ns"].min()) / 1e9
+            for s, g in r.groupby("seed", sort=True)}
+
+
+#: The accuracy difference the seeds table shows per seed (arm, baseline), when both ran.
+SEED_DIFFERENCE = ("dblp", "reliable")
+
+
+def _seed_pair_sentence(summary: dict, rounds, evals, arm: str, base: str, span: dict) -> str:
+    """``arm`` against ``base`` seed by seed: training time, relaxed rounds, final test loss."""
+    from testbed.analysis.intervals import final_metric
+
+    seeds = sorted(set(span[arm]) & set(span[base]))
+    cut = ", ".join(f"{100 * (1 - span[arm][s] / span[base][s]):.0f} %" for s in seeds)
+    text = (f"Seeds {', '.join(map(str, seeds))} in turn: {arm}'s training time was {cut} "
+            f"shorter than {base}'s")
+    r = rounds[rounds["arm"] == arm]
+    if "phase" in r.columns and r["phase"].notna().any():
+        relaxed = ", ".join(f"{100 * (g['phase'] == 'relaxed').mean():.0f} %"
+                            for _, g in r.groupby("seed", sort=True))
+        text += f"; {arm} relaxed its bound in {relaxed} of its rounds"
+    p50 = [summary.get("arms", {}).get(a, {}).get("round_ms_p50") for a in (arm, base)]
+    if None not in p50:
+        text += f" (round p50 {p50[0]:.0f} ms against {p50[1]:.0f} ms)"
+    if "test_loss" in evals.columns:
+        la, lb = final_metric(evals, arm, "test_loss"), final_metric(evals, base, "test_loss")
+        text += "; its final test loss " + ", ".join(
+            f"{la[s]:.3f} against {lb[s]:.3f}" for s in seeds if s in la and s in lb)
+    return text + "."
+
+
+#: How many of an arm's last evaluations the seeds table's stability sentence spans.
+LAST_EVALS = 4
+
+
+def _last_evals_sentence(evals, order: list[str]) -> str:
+    """How far each arm's accuracy moved over its last evaluations (the worst seed)."""
+    e = evals.groupby(["arm", "seed", "round"])["test_accuracy"].mean().reset_index()
+    moved = {}
+    for a in order:
+        tails = [g.sort_values("round")["test_accuracy"].tail(LAST_EVALS)
+                 for _, g in e[e["arm"] == a].groupby("seed")]
+        moved[a] = max((100 * (t.max() - t.min()) for t in tails), default=None)
+    return (f"Over its last {LAST_EVALS} evaluations each arm's accuracy moved by at most (worst "
+            "seed): " + ", ".join(f"{a} {_num(m, '{:.2f}')}" for a, m in moved.items())
+            + " points.")
+
+
+def seeds_table(ref_dir: pathlib.Path) -> str:
+    """Final test accuracy (training time) per seed and arm, and the summary's accuracy intervals.
+
+    The training time of a seed is its rounds' span in rounds.csv (first
+    round's start to last round's end); the accuracy is the last
+    evaluation's, the mean over evaluating ranks (`intervals.final_metric`,
+    which the accuracy intervals use too).
+    """
+    import pandas as pd
+
+    from testbed.analysis.intervals import final_metric
+
+    summary = _load(ref_dir)
+    rounds = pd.read_csv(ref_dir / "rounds.csv")
+    evals = pd.read_csv(ref_dir / "evals.csv")
+    order = summary.get("arms_order") or sorted(rounds["arm"].unique())
+    acc = {a: final_metric(evals, a) for a in order}
+    span = {a: _seed_span_s(rounds, a) for a in order}
+    arm, base = SEED_DIFFERENCE
+    diff = arm in order and base in order
+    head = order + ([f"{arm} - {base}"] if diff else [])
+    rows = ["| seed | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for seed in sorted({s for a in order for s in span[a]}):
+        cells = [f"{_num(None if seed not in acc[a] else 100 * acc[a][seed], '{:.2f} %')} "
+                 f"({_num(span[a].get(seed), '{:.1f} s')})" for a in order]
+        if diff:
+            d = (100 * (acc[arm][seed] - acc[base][seed])
+                 if seed in acc[arm] and seed in acc[base] else None)
+            cells.append(_num(d, "{:+.2f} points"))
+        rows.append(f"| {seed} | " + " | ".join(cells) + " |")
+    out = "\n".join(rows) + "\n"
+    if diff:
+        out += "\n" + _seed_pair_sentence(summary, rounds, evals, arm, base, span) + "\n"
+    out += "\n" + _last_evals_sentence(evals, order) + "\n"
+    for pair in summary.get("intervals", {}).values():
+        fig = pair.get("figures", {}).get("accuracy_delta")
+        if fig and fig.get("interval"):
+            out += (f"\nFinal accuracy, {pair['arm']} minus {pair['baseline']}: {_figure(fig)} "
+                    f"(95 % bootstrap interval over {fig['interval'].get('n_seeds', '–')} seeds, "
+                    "summary.json).\n")
+    return out
+
+
+# -- tables of command references (testbed.run.reproduce.CommandReference) --------------
+
+def _json(path: pathlib.Path) -> dict:
+    if not path.is_file():
+        from testbed.errors import InputError
+        raise InputError(f"{path} does not exist; run `dblp-testbed reproduce {path.parent.name}`")
+    return json.loads(path.read_text())
+
+
+def _jsons(ref_dir: pathlib.Path, pattern: str) -> list[dict]:
+    docs = [_json(p) for p in sorted(ref_dir.glob(pattern))]
+    if not docs:
+        from testbed.errors import InputError
+        raise InputError(f"{ref_dir} holds no {pattern}; run `dblp-testbed reproduce {ref_dir.name}`")
+    return docs
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}".removesuffix(".0") + " %"
+
+
+def _bound_label(policy: str, bound: float) -> str:
+    return "reliable" if policy == "reliable" else f"P {_pct(bound)}"
+
+
+def _column(row: dict) -> str:
+    """A DBLP bench row's column: its bound and mode."""
+    return f"{_bound_label(row['policy'], row['bound'])} {'PS' if row['mode'] == 'ps' else row['mode']}"
+
+
+def _trip(row: dict | None) -> str:
+    """A bench row's median round trip (its ratio to the bound), or its missed deadline."""
+    if row is None:
+        return "–"
+    if row.get("round_trip_s") is None:
+        return f"> {row['round_timeout_s']:g} s"
+    return f"{row['round_trip_s']:.3f} ({_num(row.get('ratio'), '{:.2f}')})"
+
+
+def round_trips_table(ref_dir: pathlib.Path) -> str:
+    """`bench transport`: one row per loss, one column per DBLP bound and mode, gloo beside them.
+
+    DBLP cells are the authenticated rows when there are any (a deployment
+    has a secret); the last column is the range, over the row's DBLP
+    columns, of the round trip with a secret over the same one without.
+    After the table, what the rows say as a whole: missed deadlines, the
+    worst ratio, passes against the ideal, and the loose bound's speedup.
+    """
+    doc = _json(ref_dir / "bench-transport.json")
+    rows = doc["rows"]
+    dblp = [r for r in rows if r["impl"] == "dblp"]
+    auth = any(r.get("auth") for r in dblp)
+    shown = [r for r in dblp if bool(r.get("auth")) == auth]
+    cols = sorted({(r["mode"], r["policy"], r["bound"]) for r in shown},
+                  key=lambda c: (c[0] != "ps", c[2]))
+    gloo = [r for r in rows if r["impl"] == "gloo"]
+    twins = auth and any(not r.get("auth") for r in dblp)
+    head = [_column({"mode": m, "policy": p, "bound": b}) for m, p, b in cols]
+    head += ["gloo all-reduce"] if gloo else []
+    head += ["secret on / off (range)"] if twins else []
+    out = ["| loss p | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+
+    def find(group, loss, mode, policy, bound, with_auth=auth):
+        return next((r for r in group if r["loss"] == loss and r["mode"] == mode
+                     and r["policy"] == policy and r["bound"] == bound
+                     and bool(r.get("auth")) == with_auth), None)
+
+    for loss in doc["losses"]:
+        cells = [_trip(find(shown, loss, *c)) for c in cols]
+        if gloo:
+            cells.append(_trip(next((r for r in gloo if r["loss"] == loss), None)))
+        if twins:
+            ratios = [on["round_trip_s"] / off["round_trip_s"] for c in cols
+                      for on, off in [(find(dblp, loss, *c), find(dblp, loss, *c, with_auth=False))]
+                      if on and off and on["round_trip_s"] and off["round_trip_s"]]
+            cells.append(f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "–")
+        out.append(f"| {_pct(loss)} | " + " | ".join(cells) + " |")
+    text = "\n".join(out) + "\n\n"
+    text += (f"Medians of {doc['reps']} round trips of {doc['bytes'] / (1 << 20):g} MiB at "
+             f"{doc['rate_bps'] / 1e6:g} Mbit/s in seconds (time / `bound_s`; `floor_s` = "
+             f"{doc['floor_s']:.3f} s). ")
+    late = [r for r in rows if r.get("round_trip_s") is None]
+    names = sorted({("gloo" if r["impl"] == "gloo" else _column(r)) + f" at {_pct(r['loss'])}"
+                    for r in late})
+    deadline = rows[0]["round_timeout_s"] if rows else 0
+    text += (f"Missed the {deadline:g} s deadline: {', '.join(names)}. " if names
+             else f"No row missed its {deadline:g} s deadline. ")
+    timed = [r for r in shown if r.get("ratio") is not None]
+    if timed:
+        w = max(timed, key=lambda r: r["ratio"])
+        text += (f"The worst DBLP round trip is {w['ratio']:.2f}x its bound "
+                 f"({_column(w)}, {_pct(w['loss'])} loss).")
+    top = max(doc["losses"], default=0)
+    passes = [f"{_num(r.get('passes'))} for {_bound_label(r['policy'], r['bound'])} "
+              f"(ideal {r['ideal_passes']})" for r in shown
+              if r["loss"] == top and r["mode"] == "ps" and r["policy"] == "static"]
+    if top and passes:
+        text += f" Passes at {_pct(top)} loss (PS): {', '.join(passes)}."
+    speed = [a["round_trip_s"] / b["round_trip_s"] for a in shown for b in shown
+             if a["policy"] == b["policy"] == "static" and a["bound"] < b["bound"]
+             and (a["loss"], a["mode"]) == (b["loss"], b["mode"])
+             and a["round_trip_s"] and b["round_trip_s"]]
+    if speed:
+        text += (f" The looser static bound's round trips are {min(speed):.2f}-{max(speed):.2f}x "
+                 "faster than the tighter one's at every loss and mode.")
+    return text + "\n"
+
+
+def _core(doc: dict) -> str:
+    return f"{doc['core_switches_used']}/{doc['core_switches']}"
+
+
+def fat_trees_table(ref_dir: pathlib.Path) -> str:
+    """`net check --k K`: one column per fat-tree size (its own JSON file)."""
+    docs = sorted(_jsons(ref_dir, "net-check-k*.json"), key=lambda d: d["hosts"])
+    flows = docs[0].get("core_flows")
+    spread = f"core switches used by {flows} UDP flows" if flows else "core switches used by UDP flows"
+    lines = [("process start to routed", lambda d: f"{d['startup_s']:.1f} s"),
+             ("switches, hosts", lambda d: f"{d['switches']}, {d['hosts']}"),
+             ("host pairs reachable (first, cold probe)",
+              lambda d: f"{d['pairs_ok']}/{d['pairs']} ({d['pairs_ok_cold']})"),
+             (spread, _core),
+             ("one cross-pod TCP flow", lambda d: _num(d.get("tcp_goodput_mbps"), "{:.1f} Mbit/s")
+              + f" of {d['shaped_mbps']:g}"),
+             ("datapath", lambda d: str(d.get("datapath")))]
+    out = ["| | " + " | ".join(d["topology"] for d in docs) + " |",
+           "|---" * (len(docs) + 1) + "|"]
+    out += [f"| {label} | " + " | ".join(cell(d) for d in docs) + " |" for label, cell in lines]
+    return "\n".join(out) + "\n"
+
+
+def goodput_table(ref_dir: pathlib.Path) -> str:
+    """`net check --bw B --flows F`: TCP goodput per shaping rate, one flow and several at once."""
+    docs = _jsons(ref_dir, "net-check-bw*.json")
+    by = {(d["shaped_mbps"], len(d.get("tcp_flows") or [])): d for d in docs}
+    many = max(f for _, f in by)
+    rates = sorted({b for b, _ in by})
+
+    def each(d):
+        if d is None:
+            return "–"
+        f = d["tcp_flows"]
+        return f"{d['tcp_goodput_mbps']:.1f} ({min(f):.1f}-{max(f):.1f})"
+
+    out = [f"| shaping Mbit/s | 1 flow | {many} flows, each (range) | {many} flows, total |",
+           "|---|---|---|---|"]
+    for b in rates:
+        one, m = by.get((b, 1)), by.get((b, many))
+        out.append(f"| {b:g} | {_num(one and one['tcp_goodput_mbps'], '{:.1f}')} | {each(m)} "
+                   f"| {_num(m and m['tcp_goodput_total_mbps'], '{:.0f}')} |")
+    top = max(docs, key=lambda d: d["tcp_goodput_total_mbps"])
+    return ("\n".join(out) + f"\n\nThe most the emulator carried in total: "
+            f"{top['tcp_goodput_total_mbps']:.0f} Mbit/s ({len(top['tcp_flows'])} flows at "
+            f"{top['shaped_mbps']:g} Mbit/s per link).\n")
+
+
+def _ms(x) -> str:
+    return _num(x, "{:.1f} ms")
+
+
+def _burst_row(r: dict) -> str:
+    from testbed.bench.bursts import HIT_COVER
+
+    if r["kind"] == "loss-round-trigger":
+        return (f"| round-triggered | starts in its round, covers >= {100 * HIT_COVER:.0f} % of it "
+                f"| {r['hits']}/{r['tries']} | | {_ms(r['start_lag_ms'])} | |")
+    params = r.get("params", {})
+    if r["kind"] == "loss":
+        label, asked = f"loss p={params['p']:g}", f"{r['requested']:.3f}"
+    elif r["kind"] == "police":
+        offered = params["rate_mbps"] / (1 - r["requested"])
+        label = f"police {params['rate_mbps']:g} Mbit/s on {offered:.1f} Mbit/s"
+        asked = f"{r['requested']:.3f} (1 - rate/offered)"
+    elif r["kind"] == "congest":
+        label = f"congest, {params['rate_mbps']:g} Mbit/s cross traffic"
+        asked = f"{r['requested']:.3f} ({r.get('requested_basis', 'estimate')})"
+    else:
+        label, asked = r["kind"], _num(r.get("requested"), "{:.3f}")
+    return (f"| {label} | {asked} | {_num(r['measured_in_window'], '{:.3f}')} "
+            f"| {_num(r.get('measured_outside'), '{:.3f}')} | {_ms(r['start_lag_ms'])} "
+            f"| {_ms(r.get('mechanism_lag_ms'))} |")
+
+
+def bursts_table(ref_dir: pathlib.Path) -> str:
+    """`bench bursts`: requested against measured loss, and start lags, per burst kind."""
+    doc = _json(ref_dir / "bench-bursts.json")
+    windows = sorted({r["duration_ms"] for r in doc["rows"] if "duration_ms" in r})
+    out = [f"{doc['topology']}, {doc['bw_mbps']:g} Mbit/s links, {doc['queue_pkts']}-packet "
+           f"queues, {' / '.join(f'{w:g}' for w in windows)} ms windows:", "",
+           "| kind | requested | measured in window | outside | start lag | of which the mechanism |",
+           "|---|---|---|---|---|---|"]
+    out += [_burst_row(r) for r in doc["rows"]]
+    return "\n".join(out) + "\n"
+
+
+def wall_times_table(reference_dir: pathlib.Path) -> str:
+    """Every reference's commands and wall time (reproduce.json), and their sum."""
+    from testbed.run.reproduce import REFERENCES, read_record
+
+    out = ["| reference | commands | wall time |", "|---|---|---|"]
+    total = 0.0
+    for name in REFERENCES:
+        rec = read_record(reference_dir / name)
+        argvs = [c["argv"] for c in rec["commands"]] if "commands" in rec else [rec["argv"]]
+        total += rec["wall_s"]
+        cmds = "<br>".join(f"`dblp-testbed {' '.join(a)}`" for a in argvs)
+        out.append(f"| {name} | {cmds} | {rec['wall_s'] / 60:.1f} min |")
+    out.append(f"| all, one after another | `dblp-testbed reproduce` | {total / 60:.1f} min |")
+    return "\n".join(out) + "\n"
+
+
+def _of_summary(table: Callable[[dict], str]) -> Callable[[pathlib.Path], str]:
+    return lambda ref_dir: table(_load(ref_dir))
+
+
+#: Every table a README block can name, by the name in its marker; each reads
+#: its reference's folder (`EVERY_TABLES`: the reference root).
+TABLES: dict[str, Callable[[pathlib.Path], str]] = {
+    "arms": _of_summary(arms_table),
+    "verdicts": _of_summary(verdicts_table),
+    "intervals": _of_summary(intervals_table),
     "levels": levels_table,
     "phases": phases_table,
+    "seeds": seeds_table,
+    "round-trips": round_trips_table,
+    "fat-trees": fat_trees_table,
+    "goodput": goodput_table,
+    "bursts": bursts_table,
+    "wall-times": wall_times_table,
 }
+#: Tables of every reference at once: their blocks name `reproduce.EVERY` ("all").
+EVERY_TABLES = ("wall-times",)
 
 
 def render(ref: str, table: str, reference_dir: pathlib.Path) -> str:
-    """The markdown of one marked block."""
-    if table in FILE_TABLES:
-        return FILE_TABLES[table](reference_dir / ref)
+    """The markdown of one marked block; a reference without a folder is an InputError."""
+    from testbed.errors import InputError
+    from testbed.run.reproduce import EVERY
+
     if table not in TABLES:
-        raise ValueError(f"README block names table {table!r}; known: "
-                         f"{', '.join([*TABLES, *FILE_TABLES])}")
-    return TABLES[table](_load(reference_dir / ref))
+        raise ValueError(f"README block names table {table!r}; known: {', '.join(TABLES)}")
+    if (ref == EVERY) != (table in EVERY_TABLES):
+        raise ValueError(f"README block {ref} {table}: the tables {', '.join(EVERY_TABLES)} "
+                         f"and only they belong to reference {EVERY!r}")
+    folder = reference_dir if ref == EVERY else reference_dir / ref
+    if not folder.is_dir():
+        raise InputError(f"{folder} does not exist; run `dblp-testbed reproduce {ref}`")
+    return TABLES[table](folder)
 
 
 def update(text: str, reference_dir: pathlib.Path, only: tuple[str, ...] = ()) -> str:

@@ -16,6 +16,9 @@ import sys
 import time
 
 GUARD_MS = 5.0
+#: A round-triggered burst hits its round when it starts in the round and
+#: covers at least this share of it.
+HIT_COVER = 0.9
 
 
 def window_loss(sent_ns, received, start_ns, end_ns, guard_ms=GUARD_MS):
@@ -141,7 +144,7 @@ def round_trigger_tries(fab, tries=20, round_ms=100.0, at_round=3, rounds=6, p=0
             covers.append(cover)
             lags.append((rec["actual_start_ns"] - s) / 1e6)
             ends.append((rec["actual_end_ns"] - e) / 1e6)
-            if cover >= 0.9 and rec["actual_start_ns"] >= s:
+            if cover >= HIT_COVER and rec["actual_start_ns"] >= s:
                 hits += 1
     finally:
         conn.close()

@@ -127,7 +127,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, json_out):
                    pairs_ok_cold=cold["pairs_ok"])
         spread = netcheck.core_spread(fab)
         res.update(core_switches=spread["core_switches"], core_switches_used=spread["core_switches_used"],
-                   core_packets=spread["per_core"])
+                   core_packets=spread["per_core"], core_flows=spread["flows"])
         if goodput_s > 0:
             g = netcheck.tcp_goodput(fab, netcheck.cross_pod_pairs(graph, flows), duration_s=goodput_s)
             res.update(tcp_goodput_mbps=round(g["total_mbps"] / g["flows"], 2),

@@ -1,16 +1,26 @@
-"""`dblp-testbed reproduce`: every run behind the README's result tables, from scratch.
+"""`dblp-testbed reproduce`: everything behind the README's result tables, from scratch.
 
-Each `Reference` names a preset, its seeds and overrides, and the folder of
-``results/reference/`` that keeps the run's small derived files (summary,
-per-round and per-burst tables, evaluations, the resolved spec). Those files
-are committed: the README's result tables are rendered from them
-(`testbed.analysis.readme`), and a unit test fails when the README and the
-files disagree, so a table in the README is always the table of a run
-anyone can inspect and re-run.
+Each `Reference` regenerates some of the README's tables and names the
+folder of ``results/reference/`` that keeps the small files they are
+rendered from. Two kinds, registered by class as the topologies are
+(`REFERENCES` holds instances of the subclasses):
 
-A reference run that fails still leaves its run directory (logs, partial
-tables); its reference folder is left as it was, and the command exits 1
-after trying the others.
+- `RunReference`: a `dblp-testbed run` of a preset (seeds, overrides); it
+  keeps the run's derived tables (`KEPT_FILES`: summary, per-round and
+  per-burst tables, evaluations, the resolved spec).
+- `CommandReference`: one or more other `dblp-testbed` commands (a bench,
+  a `net check` per fabric size or rate), each run with ``--json FILE``;
+  it keeps those JSON files, each named after the command that wrote it.
+
+Beside the kept files, ``reproduce.json`` (`RECORD_SCHEMA`) holds the
+commands and their wall times. The files are committed: the README's
+tables are rendered from them (`testbed.analysis.readme`), and a unit test
+fails when the README and the files disagree, so a table in the README is
+always the table of a run anyone can inspect and re-run.
+
+A reference that fails still leaves its run directory (logs, partial
+outputs); its reference folder is left as it was, the others still run,
+and the command exits 1 at the end.
 """
 from __future__ import annotations
 
@@ -18,12 +28,16 @@ import dataclasses
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from typing import ClassVar
 
 import click
 
 from testbed import REPO_ROOT, output
-from testbed.errors import ExperimentFailed, InputError
+from testbed.errors import ExperimentFailed, InputError, TestbedError
 from testbed.output import json_option, results
 
 #: Where the committed reference data live.
@@ -31,12 +45,46 @@ REFERENCE_DIR = REPO_ROOT / "results" / "reference"
 #: The derived files kept per reference run: small, and enough to rebuild
 #: every README table and to check each figure by hand.
 KEPT_FILES = ("summary.json", "rounds.csv", "bursts.csv", "evals.csv", "spec.toml")
+#: The file beside the kept ones that says how they were made.
+RECORD = "reproduce.json"
+#: Version of ``reproduce.json``: ``kind`` ("run" | "commands"), ``wall_s``
+#: (the whole reference), and for a run ``argv`` (the `dblp-testbed`
+#: arguments, the run directory as DIR), for commands ``commands`` (one
+#: ``{"file", "argv", "wall_s"}`` per command, ``--json`` naming the kept
+#: file). Files written before the version existed (a run's ``argv`` and
+#: ``wall_s`` only) read as version 1.
+RECORD_SCHEMA = 1
+
+
+class Reference:
+    """What regenerates some README tables, and the files of it the repository keeps.
+
+    A subclass sets ``kind``, says which files it keeps (`kept_files`) and
+    produces them in a fresh run directory (`produce`), returning what
+    reproduce.json records besides the wall time.
+    """
+
+    kind: ClassVar[str]
+    name: str
+    doc: str
+
+    def kept_files(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def commands(self) -> list[list[str]]:
+        """The `dblp-testbed` argument lists that regenerate it (output paths as placeholders)."""
+        raise NotImplementedError
+
+    def produce(self, out: pathlib.Path) -> tuple[str, dict]:
+        """Make the kept files in ``out``; return the status ("ok" or why not) and the record."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)
-class Reference:
-    """One run whose tables the README shows."""
+class RunReference(Reference):
+    """A `dblp-testbed run` of a preset whose tables the README shows."""
 
+    kind: ClassVar[str] = "run"
     name: str
     preset: str
     doc: str
@@ -49,26 +97,136 @@ class Reference:
             args += ["--set", o]
         return args
 
+    def kept_files(self) -> tuple[str, ...]:
+        return KEPT_FILES
+
+    def commands(self) -> list[list[str]]:
+        return [self.argv(pathlib.Path("DIR"))]
+
+    def produce(self, out: pathlib.Path) -> tuple[str, dict]:
+        from testbed.config import spec as specmod
+        from testbed.config.presets import PRESETS
+        from testbed.run.runner import run_experiment
+
+        output.say(f"reproduce {self.name}: dblp-testbed {' '.join(self.argv(out))}")
+        spec = specmod.load(None, PRESETS[self.preset], list(self.overrides))
+        return run_experiment(spec, str(out)), {"argv": self.argv(pathlib.Path("DIR"))}
+
+
+def run_cli(argv: list[str], log: pathlib.Path) -> int:
+    """Run ``dblp-testbed ARGV`` as a child process, its output into ``log``; its exit code.
+
+    A child, not a call: the fabric commands install signal handlers and end
+    with `sys.exit`, and each should start from a fresh interpreter as a
+    user's command does (net check's start-up time includes it).
+    """
+    with open(log, "w") as f:
+        return subprocess.call([sys.executable, "-m", "testbed.cli", *argv], stdout=f,
+                               stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One `dblp-testbed` command of a `CommandReference` and the JSON file it writes."""
+
+    file: str
+    argv: tuple[str, ...]
+
+    def full_argv(self, json_path: str) -> list[str]:
+        return [*self.argv, "--json", json_path]
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandReference(Reference):
+    """`dblp-testbed` commands run with ``--json FILE``, each file kept.
+
+    ``runner(argv, log) -> exit code`` runs one command (`run_cli`; tests
+    pass a fake). A command that exits non-zero or writes no JSON fails the
+    reference; the files the others wrote stay in the run directory.
+    """
+
+    kind: ClassVar[str] = "commands"
+    name: str
+    doc: str
+    steps: tuple[Command, ...]
+    runner: Callable[[list[str], pathlib.Path], int] = dataclasses.field(
+        default=run_cli, compare=False, repr=False)
+
+    def __post_init__(self):
+        files = [c.file for c in self.steps]
+        if not files or len(set(files)) != len(files) or RECORD in files \
+                or any(not f.endswith(".json") or "/" in f for f in files):
+            raise ValueError(f"reference {self.name}: each command needs its own FILE.json")
+
+    def kept_files(self) -> tuple[str, ...]:
+        return tuple(c.file for c in self.steps)
+
+    def commands(self) -> list[list[str]]:
+        return [c.full_argv(c.file) for c in self.steps]
+
+    def produce(self, out: pathlib.Path) -> tuple[str, dict]:
+        out.mkdir(parents=True, exist_ok=True)
+        done, failed = [], []
+        for c in self.steps:
+            argv = c.full_argv(str(out / c.file))
+            log = out / (c.file.removesuffix(".json") + ".log")
+            output.say(f"reproduce {self.name}: dblp-testbed {' '.join(c.full_argv(c.file))}")
+            t0 = time.monotonic()
+            code = self.runner(argv, log)
+            wall = round(time.monotonic() - t0, 1)
+            if code != 0 or not (out / c.file).is_file():
+                failed.append(f"{' '.join(c.argv)} exited {code} (log: {log})")
+            done.append({"file": c.file, "argv": c.full_argv(c.file), "wall_s": wall})
+        return ("ok" if not failed else "; ".join(failed)), {"commands": done}
+
 
 REFERENCES: dict[str, Reference] = {}
+#: Not a reference: README blocks naming it are rendered from every reference.
+EVERY = "all"
 
 
 def register(ref: Reference) -> Reference:
-    if ref.name in REFERENCES and REFERENCES[ref.name] != ref:
+    if ref.name == EVERY or (ref.name in REFERENCES and REFERENCES[ref.name] != ref):
         raise ValueError(f"reference {ref.name!r} is already registered")
     REFERENCES[ref.name] = ref
     return ref
 
 
-register(Reference("default", "default",
-                   "what `dblp-testbed run` does with no argument: the like-for-like arms, "
-                   "seeds and bursts of the default preset"))
-register(Reference("paper", "paper",
-                   "the paper's star with the parameter server, both control paths, "
-                   "five bursts at each of 60/70/80/90 %"))
-register(Reference("star", "star",
-                   "the accuracy check: the paper's star without bursts, every transport arm, "
-                   "400 rounds with the rate annealed, two seeds"))
+register(RunReference("default", "default",
+                      "what `dblp-testbed run` does with no argument: the like-for-like arms, "
+                      "seeds and bursts of the default preset"))
+register(RunReference("paper", "paper",
+                      "the paper's star with the parameter server, both control paths, "
+                      "five bursts at each of 60/70/80/90 %"))
+register(RunReference("star", "star",
+                      "the accuracy check: the paper's star without bursts, every transport arm, "
+                      "400 rounds with the rate annealed, two seeds"))
+# The transport bench with UDP control (TCP rows miss their deadlines for
+# minutes at 50-80 % loss) and gloo beside it: gloo's two deadline misses at
+# 50 and 80 % cost about a minute each, and its column is the like-for-like
+# peer of the sharded rows.
+register(CommandReference(
+    "transport", "the transport benchmark: every bound, PS and sharded, UDP control, with and "
+    "without a secret, and gloo's all-reduce, on a 100 Mbit/s veth pair at 0-80 % loss",
+    (Command("bench-transport.json", ("bench", "transport", "--controls", "udp", "--reps", "3",
+                                      "--losses", "0,0.1,0.5,0.8")),)))
+#: The fat-tree sizes `net check` builds for the README (k=8 routes in ~20 s).
+FABRIC_KS = (4, 6, 8)
+register(CommandReference(
+    "fabric", "`net check` of the fat-tree at each size: start-up, reachability, core spread, "
+    "one TCP flow", tuple(Command(f"net-check-k{k}.json", ("net", "check", "--k", str(k)))
+                          for k in FABRIC_KS)))
+#: Shaping rates (Mbit/s) and concurrent flows of the capacity table.
+CAPACITY_RATES, CAPACITY_FLOWS = (20, 30, 40, 50, 60, 100), (1, 4)
+register(CommandReference(
+    "capacity", "cross-pod TCP goodput on the k=4 fat-tree at each shaping rate, one flow and "
+    "four at once: where the emulator, not the link, sets the rate",
+    tuple(Command(f"net-check-bw{b}-flows{f}.json",
+                  ("net", "check", "--bw", str(b), "--flows", str(f)))
+          for b in CAPACITY_RATES for f in CAPACITY_FLOWS)))
+register(CommandReference(
+    "bursts", "requested against measured burst loss and timing on the k=4 fat-tree",
+    (Command("bench-bursts.json", ("bench", "bursts")),)))
 
 
 def select(names: tuple[str, ...] | list[str]) -> list[Reference]:
@@ -81,9 +239,10 @@ def select(names: tuple[str, ...] | list[str]) -> list[Reference]:
     return [REFERENCES[n] for n in names]
 
 
-def keep(run_dir: pathlib.Path, dest: pathlib.Path) -> list[str]:
-    """Copy the kept files of a finished run into ``dest``, replacing what was there."""
-    missing = [f for f in KEPT_FILES if not (run_dir / f).is_file()]
+def keep(run_dir: pathlib.Path, dest: pathlib.Path, files: tuple[str, ...] = KEPT_FILES,
+         record: dict | None = None) -> list[str]:
+    """Copy ``files`` of a finished run (and ``record`` as reproduce.json) into ``dest``, replacing it."""
+    missing = [f for f in files if not (run_dir / f).is_file()]
     if missing:
         raise ExperimentFailed(f"{run_dir} lacks {', '.join(missing)}; its reference "
                                f"{dest.name} was left unchanged")
@@ -91,51 +250,81 @@ def keep(run_dir: pathlib.Path, dest: pathlib.Path) -> list[str]:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    for f in KEPT_FILES:
+    for f in files:
         shutil.copy2(run_dir / f, tmp / f)
+    if record is not None:
+        (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
-    return list(KEPT_FILES)
+    return list(files)
+
+
+def read_record(ref_dir: pathlib.Path) -> dict:
+    """A reference folder's reproduce.json; a missing file or an unknown version is an InputError."""
+    path = ref_dir / RECORD
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; run `dblp-testbed reproduce {ref_dir.name}`")
+    rec = json.loads(path.read_text())
+    if rec.get("schema", RECORD_SCHEMA) != RECORD_SCHEMA:
+        raise InputError(f"{path} has schema {rec['schema']}; this version reads "
+                         f"{RECORD_SCHEMA} only: run `dblp-testbed reproduce {ref_dir.name}`")
+    return rec
 
 
 def reproduce(refs: list[Reference], runs_root: pathlib.Path,
               reference_dir: pathlib.Path = REFERENCE_DIR) -> dict:
-    """Run each reference, keep its files, and return what happened (wall times included)."""
-    from testbed.config import spec as specmod
-    from testbed.config.presets import PRESETS
-    from testbed.run.runner import run_experiment
+    """Produce each reference, keep its files, and return what happened (wall times included).
 
+    A reference that fails (its status, or a `TestbedError` on the way)
+    leaves its run directory and its reference folder as they were; the
+    next one still runs.
+    """
     stamp = time.strftime("%Y%m%dT%H%M%S")
     done: dict[str, dict] = {}
     for ref in refs:
         out = runs_root / f"{ref.name}-{stamp}"
-        output.say(f"reproduce {ref.name}: dblp-testbed {' '.join(ref.argv(out))}")
-        spec = specmod.load(None, PRESETS[ref.preset], list(ref.overrides))
         t0 = time.monotonic()
-        status = run_experiment(spec, str(out))
+        try:
+            status, record = ref.produce(out)
+        except TestbedError as exc:
+            status, record = str(exc), {}
         wall = round(time.monotonic() - t0, 1)
-        entry = {"run_dir": str(out), "status": status, "wall_s": wall}
         if status == "ok":
-            keep(out, reference_dir / ref.name)
-            (reference_dir / ref.name / "reproduce.json").write_text(
-                json.dumps({"argv": ref.argv(pathlib.Path("DIR")), "wall_s": wall}, indent=2) + "\n")
-        done[ref.name] = entry
+            rec = {"schema": RECORD_SCHEMA, "kind": ref.kind, **record, "wall_s": wall}
+            try:
+                keep(out, reference_dir / ref.name, ref.kept_files(), rec)
+            except TestbedError as exc:
+                status = str(exc)
+        done[ref.name] = {"run_dir": str(out), "status": status, "wall_s": wall}
         output.say(f"reproduce {ref.name}: {status} in {wall / 60:.1f} min")
     return done
 
 
 def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
                   readme: pathlib.Path = REPO_ROOT / "README.md",
-                  only: tuple[str, ...] = ()) -> list[str]:
-    """Rewrite the README's marked result tables (of ``only``, if given); return the changed ones."""
+                  only: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Re-render the README's marked tables of ``only`` (default: every reference).
+
+    A reference without a committed folder yet keeps its blocks as they are
+    (the README test still fails on them), and so do the blocks of every
+    reference (`EVERY`) until all have one. Returns the changed blocks and
+    the references left without data.
+    """
     from testbed.analysis import readme as rd
 
+    names = tuple(only) or tuple(REFERENCES)
+    ready = tuple(n for n in names if (reference_dir / n / RECORD).is_file())
+    if all((reference_dir / n / RECORD).is_file() for n in REFERENCES):
+        ready += (EVERY,)
+    missing = [n for n in names if n not in ready]
+    if not ready:
+        return [], missing
     text = readme.read_text()
-    changed = rd.stale(text, reference_dir, only)
+    changed = rd.stale(text, reference_dir, ready)
     if changed:
-        readme.write_text(rd.update(text, reference_dir, only))
-    return changed
+        readme.write_text(rd.update(text, reference_dir, ready))
+    return changed, missing
 
 
 @click.command("reproduce")
@@ -146,22 +335,27 @@ def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
               help="Run nothing: re-render the README's tables from results/reference/.")
 @json_option
 def reproduce_cmd(names, runs_root, readme_only, json_out):
-    """Regenerate the README's result tables from scratch: every reference run (or NAMES).
+    """Regenerate the README's result tables from scratch: every reference (or NAMES).
 
-    Each run's small derived files replace results/reference/NAME/ (commit
-    them); then the README's marked tables (of NAMES, if given) are
-    re-rendered from them.
+    A reference is a preset run or a set of other commands (benches, net
+    checks); its small output files replace results/reference/NAME/
+    (commit them); then the README's marked tables (of NAMES, if given, and
+    the table of every reference's wall time) are re-rendered from them.
     """
     refs = select(names)
     done = {} if readme_only else reproduce(refs, pathlib.Path(runs_root))
-    changed = update_readme(only=tuple(names))
+    changed, no_data = update_readme(only=tuple(names))
     failed = [n for n, e in done.items() if e["status"] != "ok"]
-    doc = {"runs": done, "readme_tables_changed": changed, "failed": failed}
+    doc = {"runs": done, "readme_tables_changed": changed, "failed": failed,
+           "references_without_data": no_data}
 
     def text():
         for n, e in done.items():
             click.echo(f"{n}: {e['status']} in {e['wall_s'] / 60:.1f} min ({e['run_dir']})")
         click.echo(f"README tables re-rendered: {', '.join(changed) or 'none changed'}")
+        if no_data:
+            click.echo(f"no committed data yet (their README blocks left as they are): "
+                       f"{', '.join(no_data)}")
 
     results(doc, json_out, text)
     if failed:

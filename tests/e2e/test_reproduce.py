@@ -24,9 +24,9 @@ def _isolated():
 
 @pytest.mark.e2e
 def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
-    ref = rp.Reference("tiny", "smoke", "test", overrides=("training.rounds=8", "seeds=2",
-                                                           "arms=static,dblp-sharded",
-                                                           "capture.enabled=false"))
+    ref = rp.RunReference("tiny", "smoke", "test", overrides=("training.rounds=8", "seeds=2",
+                                                              "arms=static,dblp-sharded",
+                                                              "capture.enabled=false"))
     dest = tmp_path / "reference"
     done = rp.reproduce([ref], tmp_path / "runs", reference_dir=dest)
     assert done["tiny"]["status"] == "ok", done
@@ -34,7 +34,8 @@ def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
     assert sorted(p.name for p in kept.iterdir()) == sorted([*rp.KEPT_FILES, "reproduce.json"])
     summary = json.loads((kept / "summary.json").read_text())
     assert set(summary["arms"]) == {"static", "dblp-sharded"}
-    assert json.loads((kept / "reproduce.json").read_text())["argv"][:3] == ["run", "--preset", "smoke"]
+    record = rp.read_record(kept)
+    assert record["argv"][:3] == ["run", "--preset", "smoke"] and record["kind"] == "run"
     # The rounds table of both seeds, as the README's tables read it.
     rows = (kept / "rounds.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2 * 8

@@ -15,12 +15,13 @@ def test_readme_tables_match_the_committed_reference_runs():
     assert rd.stale(README, rp.REFERENCE_DIR) == []
 
 
-def test_readme_shows_a_table_of_every_reference_run():
+def test_readme_shows_a_table_of_every_reference_and_their_wall_times():
     shown = {ref for ref, _ in rd.blocks(README)}
-    assert shown == set(rp.REFERENCES)
-    for ref in shown:
-        for f in rp.KEPT_FILES:
-            assert (rp.REFERENCE_DIR / ref / f).is_file(), f"results/reference/{ref}/{f} not committed"
+    assert shown == {*rp.REFERENCES, rp.EVERY}
+    assert (rp.EVERY, "wall-times") in rd.blocks(README)
+    for name, ref in rp.REFERENCES.items():
+        for f in (*ref.kept_files(), rp.RECORD):
+            assert (rp.REFERENCE_DIR / name / f).is_file(), f"results/reference/{name}/{f} not committed"
 
 
 def _summary(burst_ms=1500.0):
@@ -62,8 +63,9 @@ def test_keep_refuses_an_incomplete_run_and_leaves_the_reference(tmp_path):
     assert (dest / "summary.json").read_text() == "{}"
     for f in rp.KEPT_FILES:
         (run / f).write_text(f)
-    rp.keep(run, dest)
-    assert sorted(p.name for p in dest.iterdir()) == sorted(rp.KEPT_FILES)
+    rp.keep(run, dest, record={"wall_s": 1.0})
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*rp.KEPT_FILES, rp.RECORD])
+    assert rp.read_record(dest) == {"wall_s": 1.0}
 
 
 def test_an_unknown_reference_is_one_input_error():

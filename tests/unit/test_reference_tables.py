@@ -1,0 +1,451 @@
+"""Reference kinds and the README tables of command references, from the commands' own writers.
+
+The fixtures are written by the real commands (`net check`, `bench bursts`,
+`bench transport` through the CLI, with `--json FILE`) with only the parts
+that need Mininet or namespaces replaced: the fabric, the probes and the
+agents. So a renderer is tested against the JSON shape the code writes,
+not against a hand-typed guess of it.
+"""
+import json
+import types
+
+import pytest
+from click.testing import CliRunner
+
+from dblp.stats import RoundStats
+from testbed.analysis import readme as rd
+from testbed.bench import bursts as bb
+from testbed.bench import transport as tr
+from testbed.errors import InputError
+from testbed.run import reproduce as rp
+
+# -- fakes under the real commands ----------------------------------------------------------
+
+TCP_COUNTERS = tr.NetnsPair.TCP_COUNTERS
+
+
+class FakeClock:
+    """time.time_ns / sleep for the burst bench: sleeping advances the clock, instantly."""
+
+    def __init__(self):
+        self.ns = 1_800_000_000_000_000_000
+
+    def time_ns(self):
+        self.ns += 1000
+        return self.ns
+
+    def sleep(self, s):
+        self.ns += int(s * 1e9)
+
+
+class FakeFabric:
+    """What `net check` and `bench bursts` use of `Fabric`, without Mininet."""
+
+    def __init__(self, graph, run_dir, bw_mbps, queue_pkts, log=None):
+        self.topo, self.run_dir, self.bw_mbps, self.queue_pkts = graph, run_dir, bw_mbps, queue_pkts
+        self.startup_s, self.datapath, self.control_socket = 2.5 + graph.k, "netdev", "sock"
+        self.workers, self.server = graph.hosts()[:3], graph.hosts()[-1]
+        self.bursts: list[dict] = []  # what the controller would log, by request
+
+    def __enter__(self):
+        FakeFabric.last = self
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def control(self, request):
+        return {"ok": True}
+
+    def hosts(self):
+        return self.topo.hosts()
+
+
+class FakeControl:
+    """The controller's socket for `bench bursts`: a burst starts 3 ms after its request."""
+
+    def __init__(self, *_):
+        self.fab = FakeFabric.last
+        self.round_start = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def close(self):
+        pass
+
+    def request(self, req):
+        now = bb.time.time_ns()
+        if req["op"] == "burst":
+            self.fab.bursts.append({"id": req["id"], "arm": req["arm"], "kind": req["kind"],
+                                    "params": req["params"], "requested_start_ns": now + 1_000_000,
+                                    "actual_start_ns": now + 3_000_000,
+                                    "actual_end_ns": now + 3_000_000 + int(req["duration_ms"] * 1e6),
+                                    "dropped_packets": 10})
+        elif req["op"] == "round" and req["round"] == 3:  # the schedule's at_round
+            if req["event"] == "start":
+                self.round_start = req["t_ns"]
+            else:
+                self.fab.bursts.append({"id": "rt", "arm": req["arm"],
+                                        "actual_start_ns": self.round_start + 2_000_000,
+                                        "actual_end_ns": req["t_ns"] + 1_000_000})
+        return {"ok": True}
+
+
+class FakeFlow:
+    """A paced flow; packets sent in the burst window are lost at the burst's rate."""
+
+    def __init__(self, fab, src, dst, tmp, tag, rate_pps=2000, pkt_bytes=200, duration_s=1.5):
+        self.fab, self.tag, self.rate, self.duration = fab, tag, rate_pps, duration_s
+        self.t0 = bb.time.time_ns()
+
+    def wait(self):
+        b = next(x for x in self.fab.bursts if x["id"] == self.tag)
+        p = b["params"].get("p", 0.5)
+        sent = [self.t0 + int(i * 1e9 / self.rate) for i in range(int(self.rate * self.duration))]
+        inside = [i for i, t in enumerate(sent) if b["actual_start_ns"] <= t <= b["actual_end_ns"]]
+        lost = set(inside[::max(1, round(1 / p))]) if p > 0 else set()
+        return sent, [i for i in range(len(sent)) if i not in lost]
+
+
+def _round_stats(cfg, loss, bound_s):
+    """One DBLP round as the agents report it (dblp's RoundStats), 10 % over its bound."""
+    passes = tr.ideal_passes(cfg.bound, loss, 2963)
+    return RoundStats(round=0, rank=0, role="worker", mode=cfg.mode, control=cfg.control,
+                      latency_s=1.1 * bound_s * (1.01 if cfg.auth else 1.0), bound=cfg.bound,
+                      passes_push=passes, passes_pull=passes, probe_rounds=passes, rtt_s=0.001
+                      ).as_dict()
+
+
+@pytest.fixture
+def fake_machine(monkeypatch, tmp_path):
+    """The real CLI with its fabric, probes and transport agents replaced; returns a runner."""
+    import controllers.protocol
+    import testbed.cli.fabric as fabric_cli
+    import testbed.emulation.fabric
+    from testbed.cli import main
+    from testbed.emulation import netcheck
+
+    monkeypatch.setattr(testbed.emulation.fabric, "Fabric", FakeFabric)
+    monkeypatch.setattr(fabric_cli, "_sigterm_as_interrupt", lambda: None)
+
+    def all_pairs(fab, count=3):
+        n = len(fab.hosts())
+        return {"pairs": n * (n - 1), "pairs_ok": n * (n - 1) - (count == 1), "failed": [],
+                "n_failed": 0, "count": count, "received_hist": {}}
+
+    def core_spread(fab, flows=16):
+        cores = fab.topo.core_switches()
+        return {"src": "a", "dst": "b", "flows": flows, "sent": 100 * flows,
+                "per_core": {c: 100 for c in cores}, "core_switches": len(cores),
+                "core_switches_used": len(cores)}
+
+    def tcp_goodput(fab, pairs, duration_s=5.0):
+        rates = [round(0.93 * min(fab.bw_mbps, 150 / len(pairs)) + i, 2) for i in range(len(pairs))]
+        return {"flows": len(pairs), "per_flow_mbps": rates, "total_mbps": round(sum(rates), 2)}
+
+    monkeypatch.setattr(fabric_cli, "_run_dir", lambda out, what: str(tmp_path))
+    for name, fn in (("all_pairs", all_pairs), ("core_spread", core_spread),
+                     ("tcp_goodput", tcp_goodput)):
+        monkeypatch.setattr(netcheck, name, fn)
+    monkeypatch.setattr(bb, "time", FakeClock())
+    monkeypatch.setattr(bb, "FlowRun", FakeFlow)
+    monkeypatch.setattr(bb, "_burst_log", lambda run_dir, arm: [
+        b for b in FakeFabric.last.bursts if b["arm"] == arm])
+    monkeypatch.setattr(controllers.protocol, "ControlClient", FakeControl)
+
+    # bench transport: root, namespaces and agents faked; gloo misses its deadline above 10 %.
+    class Pair:
+        def __init__(self, rate_bps):
+            self.loss = 0.0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def set_loss(self, p, protocols="udp, tcp"):
+            self.loss = p
+
+        def tcp_counters(self):
+            return dict.fromkeys(TCP_COUNTERS, 0)
+
+    pair = Pair(0)
+    monkeypatch.setattr(tr, "NetnsPair", lambda rate_bps: pair)
+    monkeypatch.setattr(tr.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(tr.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(tr, "_start", lambda p, cfg, *a: [types.SimpleNamespace(stop=lambda: None)])
+
+    def rounds(agents, n, timeout, cfg):
+        floor = 4 * (1 << 20) * 8 / 100e6
+        if cfg.impl == "gloo":
+            if pair.loss > 0.1:
+                return [], "RuntimeError: Timed out waiting 30000ms"
+            return [{"latency_s": 1.05 * floor / (1 - pair.loss)}], None
+        share = 1 if cfg.mode == "sharded" else 2
+        bound_s = floor * share * (1 - cfg.bound) / (1 - pair.loss)
+        return [_round_stats(cfg, pair.loss, bound_s)], None
+
+    monkeypatch.setattr(tr, "_rounds", rounds)
+
+    def run(argv, log):
+        res = CliRunner().invoke(main, argv, catch_exceptions=False)
+        log.write_text(res.output)
+        return res.exit_code
+
+    return run
+
+
+def _make(tmp_path, runner, *steps, name="r"):
+    """A command reference of ``steps`` (file, argv) kept under tmp_path/reference via `reproduce`."""
+    ref = rp.CommandReference(name, "test", tuple(rp.Command(f, a) for f, a in steps), runner=runner)
+    done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
+    assert done[name]["status"] == "ok", done
+    return tmp_path / "reference"
+
+
+# -- the reference kinds -------------------------------------------------------------------
+
+
+def test_a_command_reference_keeps_each_json_and_records_its_commands(tmp_path):
+    seen = []
+
+    def runner(argv, log):
+        seen.append(argv)
+        out = argv[argv.index("--json") + 1]
+        with open(out, "w") as f:
+            json.dump({"argv": argv[:-2]}, f)
+        return 0
+
+    ref = rp.CommandReference("c", "test", (rp.Command("net-check-k4.json", ("net", "check")),
+                                            rp.Command("bench-bursts.json", ("bench", "bursts"))),
+                              runner=runner)
+    done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
+    assert done["c"]["status"] == "ok"
+    kept = tmp_path / "reference" / "c"
+    assert sorted(p.name for p in kept.iterdir()) == ["bench-bursts.json", "net-check-k4.json",
+                                                       "reproduce.json"]
+    assert seen[0][:-1] == ["net", "check", "--json"] and seen[0][-1].endswith("net-check-k4.json")
+    rec = rp.read_record(kept)
+    assert rec["schema"] == rp.RECORD_SCHEMA and rec["kind"] == "commands"
+    assert [c["argv"] for c in rec["commands"]] == [["net", "check", "--json", "net-check-k4.json"],
+                                                     ["bench", "bursts", "--json", "bench-bursts.json"]]
+    assert rec["wall_s"] >= 0 and all(c["wall_s"] >= 0 for c in rec["commands"])
+    assert json.loads((kept / "net-check-k4.json").read_text()) == {"argv": ["net", "check"]}
+
+
+def test_a_failing_command_leaves_its_reference_and_the_next_one_still_runs(tmp_path):
+    dest = tmp_path / "reference"
+    (dest / "bad").mkdir(parents=True)
+    (dest / "bad" / "x.json").write_text("old")
+
+    def failing(argv, log):
+        with open(argv[-1], "w") as f:
+            f.write("{}")
+        log.write_text("it broke")
+        return 1 if argv[0] == "boom" else 0
+
+    bad = rp.CommandReference("bad", "t", (rp.Command("x.json", ("ok",)), rp.Command("y.json", ("boom",))),
+                              runner=failing)
+    good = rp.CommandReference("good", "t", (rp.Command("x.json", ("ok",)),), runner=failing)
+    done = rp.reproduce([bad, good], tmp_path / "runs", dest)
+    assert "boom exited 1" in done["bad"]["status"] and done["good"]["status"] == "ok"
+    assert (dest / "bad" / "x.json").read_text() == "old"  # left as it was
+    run_dir = tmp_path / "runs" / done["bad"]["run_dir"].rsplit("/", 1)[-1]
+    assert (run_dir / "y.log").read_text() == "it broke"  # the run output stays
+    assert (dest / "good" / "x.json").is_file()
+
+
+def test_a_command_reference_needs_one_json_file_per_command():
+    with pytest.raises(ValueError, match="own FILE.json"):
+        rp.CommandReference("c", "t", (rp.Command("a.json", ("x",)), rp.Command("a.json", ("y",))))
+    with pytest.raises(ValueError, match="own FILE.json"):
+        rp.CommandReference("c", "t", (rp.Command("reproduce.json", ("x",)),))
+
+
+def test_every_is_not_a_reference_name_and_records_of_other_versions_are_refused(tmp_path):
+    with pytest.raises(ValueError):
+        rp.register(rp.RunReference(rp.EVERY, "default", "t"))
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "reproduce.json").write_text(json.dumps({"schema": 99, "wall_s": 1}))
+    with pytest.raises(InputError, match="schema 99"):
+        rp.read_record(tmp_path / "r")
+    # Written before the version existed: a run's argv and wall time, read as version 1.
+    (tmp_path / "r" / "reproduce.json").write_text(json.dumps({"argv": ["run"], "wall_s": 1}))
+    assert rp.read_record(tmp_path / "r")["wall_s"] == 1
+
+
+def test_registered_references_are_instances_of_the_kinds():
+    assert all(isinstance(r, rp.RunReference | rp.CommandReference) for r in rp.REFERENCES.values())
+    assert rp.REFERENCES["star"].commands() == [["run", "--preset", "star", "--out", "DIR"]]
+
+
+# -- the renderers, from the commands' own JSON --------------------------------------------
+
+
+def test_fat_trees_table_from_net_check_json(tmp_path, fake_machine):
+    ref = _make(tmp_path, fake_machine, *[(f"net-check-k{k}.json", ("net", "check", "--k", str(k)))
+                                          for k in (6, 4)])
+    doc = json.loads((ref / "r" / "net-check-k4.json").read_text())
+    assert doc["core_flows"] == 16
+    assert rd.render("r", "fat-trees", ref).splitlines() == [
+        "| | fattree-k4 | fattree-k6 |", "|---|---|---|",
+        f"| process start to routed | {doc['startup_s']:.1f} s | "
+        f"{json.loads((ref / 'r' / 'net-check-k6.json').read_text())['startup_s']:.1f} s |",
+        "| switches, hosts | 20, 16 | 45, 54 |",
+        "| host pairs reachable (first, cold probe) | 240/240 (239) | 2862/2862 (2861) |",
+        "| core switches used by 16 UDP flows | 4/4 | 9/9 |",
+        "| one cross-pod TCP flow | 18.6 Mbit/s of 20 | 18.6 Mbit/s of 20 |",
+        "| datapath | netdev | netdev |"]
+
+
+def test_goodput_table_from_net_check_json(tmp_path, fake_machine):
+    ref = _make(tmp_path, fake_machine, *[
+        (f"net-check-bw{b}-flows{f}.json", ("net", "check", "--bw", str(b), "--flows", str(f)))
+        for b, f in ((20, 1), (20, 4), (100, 4))])
+    assert rd.render("r", "goodput", ref).splitlines() == [
+        "| shaping Mbit/s | 1 flow | 4 flows, each (range) | 4 flows, total |",
+        "|---|---|---|---|",
+        "| 20 | 18.6 | 20.1 (18.6-21.6) | 80 |",
+        "| 100 | – | 36.4 (34.9-37.9) | 146 |",
+        "", "The most the emulator carried in total: 146 Mbit/s (4 flows at 100 Mbit/s per link)."]
+
+
+def test_bursts_table_from_bench_bursts_json(tmp_path, fake_machine):
+    ref = _make(tmp_path, fake_machine, ("bench-bursts.json", ("bench", "bursts", "--tries", "3")))
+    lines = rd.render("r", "bursts", ref).splitlines()
+    assert lines[0] == "fattree-k4, 20 Mbit/s links, 100-packet queues, 500 ms windows:"
+    assert lines[2].startswith("| kind | requested | measured in window |")
+    body = {line.split(" | ")[0]: line for line in lines[4:]}
+    assert body["| loss p=0.6"].startswith("| loss p=0.6 | 0.600 | 0.500 | 0.000 | 3.0 ms | 2.0 ms |")
+    assert body["| police 2 Mbit/s on 8.3 Mbit/s"].split(" | ")[1] == "0.760 (1 - rate/offered)"
+    assert "(fluid estimate 1 - bw/offered)" in body["| congest, 40 Mbit/s cross traffic"]
+    assert body["| round-triggered"] == ("| round-triggered | starts in its round, covers >= 90 % "
+                                         "of it | 3/3 | | 2.0 ms | |")
+
+
+def test_round_trips_table_from_bench_transport_json(tmp_path, fake_machine):
+    ref = _make(tmp_path, fake_machine, ("bench-transport.json", (
+        "bench", "transport", "--controls", "udp", "--reps", "1", "--losses", "0,0.5")))
+    doc = json.loads((ref / "r" / "bench-transport.json").read_text())
+    gloo = [r for r in doc["rows"] if r["impl"] == "gloo"]
+    assert gloo[1]["round_trip_s"] is None and gloo[1]["timeouts"] == 1  # the bench's own record
+    lines = rd.render("r", "round-trips", ref).splitlines()
+    assert lines[:4] == [
+        "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS | reliable sharded | P 0.8 % sharded "
+        "| P 40.8 % sharded | gloo all-reduce | secret on / off (range) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| 0 % | 0.746 (1.11) | 0.740 (1.11) | 0.441 (1.11) | 0.373 (1.11) | 0.370 (1.11) "
+        "| 0.221 (1.11) | 0.352 (1.05) | 1.01-1.01 |",
+        "| 50 % | 1.491 (1.11) | 1.479 (1.11) | 0.883 (1.11) | 0.746 (1.11) | 0.740 (1.11) "
+        "| 0.441 (1.11) | > 30 s | 1.01-1.01 |"]
+    prose = lines[5]
+    assert "Medians of 1 round trips of 4 MiB at 100 Mbit/s" in prose
+    assert "Missed the 30 s deadline: gloo at 50 %." in prose
+    assert "The worst DBLP round trip is 1.11x its bound" in prose
+    assert "Passes at 50 % loss (PS): 7 for P 0.8 % (ideal 7), 2 for P 40.8 % (ideal 2)." in prose
+    assert "round trips are 1.68-1.68x faster" in prose
+
+
+def test_seeds_table_per_seed_accuracy_time_and_the_summarys_interval(tmp_path):
+    import pandas as pd
+
+    ref = tmp_path / "s"
+    ref.mkdir()
+    iv = {"point": -0.28, "lo": -0.56, "hi": 0.0, "n_seeds": 2}
+    (ref / "summary.json").write_text(json.dumps({
+        "arms_order": ["reliable", "dblp"], "arms": {},
+        "intervals": {"dblp_vs_static": {"arm": "dblp", "baseline": "static", "figures": {
+            "accuracy_delta": {"unit": "points", "interval": iv}}}}}))
+    rows = [{"arm": a, "seed": s, "round": r, "t_start_ns": int((10 * s + r) * 1e9),
+             "t_end_ns": int((10 * s + r + (2 if a == "reliable" else 1)) * 1e9),
+             "phase": "critical" if a == "reliable" or (s, r) == (1, 0) else "relaxed"}
+            for a in ("reliable", "dblp") for s in (1, 2) for r in (0, 1)]
+    pd.DataFrame(rows).to_csv(ref / "rounds.csv", index=False)
+    evals = [{"arm": a, "seed": s, "round": r, "rank": 0, "test_accuracy": acc, "test_loss": 1 - acc}
+             for a, s, r, acc in (("reliable", 1, 1, 0.98), ("dblp", 1, 0, 0.5), ("dblp", 1, 1, 0.975),
+                                  ("reliable", 2, 1, 0.99), ("dblp", 2, 1, 0.99))]
+    pd.DataFrame(evals).to_csv(ref / "evals.csv", index=False)
+    assert rd.render("s", "seeds", tmp_path).splitlines() == [
+        "| seed | reliable | dblp | dblp - reliable |", "|---|---|---|---|",
+        "| 1 | 98.00 % (3.0 s) | 97.50 % (2.0 s) | -0.50 points |",
+        "| 2 | 99.00 % (3.0 s) | 99.00 % (2.0 s) | +0.00 points |",
+        "", "Seeds 1, 2 in turn: dblp's training time was 33 %, 33 % shorter than reliable's; dblp "
+        "relaxed its bound in 50 %, 100 % of its rounds; its final test loss 0.025 against 0.020, "
+        "0.010 against 0.010.",
+        "", "Over its last 4 evaluations each arm's accuracy moved by at most (worst seed): "
+        "reliable 0.00, dblp 47.50 points.",
+        "", "Final accuracy, dblp minus static: -0.28 [-0.56, +0.00] points (95 % bootstrap "
+        "interval over 2 seeds, summary.json)."]
+
+
+def test_wall_times_table_lists_every_reference_and_the_sum(tmp_path, monkeypatch):
+    def runner(argv, log):
+        with open(argv[-1], "w") as f:
+            f.write("{}")
+        return 0
+
+    refs = {"a": rp.CommandReference("a", "t", (rp.Command("one.json", ("bench", "x")),
+                                                rp.Command("two.json", ("net", "check"))),
+                                     runner=runner)}
+    rp.reproduce(list(refs.values()), tmp_path / "runs", tmp_path)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "reproduce.json").write_text(json.dumps({"argv": ["run", "--preset", "p"],
+                                                               "wall_s": 600.0}))
+    monkeypatch.setattr(rp, "REFERENCES", {**refs, "b": rp.RunReference("b", "p", "t")})
+    a = rp.read_record(tmp_path / "a")["wall_s"]
+    assert rd.render("all", "wall-times", tmp_path).splitlines() == [
+        "| reference | commands | wall time |", "|---|---|---|",
+        f"| a | `dblp-testbed bench x --json one.json`<br>`dblp-testbed net check --json two.json` "
+        f"| {a / 60:.1f} min |",
+        "| b | `dblp-testbed run --preset p` | 10.0 min |",
+        f"| all, one after another | `dblp-testbed reproduce` | {(a + 600) / 60:.1f} min |"]
+    with pytest.raises(ValueError, match="belong to reference 'all'"):
+        rd.render("a", "wall-times", tmp_path)
+
+
+def test_a_block_whose_reference_has_no_folder_fails(tmp_path):
+    with pytest.raises(InputError, match="dblp-testbed reproduce fabric"):
+        rd.stale("<!-- reference:fabric fat-trees -->\nold\n<!-- /reference -->\n", tmp_path)
+
+
+def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, monkeypatch):
+    def runner(argv, log):
+        with open(argv[-1], "w") as f:
+            json.dump({"rows": [], "topology": "t", "bw_mbps": 20.0, "queue_pkts": 10}, f)
+        return 0
+
+    ref = rp.CommandReference("bursts", "t", (rp.Command("bench-bursts.json", ("bench", "bursts")),),
+                              runner=runner)
+    monkeypatch.setattr(rp, "REFERENCES", {"bursts": ref, "fabric": ref})
+    readme = tmp_path / "README.md"
+    text = ("<!-- reference:bursts bursts -->\nold\n<!-- /reference -->\n"
+            "<!-- reference:fabric fat-trees -->\nold\n<!-- /reference -->\n"
+            "<!-- reference:all wall-times -->\nold\n<!-- /reference -->\n")
+    readme.write_text(text)
+    rp.reproduce([ref], tmp_path / "runs", tmp_path / "ref")
+    changed, missing = rp.update_readme(tmp_path / "ref", readme)
+    assert changed == ["bursts bursts"] and missing == ["fabric"]
+    new = readme.read_text()
+    assert new.count("old") == 2 and "t, 20 Mbit/s links" in new
+
+
+
+@pytest.mark.parametrize("name, table, first", [
+    ("fabric", "fat-trees", "| | fattree-k4 | fattree-k6 | fattree-k8 |"),
+    ("capacity", "goodput", "| shaping Mbit/s | 1 flow | 4 flows, each (range) | 4 flows, total |"),
+    ("bursts", "bursts", "fattree-k4, 20 Mbit/s links, 100-packet queues, 500 ms windows:"),
+    ("transport", "round-trips", "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS |")])
+def test_each_registered_command_reference_renders_its_table(tmp_path, fake_machine, name, table, first):
+    """The registered commands, run by the real CLI, write the files their README table reads."""
+    import dataclasses
+
+    ref = dataclasses.replace(rp.REFERENCES[name], runner=fake_machine)
+    done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
+    assert done[name]["status"] == "ok", done
+    text = rd.render(name, table, tmp_path / "reference")
+    assert text.startswith(first) and "–" not in text  # every cell measured
