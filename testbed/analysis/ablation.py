@@ -208,47 +208,77 @@ def _pct(v):
     return None if v is None else 100.0 * v
 
 
+def _cell(fig: dict | None, name: str) -> str:
+    unit = {"x": "x", "%": "", "points": ""}[iv.ESTIMATORS[name].unit]
+    return _fmt(fig, unit)
+
+
+def axis_table(doc: dict, axis: dict) -> str:
+    """One axis as a Markdown table: each point's figures, and against the baselines.
+
+    Accuracy is compared with every baseline (phase-awareness is judged
+    against static-high above all); time, time to target and burst rounds
+    with the first (static, the paper's baseline). Every figure against
+    every baseline is in ablation-summary.json and points.csv.
+    """
+    first = doc["baselines"][0]
+    head = ["value", "final acc %", *[f"acc vs {b} (points)" for b in doc["baselines"]],
+            "train s", f"time cut vs {first} (%)", "to target s", f"to target vs {first} (x)",
+            f"burst rounds vs {first} (x)", "relaxed", "switches"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in axis["points"]:
+        if p.get("missing"):
+            lines.append(f"| {p['value']} | not run |" + " |" * (len(head) - 2))
+            continue
+        vs = p["against"]
+        cells = [f"**{p['value']}**" if p["base"] else str(p["value"]),
+                 _num(p["final_accuracy_mean"], 100, ".2f"),
+                 *[_cell(vs[b]["accuracy_delta"], "accuracy_delta") for b in doc["baselines"]],
+                 _num(p["train_time_s_mean"], 1, ".0f"), _cell(vs[first]["train_time_cut"], "train_time_cut"),
+                 _num(p["time_to_target_s_median"], 1, ".0f") + f" ({p['reached_target']})",
+                 _cell(vs[first]["time_to_target"], "time_to_target"),
+                 _cell(vs[first]["burst_speedup"], "burst_speedup"),
+                 _num(p["relaxed_share"], 100, ".0f") + " %", _num(p["switches"], 1, ".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def baselines_table(doc: dict) -> str:
+    """The baselines' own figures (what every point is compared with)."""
+    lines = ["| baseline | final acc % | train s | to target s |", "|---|---|---|---|"]
+    for b, p in doc["baseline_points"].items():
+        lines.append(f"| {b} | {_num(p['final_accuracy_mean'], 100, '.2f')} | "
+                     f"{_num(p['train_time_s_mean'], 1, '.0f')} | "
+                     f"{_num(p['time_to_target_s_median'], 1, '.0f')} ({p['reached_target']}) |")
+    return "\n".join(lines) + "\n"
+
+
+def harm_table(doc: dict) -> str:
+    """Where drops hurt: the loss-tolerance sweep's cost per drop window, in points."""
+    h = doc.get("harm")
+    if not h:
+        return "(no loss-tolerance sweep in this ablation)\n"
+    lines = ["| window | rounds | gap right after | at the end |", "|---|---|---|---|"]
+    lines += [f"| {w['phase']} | {w['start']}-{w['stop'] - 1} | {100 * w['gap_after']:+.2f} | "
+              f"{100 * w['final_delta']:+.2f} |" for w in h["windows"]]
+    return "\n".join(lines) + "\n"
+
+
 def text(doc: dict) -> str:
-    """The report's tables: per axis, each point against each baseline."""
-    units = {n: iv.ESTIMATORS[n].unit for n in FIGURES}
-    suffix = {"x": "x", "%": " %", "points": ""}
+    """The report: the target, the baselines, each axis's table and where drops hurt."""
     lines = [f"# Ablation `{doc['ablation']}` ({doc['preset']} preset, arm {doc['arm']})", ""]
     t = doc["target"]
     lines += [f"Target {t['metric']}: {t['value']:.4f} ({t['source']})." if t["value"] is not None
-              else f"No target ({t['source']}).", ""]
-    lines += ["Baselines: " + "; ".join(
-        f"{b} {_num(p['final_accuracy_mean'], 100, '.2f')} % final accuracy, "
-        f"{_num(p['train_time_s_mean'], 1, '.0f')} s training, "
-        f"{_num(p['time_to_target_s_median'], 1, '.0f')} s to target"
-        for b, p in doc["baseline_points"].items()), ""]
+              else f"No target ({t['source']}).", "", baselines_table(doc)]
     for axis in doc["axes"]:
-        head = ["value", "final acc %", "train s", "to target s", "switches", "relaxed"]
-        for b in doc["baselines"]:
-            head += [f"acc vs {b} (points)", f"time cut vs {b} (%)", f"to target vs {b} (x)"]
         lines += [f"## {axis['label']} (`{axis['setting']}`; the preset's: {axis['base']})", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for p in axis["points"]:
-            if p.get("missing"):
-                lines.append(f"| {p['value']} | not run |" + " |" * (len(head) - 2))
-                continue
-            cells = [f"**{p['value']}**" if p["base"] else str(p["value"]),
-                     _num(p["final_accuracy_mean"], 100, ".2f"), _num(p["train_time_s_mean"], 1, ".0f"),
-                     _num(p["time_to_target_s_median"], 1, ".0f") + f" ({p['reached_target']})",
-                     _num(p["switches"], 1, ".1f"), _num(p["relaxed_share"], 100, ".0f") + " %"]
-            for b in doc["baselines"]:
-                cells += [_fmt(p["against"][b][n], suffix[units[n]]).replace(" %", "")
-                          for n in ("accuracy_delta", "train_time_cut", "time_to_target")]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+                  axis_table(doc, axis)]
     h = doc.get("harm")
     if h:
         lines += [f"## Where drops hurt ({h['model']}, {h['workers']} workers, no network)", "",
                   f"Drop {h['drop_fraction']:.1%} of every worker's chunks in one window; change "
                   "against the same seed without drops, in points (`harm/report.md`):", "",
-                  "| window | rounds | gap right after | at the end |", "|---|---|---|---|"]
-        lines += [f"| {w['phase']} | {w['start']}-{w['stop'] - 1} | {100 * w['gap_after']:+.2f} | "
-                  f"{100 * w['final_delta']:+.2f} |" for w in h["windows"]]
-        lines.append("")
+                  harm_table(doc)]
     return "\n".join(lines)
 
 

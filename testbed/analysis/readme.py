@@ -471,6 +471,37 @@ def _of_summary(table: Callable[[dict], str]) -> Callable[[pathlib.Path], str]:
     return lambda ref_dir: table(_load(ref_dir))
 
 
+def _of_ablation(table: Callable[[dict], str]) -> Callable[[pathlib.Path], str]:
+    """A table of an ablation reference's ablation-summary.json (`testbed.analysis.ablation`)."""
+    def render(ref_dir: pathlib.Path) -> str:
+        from testbed.analysis import ablation
+        return table(ablation.read_summary(ref_dir))
+    return render
+
+
+def _ablation_axis(field: str) -> Callable[[pathlib.Path], str]:
+    """The table of one axis (by its setting's field) of an ablation reference."""
+    def table(doc: dict) -> str:
+        from testbed.analysis import ablation
+        axes = [a for a in doc["axes"] if a["setting"].rsplit(".", 1)[-1] == field]
+        if not axes:
+            raise ValueError(f"ablation {doc['ablation']} has no axis {field!r}")
+        return ablation.axis_table(doc, axes[0])
+    return _of_ablation(table)
+
+
+def _ablation_tables() -> dict[str, Callable[[pathlib.Path], str]]:
+    from testbed.analysis import ablation
+    out = {"ablation-baselines": _of_ablation(ablation.baselines_table),
+           "ablation-harm": _of_ablation(ablation.harm_table)}
+    out.update({f"ablation-{f}": _ablation_axis(f) for f in ABLATION_AXES})
+    return out
+
+
+#: The axes an ablation reference's README blocks may name (``ablation-FIELD``).
+ABLATION_AXES = ("p_high", "threshold", "signal")
+
+
 #: Every table a README block can name, by the name in its marker; each reads
 #: its reference's folder (`EVERY_TABLES`: the reference root).
 TABLES: dict[str, Callable[[pathlib.Path], str]] = {
@@ -485,6 +516,7 @@ TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     "goodput": goodput_table,
     "bursts": bursts_table,
     "wall-times": wall_times_table,
+    **_ablation_tables(),
 }
 #: Tables of every reference at once: their blocks name `reproduce.EVERY` ("all").
 EVERY_TABLES = ("wall-times",)

@@ -2,7 +2,7 @@
 
 Each `Reference` regenerates some of the README's tables and names the
 folder of ``results/reference/`` that keeps the small files they are
-rendered from. Two kinds, registered by class as the topologies are
+rendered from. Three kinds, registered by class as the topologies are
 (`REFERENCES` holds instances of the subclasses):
 
 - `RunReference`: a `dblp-testbed run` of a preset (seeds, overrides); it
@@ -11,6 +11,9 @@ rendered from. Two kinds, registered by class as the topologies are
 - `CommandReference`: one or more other `dblp-testbed` commands (a bench,
   a `net check` per fabric size or rate), each run with ``--json FILE``;
   it keeps those JSON files, each named after the command that wrote it.
+- `AblationReference`: a `dblp-testbed ablate` (`testbed.run.ablation`):
+  one arm's setting varied over runs; it keeps the ablation's summary,
+  per-point table, report and plots (not the runs' own tables).
 
 Beside the kept files, ``reproduce.json`` (`RECORD_SCHEMA`) holds the
 commands and their wall times. The files are committed: the README's
@@ -47,8 +50,8 @@ REFERENCE_DIR = REPO_ROOT / "results" / "reference"
 KEPT_FILES = ("summary.json", "rounds.csv", "bursts.csv", "evals.csv", "spec.toml")
 #: The file beside the kept ones that says how they were made.
 RECORD = "reproduce.json"
-#: Version of ``reproduce.json``: ``kind`` ("run" | "commands"), ``wall_s``
-#: (the whole reference), and for a run ``argv`` (the `dblp-testbed`
+#: Version of ``reproduce.json``: ``kind`` ("run" | "commands" | "ablation"),
+#: ``wall_s`` (the whole reference), and for a run or an ablation ``argv`` (the `dblp-testbed`
 #: arguments, the run directory as DIR), for commands ``commands`` (one
 #: ``{"file", "argv", "wall_s"}`` per command, ``--json`` naming the kept
 #: file). Files written before the version existed (a run's ``argv`` and
@@ -180,6 +183,38 @@ class CommandReference(Reference):
         return ("ok" if not failed else "; ".join(failed)), {"commands": done}
 
 
+@dataclasses.dataclass(frozen=True)
+class AblationReference(Reference):
+    """A `dblp-testbed ablate` of a declared ablation: its summary, table, report and plots."""
+
+    kind: ClassVar[str] = "ablation"
+    name: str
+    ablation: str
+    doc: str
+    #: ``run_fn(spec, out_dir) -> status`` for each run (None: the runner's; tests pass a fake).
+    run_fn: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def kept_files(self) -> tuple[str, ...]:
+        from testbed.run.ablation import ABLATIONS
+        fields = [a.field for a in ABLATIONS[self.ablation].axes]
+        return ("ablation.json", "ablation-summary.json", "points.csv", "report.md",
+                *[f"plots/{kind}-{f}.png" for f in fields for kind in ("ablation", "phases")])
+
+    def commands(self) -> list[list[str]]:
+        return [["ablate", self.ablation, "--out", "DIR"]]
+
+    def produce(self, out: pathlib.Path) -> tuple[str, dict]:
+        from testbed.analysis import ablation as analysis
+        from testbed.run.ablation import ABLATIONS, execute
+
+        output.say(f"reproduce {self.name}: dblp-testbed ablate {self.ablation} --out {out}")
+        plan = execute(ABLATIONS[self.ablation], out, run_fn=self.run_fn)
+        analysis.write(out, plan)
+        failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
+        return ("ok" if not failed else f"runs {', '.join(failed)} did not finish",
+                {"argv": self.commands()[0]})
+
+
 REFERENCES: dict[str, Reference] = {}
 #: Not a reference: README blocks naming it are rendered from every reference.
 EVERY = "all"
@@ -224,6 +259,10 @@ register(CommandReference(
     tuple(Command(f"net-check-bw{b}-flows{f}.json",
                   ("net", "check", "--bw", str(b), "--flows", str(f)))
           for b in CAPACITY_RATES for f in CAPACITY_FLOWS)))
+# The detector's ablation (testbed.run.ablation): about an hour.
+register(AblationReference(
+    "detector", "detector", "DBLP's P_high, phase threshold and detector signal, each varied "
+    "alone on the paper's set-up over three seeds, against static and static-high"))
 register(CommandReference(
     "bursts", "requested against measured burst loss and timing on the k=4 fat-tree",
     (Command("bench-bursts.json", ("bench", "bursts")),)))
@@ -251,6 +290,7 @@ def keep(run_dir: pathlib.Path, dest: pathlib.Path, files: tuple[str, ...] = KEP
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     for f in files:
+        (tmp / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(run_dir / f, tmp / f)
     if record is not None:
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")

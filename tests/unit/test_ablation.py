@@ -131,6 +131,31 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
     assert analysis.read_summary(tmp_path)["schema"] == analysis.SCHEMA
 
 
+def test_an_ablation_reference_keeps_its_summary_and_plots_and_renders_readme_tables(tmp_path):
+    from testbed.analysis import readme as rd
+    from testbed.run import reproduce as rp
+
+    ref = rp.AblationReference("ab", "smoke", "test", run_fn=fake_run([]))
+    done = rp.reproduce([ref], tmp_path / "runs", reference_dir=tmp_path / "ref")
+    assert done["ab"]["status"] == "ok", done
+    kept = tmp_path / "ref" / "ab"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
+        [*ref.kept_files(), rp.RECORD])
+    assert "plots/phases-p_high.png" in ref.kept_files()
+    rec = rp.read_record(kept)
+    assert rec["kind"] == "ablation" and rec["argv"] == ["ablate", "smoke", "--out", "DIR"]
+    doc = analysis.read_summary(kept)
+    table = rd.render("ab", "ablation-p_high", tmp_path / "ref")
+    assert table == analysis.axis_table(doc, doc["axes"][0])
+    assert table.splitlines()[0].startswith("| value | final acc % | acc vs static (points) | train s |")
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| 0.208", "| **0.408**"]
+    assert rd.render("ab", "ablation-baselines", tmp_path / "ref").startswith("| baseline |")
+    no_harm = "(no loss-tolerance sweep in this ablation)\n"
+    assert rd.render("ab", "ablation-harm", tmp_path / "ref") == no_harm
+    with pytest.raises(ValueError, match="has no axis 'threshold'"):
+        rd.render("ab", "ablation-threshold", tmp_path / "ref")
+
+
 def test_files_of_another_version_are_refused_in_one_line(tmp_path):
     (tmp_path / "ablation.json").write_text(json.dumps({"schema": 99}))
     with pytest.raises(InputError, match="schema 99; this code reads 1"):

@@ -280,7 +280,8 @@ def test_every_is_not_a_reference_name_and_records_of_other_versions_are_refused
 
 
 def test_registered_references_are_instances_of_the_kinds():
-    assert all(isinstance(r, rp.RunReference | rp.CommandReference) for r in rp.REFERENCES.values())
+    assert all(isinstance(r, rp.RunReference | rp.CommandReference | rp.AblationReference)
+               for r in rp.REFERENCES.values())
     assert rp.REFERENCES["star"].commands() == [["run", "--preset", "star", "--out", "DIR"]]
 
 
