@@ -24,6 +24,8 @@ COVERED = {
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
     "dblp-testbed reproduce": "tests/e2e/test_reproduce.py (a small reference end to end, and "
                               "--readme-only); the README's tables: tests/unit/test_readme_tables.py",
+    "dblp-testbed ablate": "tests/e2e/test_ablate.py (the smoke ablation end to end, resumed); "
+                           "the detector ablation's tables: tests/unit/test_readme_tables.py",
     "dblp-testbed doctor": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed net check": "tests/emu/test_fabric_cleanup.py",
     "dblp-testbed net cli": "tests/emu/test_readme_fabric_commands.py",
