@@ -15,12 +15,6 @@ from testbed import REPO_ROOT
 CLI = [sys.executable, "-m", "testbed.cli"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated():
-    yield
-    subprocess.run(CLI + ["clean"], cwd=REPO_ROOT, capture_output=True, timeout=120)
-
-
 @pytest.mark.e2e
 def test_smoke_ablation_runs_each_point_once_and_compares_it(tmp_path, leftovers):
     out = tmp_path / "ab"

@@ -16,12 +16,6 @@ from testbed.run import reproduce as rp
 CLI = [sys.executable, "-m", "testbed.cli"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated():
-    yield
-    subprocess.run(CLI + ["clean"], cwd=REPO_ROOT, capture_output=True, timeout=120)
-
-
 @pytest.mark.e2e
 def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
     ref = rp.RunReference("tiny", "smoke", "test", overrides=("training.rounds=8", "seeds=2",

@@ -31,13 +31,6 @@ def stop_harness(proc: subprocess.Popen):
             proc.kill()
 
 
-@pytest.fixture(autouse=True)
-def _isolated():
-    """Whatever a failing test leaves behind must not fail the next one."""
-    yield
-    subprocess.run(CLI + ["clean"], cwd=ROOT, capture_output=True, timeout=120)
-
-
 def unit_dir(out: pathlib.Path, arm: str) -> pathlib.Path:
     """RUN/raw/<arm>/seed-<seed> of the run's first seed (the manifest's, written at the start)."""
     seed = json.loads((out / "manifest.json").read_text())["seed"]
