@@ -72,7 +72,7 @@ def _phase(rounds: pd.DataFrame, arm: str) -> dict:
                      != g.sort_values("round")["phase"].astype(str).to_numpy()[:-1]).sum())
                 for _, g in r.groupby("seed")]
     return {"switches": float(np.mean(switches)),
-            "relaxed_share": float((r["phase"] == "stable").mean())}
+            "relaxed_share": float((r["phase"] != "critical").mean())}
 
 
 def _critical_by_round(rounds: pd.DataFrame, arm: str) -> dict:

@@ -111,7 +111,7 @@ _ROUND_BASE = _cols(
     ("comm_ms_min", "float", "shortest worker comm_s"),
     ("compute_ms_max", "float", "longest worker compute_s"),
     ("bound", "float", "loss bound the transport used (missing: not bounded)"),
-    ("phase", "str", "critical | stable (missing: no phase)"),
+    ("phase", "str", "critical | relaxed (missing: no phase)"),
     ("loss", "float", "mean training loss over workers"),
 )
 _ROUND_BURSTS = _cols(

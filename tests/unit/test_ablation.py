@@ -63,7 +63,7 @@ def fake_run(calls, fail=()):
         p = spec["transport"]["p_high"]
         truth = dict(TRUTH, dblp=(100.0 + 100 * (0.408 - p), 24.0, 75.0, 0.98 - 0.3 * p))
         rounds, evals = synthetic(seeds=tuple(spec.seed_values), arms=tuple(spec.arms), truth=truth)
-        rounds["phase"] = ["stable" if (r // 10) % 2 else "critical" for r in rounds["round"]]
+        rounds["phase"] = ["relaxed" if (r // 10) % 2 else "critical" for r in rounds["round"]]
         rounds.loc[~rounds["arm"].str.startswith("dblp"), "phase"] = pd.NA
         datasets.write(out, datasets.TABLES["rounds"], _columns(datasets.TABLES["rounds"], rounds))
         datasets.write(out, datasets.TABLES["evals"], _columns(datasets.TABLES["evals"], evals))

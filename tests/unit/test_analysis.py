@@ -59,7 +59,7 @@ def bound_of(arm, r):
 def phase_of(arm, r):
     if arm == "gloo":
         return None
-    return "critical" if bound_of(arm, r) == 0.008 else "stable"
+    return "critical" if bound_of(arm, r) == 0.008 else "relaxed"
 
 
 SEED_SHIFT = 1000 * 10**9        # seed k+1's units start 1000 s after seed k's
@@ -430,7 +430,7 @@ def test_static_high_separates_the_loose_bound_from_phase_awareness(tmp_path):
 def test_summary_counts_each_dblp_arms_phase_switches(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run)
-    # critical in rounds 0-1, stable from round 2: one switch; arms without a phase: null.
+    # critical in rounds 0-1, relaxed from round 2: one switch; arms without a phase: null.
     assert s["arms"]["dblp"]["phase_switches"] == 1
     assert s["arms"]["static"]["phase_switches"] is None
     assert s["arms"]["gloo"]["phase_switches"] is None
