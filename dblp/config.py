@@ -147,8 +147,9 @@ class TransportConfig:
     rounds_per_epoch: int | None = _setting(None, "int", "dblp: rounds of one epoch "
                                             "(needed by check_every='epoch')", lo=1, optional=True)
     norm: str = _setting("mean", "str", "dblp: norm compared at a check", choices="NORMS")
-    # The paper's signal stays the default until the fabric comparison of both
-    # (old vs new over seeds) says which one calls critical where drops hurt.
+    # The library keeps the paper's signal (what its presets mirror and the CI
+    # guard was measured with); the testbed's default preset uses "rescaled",
+    # the one the transport's own drops cannot move (README, "The phase detector").
     signal: str = _setting("delivered", "str", "dblp: what the phase detector measures per round",
                            choices="SIGNALS")
     # -- paths and aggregation ---------------------------------------------------------

@@ -91,7 +91,7 @@ def test_a_resumed_ablation_runs_only_what_did_not_finish_and_keeps_the_failure(
 
 
 def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
-    ab = ablation.Ablation("t", "smoke", "dblp", ("static",),
+    ab = ablation.Ablation("t", "smoke", "dblp", ("static", "static-high"),
                            (ablation.Axis("transport.p_high", (0.208, 0.408), "P_high"),),
                            seeds=3, doc="", overrides=ablation.ABLATIONS["smoke"].overrides,
                            harm=True)
@@ -120,6 +120,10 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
     assert low["against"]["static"]["train_time_cut"]["interval"]["point"] > 0
     assert low["relaxed_share"] == pytest.approx(0.5, abs=0.05) and low["switches"] > 0
     assert doc["baseline_points"]["static"]["switches"] is None
+    assert doc["baseline_points"]["static"]["against"] == {}
+    # What the loose bound alone buys: static-high against static (windows 20 vs 30 ms).
+    cut = doc["baseline_points"]["static-high"]["against"]["static"]["train_time_cut"]["interval"]
+    assert cut["lo"] > 20
     assert doc["target"]["value"] is not None
     table = pd.read_csv(tmp_path / "points.csv")
     assert list(table["value"]) == [0.208, 0.408]
@@ -149,7 +153,8 @@ def test_an_ablation_reference_keeps_its_summary_and_plots_and_renders_readme_ta
     assert table == analysis.axis_table(doc, doc["axes"][0])
     assert table.splitlines()[0].startswith("| value | final acc % | acc vs static (points) | train s |")
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| 0.208", "| **0.408**"]
-    assert rd.render("ab", "ablation-baselines", tmp_path / "ref").startswith("| baseline |")
+    assert rd.render("ab", "ablation-baselines", tmp_path / "ref").startswith(
+        "| baseline | final acc % | acc vs static (points) |")
     no_harm = "(no loss-tolerance sweep in this ablation)\n"
     assert rd.render("ab", "ablation-harm", tmp_path / "ref") == no_harm
     with pytest.raises(ValueError, match="has no axis 'threshold'"):

@@ -208,7 +208,10 @@ def test_every_detector_setting_reaches_the_transport_config(tmp_path):
     assert (policy.interval, policy.norm) == (11, "last")
     default = transport_config(load(None, PRESETS["default"])["transport"], ARMS["dblp"])
     assert (default.check_every, default.rounds_per_epoch, default.signal) == \
-        (10, None, "delivered")
+        (10, None, "rescaled")
+    # The presets that mirror the paper keep its zero-filled norm (the spec's default).
+    for name in ("paper", "ci", "star", "smoke"):
+        assert load(None, PRESETS[name])["transport"]["signal"] == "delivered", name
 
 
 @pytest.mark.unit
