@@ -13,9 +13,11 @@ the project's naming convention, never through ``testbed``'s clean-up code,
 so a clean-up bug cannot hide its own leftovers.
 """
 import os
+import pathlib
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -136,3 +138,14 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid} is marked {others[0]} but lives in tests/{folder}: "
                                     f"move it to tests/{others[0]} or mark it {folder}")
         item.add_marker(getattr(pytest.mark, folder))
+
+
+@pytest.fixture(autouse=True)
+def _clean_after_end_to_end(request):
+    """After every end-to-end test, the project's own clean-up (only what it created):
+    whatever a failing test leaves behind must not fail the next one."""
+    yield
+    if "e2e" in request.node.path.parts:
+        subprocess.run([sys.executable, "-m", "testbed.cli", "clean"],
+                       cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True,
+                       timeout=120)
