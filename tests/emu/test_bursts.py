@@ -22,11 +22,11 @@ def test_loss_burst_matches_p_inside_and_nothing_outside(fab, p):
     row = burstbench.measure_window(fab, "loss", {"p": p}, duration_ms=400, tag=f"t-loss{p}")
     assert abs(row["measured_in_window"] - p) <= 0.05, row
     assert row["measured_outside"] <= 0.005, row
-    # The burst window is placed by the mechanism: on within 5 ms of the
-    # controller receiving the request. The request's trip through the control
-    # socket before that varies from 1 to 8 ms on this machine; the bench
-    # reports it (start_lag_ms) and nothing here pretends to bound it.
-    assert row["mechanism_lag_ms"] <= 5, row
+    # The burst window is placed by the mechanism: on within 2 % of the window
+    # (PLACEMENT_SHARE) of the controller receiving the request. The request's
+    # trip through the control socket before that varies from 1 to 8 ms on this
+    # machine; the bench reports it (start_lag_ms) and nothing here pretends to bound it.
+    assert row["mechanism_lag_ms"] <= burstbench.PLACEMENT_SHARE * row["duration_ms"], row
     # the mechanism's own counters agree with what the flow lost
     assert abs(row["dropped_packets"] / row["seen_packets"] - p) <= 0.05, row
     lines = [json.loads(line) for line in open(f"{fab.run_dir}/raw/bench/bursts.jsonl")]

@@ -47,19 +47,27 @@ def test_net_check_json_and_nothing_left(foreign_bridge, tmp_path):
                                      text=True).stdout.split()
 
 
-@pytest.mark.parametrize("after_s", [0.1, 1.2])
-def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path, after_s):
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("after_s,inherits_ignored", [(0.1, False), (1.2, False), (0.1, True)],
+                         ids=["0.1s", "1.2s", "started-with-SIGINT-ignored"])
+def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path, after_s, inherits_ignored):
+    """Also when started with SIGINT ignored, as a script's background job is."""
     p = subprocess.Popen([CLI, "net", "check", "--json",
                           "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=_ignore_sigint if inherits_ignored else None)
     # wait until the fabric is half built: some bridges exist, routing not finished
     deadline = time.time() + 60
-    while time.time() < deadline and not cleanup.project_bridges():
+    while time.time() < deadline and p.poll() is None and not cleanup.project_bridges():
         time.sleep(0.05)
     time.sleep(after_s)
+    # the signal must land on a fabric under construction, not after the check
+    assert p.poll() is None, f"net check ended (rc {p.returncode}) before SIGINT could be sent"
     p.send_signal(signal.SIGINT)
-    p.communicate(timeout=120)
-    assert p.returncode != 0
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0, f"net check exited 0 after SIGINT: {err[-1500:]}"
     assert not any(_project_leftovers().values()), _project_leftovers()
     assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
                                      text=True).stdout.split()
