@@ -4,6 +4,7 @@ Each command lives in the module that owns its subject and is registered
 here; this file only wires them together and maps errors to exit codes
 (2: bad input, nothing created; 1: the experiment failed).
 """
+import signal
 import sys
 
 import click
@@ -53,6 +54,12 @@ class _ArmList(click.ParamType):
 def main(quiet, verbose):
     """Emulated fat-tree testbed for bounded-loss gradient transports."""
     output.set_level(output.NORMAL - quiet + verbose)
+    # A background job of a shell script starts with SIGINT ignored, and Python
+    # keeps it so: Ctrl-C or `kill -INT` would then let a half-built fabric or a
+    # run go on to completion instead of tearing it down. Every command relies
+    # on KeyboardInterrupt for that, so take the signal back here, once.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @main.command()

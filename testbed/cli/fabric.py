@@ -17,18 +17,10 @@ from testbed.output import json_option, results
 from topologies import TOPOLOGIES
 
 
-def _interrupts_tear_down():
-    """SIGINT and SIGTERM tear the fabric down.
-
-    SIGTERM raises KeyboardInterrupt like Ctrl-C does. SIGINT gets Python's
-    handler back even when this process inherited it ignored (a background
-    job of a shell script starts with SIGINT ignored, and so does a child of
-    a process that ignored it while tearing down its own fabric): otherwise
-    ``kill -INT`` would leave a half-built fabric running to completion.
-    """
+def _sigterm_as_interrupt():
+    """SIGTERM tears the fabric down like Ctrl-C does."""
     def handler(*_):
         raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -111,7 +103,7 @@ def net():
 def net_check(topo, k, bw, queue, goodput_s, flows, out, json_out):
     """Build the fabric; all-pairs reachability, core spread, TCP goodput, startup time."""
     t_process = time.monotonic() - process_age_s()
-    _interrupts_tear_down()
+    _sigterm_as_interrupt()
     from testbed.emulation import netcheck
     from testbed.emulation.fabric import Fabric
     try:
@@ -169,7 +161,7 @@ def net_cli(topo, k, bw, queue, out):
     from mininet.cli import CLI
 
     from testbed.emulation.fabric import Fabric
-    _interrupts_tear_down()
+    _sigterm_as_interrupt()
     with Fabric(_topology(topo, k), run_dir=_run_dir(out, "netcli"), bw_mbps=bw,
                 queue_pkts=queue) as fab:
         click.echo(f"control socket: {fab.control_socket} (dblp-testbed burst --socket ...)")
@@ -260,7 +252,7 @@ def bench_bursts(k, bw, queue, tries, json_out, out):
     """Requested vs measured burst loss and timing on the fat-tree (paced UDP through the target)."""
     from testbed.bench.bursts import run_bench
     from testbed.emulation.fabric import Fabric
-    _interrupts_tear_down()
+    _sigterm_as_interrupt()
     with Fabric(_topology("fattree", k), run_dir=_run_dir(out, "benchbursts"), bw_mbps=bw,
                 queue_pkts=queue) as fab:
         res = run_bench(fab, tries=tries)

@@ -130,7 +130,7 @@ def fake_machine(monkeypatch, tmp_path):
     from testbed.emulation import netcheck
 
     monkeypatch.setattr(testbed.emulation.fabric, "Fabric", FakeFabric)
-    monkeypatch.setattr(fabric_cli, "_interrupts_tear_down", lambda: None)
+    monkeypatch.setattr(fabric_cli, "_sigterm_as_interrupt", lambda: None)
 
     def all_pairs(fab, count=3):
         n = len(fab.hosts())
