@@ -449,3 +449,124 @@ def ablation_phases(doc: dict, axis: dict, path):
                 ax.axvspan(w["start"], w["stop"], color="crimson", alpha=0.06, lw=0)
     axes[-1].set_xlabel("round")
     return _save(fig, path)
+
+
+def _regime_grid(doc: dict):
+    """The heat-maps' axes: durations (ms, then round-locked) x losses, drop on the downlink only."""
+    cells = [c for c in doc["cells"] if c["target"] == "server-downlink" and c["kind"] == "loss"]
+    durs = sorted({c["duration"] for c in cells}, key=lambda d: (isinstance(d, str), d if not
+                                                                   isinstance(d, str) else 0))
+    losses = sorted({c["p"] for c in cells})
+    return cells, durs, losses
+
+
+def _heat(ax, grid: np.ndarray, durs, losses, title: str, fmt: str, vmin: float, vmax: float,
+          cmap: str, notes: np.ndarray | None = None):
+    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax,
+                   aspect="auto")
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            note = notes[i, j] if notes is not None else ""
+            if np.isfinite(grid[i, j]):
+                ax.text(j, i, fmt.format(grid[i, j]) + note, ha="center", va="center", fontsize=7)
+            elif note:
+                ax.text(j, i, note, ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(durs)), [f"{d:g} ms" if not isinstance(d, str) else d for d in durs],
+                  fontsize=7)
+    ax.set_yticks(range(len(losses)), [f"{p:.0%}" for p in losses], fontsize=7)
+    ax.set_title(title, fontsize=8)
+    return im
+
+
+def regime_speedup(doc: dict, path):
+    """Burst-round speedup of each bounded pair over burst duration x loss, per control path.
+
+    The colour scale runs from 1x to the pass-bound ratio, with the
+    bandwidth-bound ratio in each title: a cell's colour says where it sits
+    in the physics envelope. "cap" marks a cell whose figure a round-locked
+    burst's cap decided (not reported).
+    """
+    cells, durs, losses = _regime_grid(doc)
+    panels = [(ctl, arm, base) for ctl, arm, base in (
+        ("udp", "static-high", "static"), ("udp", "static-high-sharded", "static-sharded"),
+        ("udp", "static-high-sharded", "gloo"), ("tcp", "static-high-tcp", "static-tcp"))
+        if any(c["control"] == ctl and any(p["arm"] == arm and p["baseline"] == base
+                                           for p in c["pairs"]) for c in cells)]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(3.1 * max(1, len(panels)), 2.9),
+                             squeeze=False)
+    hi = 1.0
+    for c in cells:
+        for p in c["pairs"]:
+            for v in (p["pass_ratio"], p["speedup"]):
+                if v is not None and np.isfinite(v):
+                    hi = max(hi, v)
+    for ax, (ctl, arm, base) in zip(axes[0], panels, strict=False):
+        grid = np.full((len(losses), len(durs)), np.nan)
+        notes = np.full(grid.shape, "", dtype=object)
+        bw = None
+        for c in cells:
+            if c["control"] != ctl:
+                continue
+            p = next((p for p in c["pairs"] if p["arm"] == arm and p["baseline"] == base), None)
+            if p is None:
+                continue
+            i, j = losses.index(c["p"]), durs.index(c["duration"])
+            if p["capped"]:
+                notes[i, j] = "cap"
+            elif p["speedup"] is not None:
+                grid[i, j] = p["speedup"]
+            bw = bw or p["bandwidth_ratio"]
+        env = f"; bandwidth ratio {bw:.2f}x" if bw else ""
+        im = _heat(ax, grid, durs, losses, f"{arm} vs {base} ({ctl}{env})", "{:.2f}x",
+                   0.5, hi, "viridis", notes)
+        ax.set_xlabel("burst", fontsize=7)
+        ax.set_ylabel("loss", fontsize=7)
+    fig.colorbar(im, ax=list(axes[0]), shrink=0.8, label="burst-round speedup (x)")
+    fig.suptitle(f"regime map {doc['map']}: burst-round speedup (median ratio)", fontsize=9)
+    return _save_loose(fig, path)
+
+
+def regime_over_bound(doc: dict, path):
+    """Each arm's burst-round latency over its physical bound, burst duration x loss.
+
+    Grey above ``bound_factor``; "†" marks an arm whose run's fidelity
+    check flagged the emulator.
+    """
+    cells, durs, losses = _regime_grid(doc)
+    arms = [a for ctl in ("udp", "tcp") for a in doc["arms"].get(ctl, [])
+            if any(c["control"] == ctl for c in cells)]
+    n = max(1, len(arms))
+    cols = min(n, 5)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.7 * cols, 2.5 * rows), squeeze=False)
+    im = None
+    for k, arm in enumerate(arms):
+        ax = axes[k // cols][k % cols]
+        grid = np.full((len(losses), len(durs)), np.nan)
+        notes = np.full(grid.shape, "", dtype=object)
+        for c in cells:
+            a = next((a for a in c["arms"] if a["arm"] == arm), None)
+            if a is None or a["over_bound"] is None:
+                continue
+            i, j = losses.index(c["p"]), durs.index(c["duration"])
+            grid[i, j] = a["over_bound"]
+            notes[i, j] = "" if a["emulator_kept_up"] else "†"
+        im = _heat(ax, grid, durs, losses, arm, "{:.2f}", 1.0, 2.0, "magma_r", notes)
+    for k in range(len(arms), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    if im is not None:
+        fig.colorbar(im, ax=[a for row in axes for a in row], shrink=0.8,
+                     label="burst-round latency / physical bound")
+    fig.suptitle(f"regime map {doc['map']}: each arm over its bound "
+                 f"(target {doc['bound_factor']}x; † emulator flagged)", fontsize=9)
+    return _save_loose(fig, path)
+
+
+def _save_loose(fig, path):
+    """`_save` for figures with a shared colour bar (tight_layout cannot place those)."""
+    path = pathlib.Path(path)
+    fig.savefig(path, dpi=PRINT_DPI, metadata=_META["png"], bbox_inches="tight")
+    with matplotlib.rc_context({"svg.hashsalt": "dblp-testbed"}):
+        fig.savefig(path.with_suffix(".svg"), metadata=_META["svg"], bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -135,10 +135,12 @@ main.add_command(report_cmd)
 main.add_command(compare_cmd)
 
 from testbed.run.ablation import ablate_cmd  # noqa: E402
+from testbed.run.regime import regime_cmd  # noqa: E402
 from testbed.run.reproduce import reproduce_cmd  # noqa: E402
 
 main.add_command(reproduce_cmd)
 main.add_command(ablate_cmd)
+main.add_command(regime_cmd)
 
 
 @main.group()

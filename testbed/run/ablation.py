@@ -10,10 +10,10 @@ analysis (`testbed.analysis.ablation`) joins the runs' tables, labels each
 point's arm ``ARM@SETTING=VALUE`` and compares every point with the
 baselines by the same estimators and intervals as a run's verdicts.
 
-Long work is resumable: a point whose run finished (``status = ok`` in its
-manifest) is not run again, and a point that failed keeps its directory,
-renamed ``POINT.failed-TIME``, before it is retried. `ablation.json` in the
-output directory says what was asked and how each run ended.
+Long work is resumable (`testbed.run.batch`: a finished point is not run
+again, an unfinished one keeps its directory before it is retried).
+`ablation.json` in the output directory says what was asked and how each
+run ended.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import click
 from testbed import output
 from testbed.errors import ExperimentFailed, InputError
 from testbed.output import json_option, results
+from testbed.run import batch
 
 #: Version of ablation.json (the plan and how each run ended).
 #: 1: first version.
@@ -152,27 +153,19 @@ register(Ablation(
     doc="two points of P_high on the smoke preset, eight rounds: the command's own check"))
 
 
-def _status(run_dir: pathlib.Path) -> str | None:
-    """How a run directory's run ended (its manifest's status), None if there is none."""
-    try:
-        return json.loads((run_dir / "manifest.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
-
-
 def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
             run_fn: Callable | None = None) -> dict:
     """Run every point not yet done; return the plan with each run's status and wall time.
 
     ``run_fn(spec, out_dir) -> status`` runs one experiment (the runner's
-    `run_experiment`; tests pass their own).
+    `run_experiment`; tests pass their own). Resuming: `testbed.run.batch`.
     """
-    if run_fn is None:
-        from testbed.run.runner import run_experiment as run_fn
     out.mkdir(parents=True, exist_ok=True)
     plan_file = out / "ablation.json"
     runs = ab.runs(axes)
-    specs = {r.name: ab.spec(r.overrides) for r in runs}  # every point valid before any runs
+    # every point valid before any runs
+    planned = [batch.PlannedRun(r.name, tuple(r.overrides), ab.spec(r.overrides)) for r in runs]
+    by_name = {r.name: r for r in runs}
     done: dict[str, dict] = {}
     if plan_file.is_file():
         old = read_plan(out)
@@ -182,25 +175,17 @@ def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
         done = old["runs"]
     if ab.harm:
         _harm(ab, out / HARM)
-    for i, r in enumerate(runs, 1):
-        d = out / r.name
-        if _status(d) == "ok":
-            output.say(f"ablate {ab.name}: {r.name} done before ({i}/{len(runs)})")
-            continue
-        if d.exists() and any(d.iterdir()):
-            kept = d.with_name(f"{r.name}.failed-{time.strftime('%Y%m%dT%H%M%S')}")
-            d.rename(kept)
-            output.warn(f"ablate {ab.name}: {r.name} had not finished; kept as {kept.name}")
-        output.say(f"ablate {ab.name}: run {i}/{len(runs)}: {r.name} "
-                   f"(--set {' --set '.join(r.overrides)})")
-        t0 = time.monotonic()
-        status = run_fn(specs[r.name], str(d))
-        done[r.name] = {"overrides": r.overrides, "setting": r.setting, "value": r.value,
-                        "status": status, "wall_s": round(time.monotonic() - t0, 1)}
+
+    def record(name: str, how: dict) -> None:
+        r = by_name[name]
+        done[name] = {"overrides": r.overrides, "setting": r.setting, "value": r.value, **how}
         _write_plan(plan_file, ab, done)
+
+    batch.run_pending(f"ablate {ab.name}", planned, out, run_fn, record)
     for r in runs:  # runs finished before this invocation keep their record
         done.setdefault(r.name, {"overrides": r.overrides, "setting": r.setting,
-                                 "value": r.value, "status": _status(out / r.name), "wall_s": None})
+                                 "value": r.value, "status": batch.status(out / r.name),
+                                 "wall_s": None})
     _write_plan(plan_file, ab, done)
     return read_plan(out)
 
@@ -231,9 +216,7 @@ def _write_plan(path: pathlib.Path, ab: Ablation, runs: dict):
            "axes": [{"setting": a.setting, "label": a.label, "values": list(a.values),
                      "base": ab.base_value(a)} for a in ab.axes],
            "runs": runs}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)
+    batch.write_json(path, doc)
 
 
 def read_plan(out: pathlib.Path) -> dict:
