@@ -498,6 +498,22 @@ def _ablation_tables() -> dict[str, Callable[[pathlib.Path], str]]:
     return out
 
 
+def _of_regime(table: Callable[[dict], str]) -> Callable[[pathlib.Path], str]:
+    """A table of a regime reference's regime-summary.json (`testbed.analysis.regime`)."""
+    def render(ref_dir: pathlib.Path) -> str:
+        from testbed.analysis import regime
+        return table(regime.read_summary(ref_dir)) + "\n"
+    return render
+
+
+def _regime_tables() -> dict[str, Callable[[pathlib.Path], str]]:
+    from testbed.analysis import regime
+    return {"regime-map": _of_regime(regime.markdown),
+            "regime-why": _of_regime(regime.sentences),
+            "regime-breakdowns": _of_regime(regime.breakdowns),
+            "regime-wall": _of_regime(regime.wall_sentence)}
+
+
 #: The axes an ablation reference's README blocks may name (``ablation-FIELD``).
 ABLATION_AXES = ("p_high", "threshold", "signal")
 
@@ -517,6 +533,7 @@ TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     "bursts": bursts_table,
     "wall-times": wall_times_table,
     **_ablation_tables(),
+    **_regime_tables(),
 }
 #: Tables of every reference at once: their blocks name `reproduce.EVERY` ("all").
 EVERY_TABLES = ("wall-times",)

@@ -100,8 +100,11 @@ def _why(b: dict) -> str:
     lat = b["latency_s"] or sum(known.values())
     passes = b["passes_push"] if top == "the push" else b["passes_pull"] if top == "the pull" else None
     extra = f" over {passes:.0f} data passes" if passes else ""
+    wait = b["wait_s"]
+    waited = (f"wait {_s(wait)}" if wait is None or wait >= 0
+              else f"the pull began {-wait:.2f} s before the last push STOP")
     return (f"{top} took {known[top]:.2f} s of {lat:.2f} s{extra} "
-            f"(push {_s(b['push_s'])}, wait {_s(b['wait_s'])}, pull {_s(b['pull_s'])}; "
+            f"(push {_s(b['push_s'])}, {waited}, pull {_s(b['pull_s'])}; "
             f"bound {_s(b['bound_s'])})")
 
 
@@ -185,8 +188,8 @@ def sentence(cell: dict) -> str:
             continue
         s, bw = p["speedup"], p["bandwidth_ratio"]
         if bw is not None and s < 0.9 * bw:
-            why = ("below the bandwidth ratio: the burst covered only part of the round, "
-                   "and outside it both bounds cost about the same")
+            why = ("below the bandwidth ratio: what the burst takes away is about the same "
+                   "time for both bounds, and it dilutes their ratio")
         elif bw is not None and s > 1.1 * bw:
             why = "above the bandwidth ratio: the tight bound paid for extra passes"
         else:
@@ -287,13 +290,19 @@ def breakdowns(doc: dict) -> str:
     return "\n".join(rows) if rows else "- every arm within the factor of its bound."
 
 
+def wall_sentence(doc: dict) -> str:
+    """How long the map took, and what the full map would take at the same pace (an estimate)."""
+    wall, per = doc["wall_s"], doc["wall_s_per_cell"]
+    if wall is None:
+        return f"{doc['cells_run']} of {doc['cells_declared']} cells; no wall time recorded."
+    return (f"{doc['cells_run']} of {doc['cells_declared']} cells of map `{doc['map']}` in "
+            f"{wall / 60:.1f} min ({per / 60:.1f} min per cell, every cell's runs one after "
+            f"another; the round-locked cap is {doc['cap_ms']:.0f} ms).")
+
+
 def text(doc: dict) -> str:
-    wall = doc["wall_s"]
-    per = doc["wall_s_per_cell"]
     lines = [f"# Regime map `{doc['map']}` ({doc['preset']} preset, {doc['seeds']} seed(s), "
-             f"round-locked cap {doc['cap_ms']:.0f} ms)", "",
-             f"{doc['cells_run']} of {doc['cells_declared']} cells; wall time "
-             + ("–" if wall is None else f"{wall / 60:.1f} min ({per / 60:.1f} min per cell)"), "",
+             f"round-locked cap {doc['cap_ms']:.0f} ms)", "", wall_sentence(doc), "",
              markdown(doc), "", "† the run's fidelity check flagged the arm (the emulator fell "
              "behind): its figures are not held to the bound.", "", "## Who wins, and why", "",
              sentences(doc), "", f"## Arms further than {BOUND_FACTOR}x from their bound", "",

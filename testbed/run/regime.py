@@ -50,7 +50,8 @@ PLAN_SCHEMA = 1
 #: A round-locked burst's cap (ms): long enough that a 90 % burst on a
 #: parameter-server round of the fat-tree ends with its round, not the cap.
 CAP_MS = 8000.0
-#: Bursts per cell, one every ``EVERY`` rounds from ``FIRST``: a clean round
+#: Bursts per cell (a map may ask for fewer: the smoke map's check), one
+#: every ``EVERY`` rounds from ``FIRST``: a clean round
 #: between two bursts (a 1 s burst ends inside the next round only for the
 #: sharded arms, whose rounds are under a second, and never covers half of it).
 MIN_BURSTS, EVERY, FIRST = 5, 2, 2
@@ -72,6 +73,9 @@ class Cell:
     control: str               # "udp" | "tcp": the bounded arms' control path
     target: str = "server-downlink"
     kind: str = "loss"         # "loss" (random drop) | "congest" (queue overflow)
+    #: Only these of the map's arms (None: all of the control path's): where a
+    #: burst acts is a question about the parameter server's paths.
+    only: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -89,6 +93,9 @@ class Cell:
                 f"burst_every.max_ms={CAP_MS}", f"burst_every.p={self.p}",
                 f"burst_every.target={self.target}", f"burst_every.kind={self.kind}"]
 
+    def arms(self, of_map: dict) -> tuple[str, ...]:
+        return self.only if self.only is not None else tuple(of_map[self.control])
+
     def as_dict(self) -> dict:
         return {"name": self.name, **dataclasses.asdict(self)}
 
@@ -102,6 +109,7 @@ class RegimeMap:
     cells: tuple[Cell, ...]
     doc: str
     seeds: int = 1
+    bursts: int = MIN_BURSTS
     overrides: tuple[str, ...] = ()
     arms: dict = dataclasses.field(default_factory=lambda: dict(ARMS), compare=False)
 
@@ -110,7 +118,7 @@ class RegimeMap:
 
         The preset's scheduled ``bursts`` are dropped (`spec`): only the cell's bursts hit.
         """
-        rounds = FIRST + EVERY * (MIN_BURSTS - 1) + 2
+        rounds = FIRST + EVERY * (self.bursts - 1) + 2
         return [f"seeds={self.seeds}", f"training.rounds={rounds}",
                 f"training.eval_every={rounds}", "burst_every.enabled=true",
                 f"burst_every.every={EVERY}", f"burst_every.start_round={FIRST}",
@@ -123,7 +131,7 @@ class RegimeMap:
         # The preset's own scheduled bursts give way to the cell's (`bursts` is
         # a list of tables, not a `--set` field).
         base = {**PRESETS[self.preset], "bursts": []}
-        return specmod.load(None, base, [*self.shared(), *cell.overrides(self.arms[cell.control])])
+        return specmod.load(None, base, [*self.shared(), *cell.overrides(cell.arms(self.arms))])
 
     def select(self, names: tuple[str, ...]) -> tuple[Cell, ...]:
         if not names:
@@ -162,19 +170,22 @@ register(RegimeMap(
     _grid((50.0, 200.0, 1000.0, ROUND), (0.3, 0.6, 0.9), ("udp", "tcp")) + PLACES,
     doc="every duration (50, 200, 1000 ms, round-locked) x loss (30, 60, 90 %) x control "
         "(UDP, TCP), plus the pull path, the core links and congest: 27 cells, over an hour"))
+#: The parameter server's arms and gloo: the reduced map's cells on where a burst acts.
+PS_ARMS = ("static", "static-high", "gloo")
 register(RegimeMap(
     "reduced", "default",
-    (Cell(200.0, 0.9, "udp"), Cell(1000.0, 0.9, "udp"), Cell(ROUND, 0.9, "udp"),
-     Cell(1000.0, 0.9, "tcp"), Cell(ROUND, 0.9, "tcp"),
-     Cell(1000.0, 0.9, "udp", target="server-uplink"), Cell(1000.0, 0.9, "udp", kind="congest")),
-    doc="the corners that decide who wins: short, one-second and round-locked 90 % bursts "
-        "on both control paths, the pull path and congest; at most 30 minutes"))
+    (Cell(200.0, 0.9, "udp"), Cell(1000.0, 0.9, "udp"), Cell(ROUND, 0.6, "udp"),
+     Cell(1000.0, 0.9, "tcp"), Cell(ROUND, 0.6, "tcp"),
+     Cell(1000.0, 0.9, "udp", target="server-uplink", only=PS_ARMS),
+     Cell(1000.0, 0.9, "udp", kind="congest", only=PS_ARMS)),
+    doc="the corners that decide who wins: 200 ms and 1 s bursts of 90 % and round-locked "
+        "60 % ones on both control paths, the pull path and congest; at most 30 minutes"))
 register(RegimeMap(
-    "smoke", "smoke",
-    (Cell(200.0, 0.9, "udp"), Cell(ROUND, 0.9, "udp")),
+    "smoke", "smoke", (Cell(ROUND, 0.9, "udp"),), bursts=2,
     overrides=("capture.enabled=false",),
     arms={"udp": ("static", "static-high"), "tcp": ("static-tcp", "static-high-tcp")},
-    doc="two cells on the smoke preset's star, two arms: the command's own check (a minute)"))
+    doc="one round-locked cell on the smoke preset's star, two arms, two bursts: the "
+        "command's own check (about a minute)"))
 
 
 def execute(m: RegimeMap, out: pathlib.Path, cells: tuple[str, ...] = (),
@@ -183,7 +194,7 @@ def execute(m: RegimeMap, out: pathlib.Path, cells: tuple[str, ...] = (),
     out.mkdir(parents=True, exist_ok=True)
     plan_file = out / "regime.json"
     chosen = m.select(cells)
-    planned = [batch.PlannedRun(c.name, tuple(c.overrides(m.arms[c.control])), m.spec(c))
+    planned = [batch.PlannedRun(c.name, tuple(c.overrides(c.arms(m.arms))), m.spec(c))
                for c in chosen]
     done: dict[str, dict] = {}
     if plan_file.is_file():
@@ -241,7 +252,7 @@ def regime_cmd(name, out, cells, report_only, json_out):
     """The burst regime map: burst duration x loss x control path (and where bursts act).
 
     Maps: reduced (seven cells, at most 30 minutes), full (27 cells, over an hour),
-    smoke (two cells on the star, a minute).
+    smoke (one cell on the star, about a minute).
     """
     if name not in MAPS:
         raise InputError(f"unknown regime map {name!r}; choose from {', '.join(MAPS)}")

@@ -14,6 +14,8 @@ rendered from. Three kinds, registered by class as the topologies are
 - `AblationReference`: a `dblp-testbed ablate` (`testbed.run.ablation`):
   one arm's setting varied over runs; it keeps the ablation's summary,
   per-point table, report and plots (not the runs' own tables).
+- `RegimeReference`: a `dblp-testbed regime` map (`testbed.run.regime`):
+  it keeps the map's summary, tables, report and heat-maps.
 
 Beside the kept files, ``reproduce.json`` (`RECORD_SCHEMA`) holds the
 commands and their wall times. The files are committed: the README's
@@ -50,7 +52,7 @@ REFERENCE_DIR = REPO_ROOT / "results" / "reference"
 KEPT_FILES = ("summary.json", "rounds.csv", "bursts.csv", "evals.csv", "spec.toml")
 #: The file beside the kept ones that says how they were made.
 RECORD = "reproduce.json"
-#: Version of ``reproduce.json``: ``kind`` ("run" | "commands" | "ablation"),
+#: Version of ``reproduce.json``: ``kind`` ("run" | "commands" | "ablation" | "regime"),
 #: ``wall_s`` (the whole reference), and for a run or an ablation ``argv`` (the `dblp-testbed`
 #: arguments, the run directory as DIR), for commands ``commands`` (one
 #: ``{"file", "argv", "wall_s"}`` per command, ``--json`` naming the kept
@@ -215,6 +217,36 @@ class AblationReference(Reference):
                 {"argv": self.commands()[0]})
 
 
+@dataclasses.dataclass(frozen=True)
+class RegimeReference(Reference):
+    """A `dblp-testbed regime` map: its summary, tables, report and heat-maps."""
+
+    kind: ClassVar[str] = "regime"
+    name: str
+    map: str
+    doc: str
+    #: ``run_fn(spec, out_dir) -> status`` for each cell (None: the runner's; tests pass a fake).
+    run_fn: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def kept_files(self) -> tuple[str, ...]:
+        return ("regime.json", "regime-summary.json", "cells.csv", "arms.csv", "report.md",
+                "plots/regime-speedup.png", "plots/regime-over-bound.png")
+
+    def commands(self) -> list[list[str]]:
+        return [["regime", self.map, "--out", "DIR"]]
+
+    def produce(self, out: pathlib.Path) -> tuple[str, dict]:
+        from testbed.analysis import regime as analysis
+        from testbed.run.regime import MAPS, execute
+
+        output.say(f"reproduce {self.name}: dblp-testbed regime {self.map} --out {out}")
+        plan = execute(MAPS[self.map], out, run_fn=self.run_fn)
+        analysis.write(out, plan)
+        failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
+        return ("ok" if not failed else f"cells {', '.join(failed)} did not finish",
+                {"argv": self.commands()[0]})
+
+
 REFERENCES: dict[str, Reference] = {}
 #: Not a reference: README blocks naming it are rendered from every reference.
 EVERY = "all"
@@ -266,6 +298,11 @@ register(AblationReference(
 register(CommandReference(
     "bursts", "requested against measured burst loss and timing on the k=4 fat-tree",
     (Command("bench-bursts.json", ("bench", "bursts")),)))
+# The reduced burst regime map (testbed.run.regime): at most 30 minutes.
+register(RegimeReference(
+    "regime", "reduced", "the reduced burst regime map: 90 % bursts of 200 ms and 1 s, "
+    "round-locked 60 % ones, both control paths, the pull path and congestion, both bounds "
+    "and gloo"))
 
 
 def select(names: tuple[str, ...] | list[str]) -> list[Reference]:
