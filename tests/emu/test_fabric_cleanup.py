@@ -1,4 +1,7 @@
-"""Tear-down removes exactly what the project created, also after SIGINT mid-start-up."""
+"""Tear-down removes exactly what the project created, also after SIGINT mid-start-up.
+
+``leftovers`` (tests/conftest.py) reads the machine with its own tools, not with `cleanup`.
+"""
 import json
 import os
 import signal
@@ -7,18 +10,12 @@ import sys
 import time
 
 import pytest
-from conftest import machine_leftovers
 
 from testbed.emulation import cleanup
 
 pytestmark = pytest.mark.emu
 FOREIGN = "foreignbr0"
 CLI = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
-
-
-def _project_leftovers():
-    """The machine read with its own tools (tests/conftest.py), not with `cleanup`."""
-    return machine_leftovers()
 
 
 @pytest.fixture
@@ -29,8 +26,8 @@ def foreign_bridge(emulator):
     subprocess.run(["ovs-vsctl", "--if-exists", "del-br", FOREIGN], check=True)
 
 
-def test_net_check_json_and_nothing_left(foreign_bridge, tmp_path):
-    assert not any(_project_leftovers().values()), _project_leftovers()
+def test_net_check_json_and_nothing_left(leftovers, foreign_bridge, tmp_path):
+    assert not any(leftovers().values()), leftovers()
     p = subprocess.run([CLI, "net", "check", "--json",
                         "--goodput-s", "2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=180)
@@ -42,7 +39,7 @@ def test_net_check_json_and_nothing_left(foreign_bridge, tmp_path):
     assert res["pairs_ok"] == res["pairs"] == 240
     assert res["core_switches_used"] == 4
     assert res["startup_s"] <= 15
-    assert not any(_project_leftovers().values()), _project_leftovers()
+    assert not any(leftovers().values()), leftovers()
     assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
                                      text=True).stdout.split()
 
@@ -53,7 +50,8 @@ def _ignore_sigint():
 
 @pytest.mark.parametrize("after_s,inherits_ignored", [(0.1, False), (1.2, False), (0.1, True)],
                          ids=["0.1s", "1.2s", "started-with-SIGINT-ignored"])
-def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path, after_s, inherits_ignored):
+def test_sigint_during_startup_leaves_nothing(leftovers, foreign_bridge, tmp_path, after_s,
+                                             inherits_ignored):
     """Also when started with SIGINT ignored, as a script's background job is."""
     p = subprocess.Popen([CLI, "net", "check", "--json",
                           "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -68,12 +66,12 @@ def test_sigint_during_startup_leaves_nothing(foreign_bridge, tmp_path, after_s,
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode != 0, f"net check exited 0 after SIGINT: {err[-1500:]}"
-    assert not any(_project_leftovers().values()), _project_leftovers()
+    assert not any(leftovers().values()), leftovers()
     assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
                                      text=True).stdout.split()
 
 
-def test_clean_removes_only_project_leftovers(foreign_bridge):
+def test_clean_removes_only_project_leftovers(leftovers, foreign_bridge):
     """Simulated leftovers of a crashed run go; the foreign bridge and veth stay."""
     subprocess.run(["ovs-vsctl", "add-br", "dtc99", "--", "set", "bridge", "dtc99",
                     "datapath_type=netdev"], check=True)
@@ -87,7 +85,7 @@ def test_clean_removes_only_project_leftovers(foreign_bridge):
         assert p.returncode == 0, p.stderr
         rep = json.loads(p.stdout)
         assert "dtc99" in rep["bridges"]
-        assert not any(_project_leftovers().values()), _project_leftovers()
+        assert not any(leftovers().values()), leftovers()
         assert FOREIGN in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True,
                                          text=True).stdout.split()
         assert subprocess.run(["ip", "link", "show", "fgn0"], capture_output=True).returncode == 0
