@@ -12,12 +12,16 @@ Settings: one frozen, typed, validated object (``dblp.config``)::
                                missing="zero" | "mean" | "error_feedback",
                                rate_bps=None, round_timeout=30.0, join_timeout=120.0,
                                idle_timeout=600.0, hello_timeout=5.0, early_bytes=8 MiB,
-                               session_id=None, secret=None (hex; authenticates every message))
+                               session_id=None, secret=None (hex; authenticates every message),
+                               # prototype mode (the authors' prototype's costs, one each):
+                               chunk_bytes=1416 (8192: IP-fragmented), chunk_order="shuffled"
+                               | "fixed", probe_wait=None (adaptive) | seconds (UDP control),
+                               nagle=False (True: Nagle on the TCP control connections))
     # a bad value raises ValueError naming the setting and its range
     cfg.write(run_dir / dblp.CONFIG_FILE); cfg = dblp.TransportConfig.read(path)  # JSON, 0600
     cfg.to_json() / dblp.TransportConfig.from_json(text)   # "schema": 1; others refused
     cfg = dblp.TransportConfig.from_env()   # $DBLP_CONFIG file, DBLP_<SETTING>, $DBLP_SECRET
-    dblp.POLICIES, dblp.CONTROLS, dblp.MODES, dblp.MISSING, dblp.SIGNALS   # registries of names
+    dblp.POLICIES, dblp.CONTROLS, dblp.MODES, dblp.MISSING, dblp.SIGNALS, dblp.ORDERS  # registries
     # signal: what the phase detector measures (dblp.rounds.detector_norm); "rescaled"
     # corrects for the round's own drops, "delivered" (the zero-filled norm) does not
 
@@ -97,7 +101,7 @@ mode a rank returns from ``allreduce_`` once its FINALs are acknowledged (or
 repeated a bounded number of times): a caller that then blocks elsewhere cannot
 leave a peer waiting for a FINAL until the deadline.
 """
-from .config import CONFIG_FILE, CONTROLS, MISSING, MODES, SIGNALS, TransportConfig
+from .config import CONFIG_FILE, CONTROLS, MISSING, MODES, ORDERS, SIGNALS, TransportConfig
 from .errors import PeerClosed, PeerTimeout, TransportError
 from .group import TransportGroup, ddp_comm_hook
 from .policy import POLICIES, PhaseAwareBound, ReliablePolicy, StaticBound, make_policy
@@ -105,7 +109,7 @@ from .server import DEFAULT_PORT, ParameterServer
 from .stats import Counters, RoundStats
 
 __all__ = [
-    "TransportConfig", "CONFIG_FILE", "CONTROLS", "MODES", "MISSING", "SIGNALS",
+    "TransportConfig", "CONFIG_FILE", "CONTROLS", "MODES", "MISSING", "SIGNALS", "ORDERS",
     "POLICIES", "make_policy", "ReliablePolicy", "StaticBound", "PhaseAwareBound",
     "ParameterServer", "TransportGroup", "ddp_comm_hook", "RoundStats", "Counters",
     "TransportError", "PeerTimeout", "PeerClosed", "DEFAULT_PORT",

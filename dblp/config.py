@@ -5,7 +5,8 @@ as JSON (``write``/``read``), never as a command-line string parsed again, so
 it has one type, one range (declared beside the field) and one default.
 ``from_env`` reads the same fields from ``DBLP_*`` variables for torchrun-style
 launchers. The names a setting may take live in registries here (``CONTROLS``,
-``MODES``, ``MISSING``, ``NORMS``, ``SIGNALS``) and in ``dblp.policy.POLICIES``.
+``MODES``, ``MISSING``, ``NORMS``, ``SIGNALS``, ``ORDERS``) and in
+``dblp.policy.POLICIES``.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import math
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from . import wire
 
 #: Version of the JSON layout ``to_json`` writes; ``from_json`` refuses others.
 SCHEMA = 1
@@ -35,6 +38,12 @@ NORMS = ("mean", "last")  # phase detection: mean norm over a check interval, or
 #: the applied aggregate after the missing chunks were filled (the old signal:
 #: relaxing the bound lowers it by itself; kept for the ablation).
 SIGNALS = ("rescaled", "delivered")
+#: The order a sender's pass sends the chunks of a stream in
+#: (``dblp.streams.stream_order``): "shuffled" = a per-round seeded
+#: permutation, so an early stop drops a different subset every round;
+#: "fixed" = index order every pass, the authors' prototype (an early stop
+#: always drops the tail of the model).
+ORDERS = ("shuffled", "fixed")
 
 SECRET_BYTES = (16, 64)  # accepted secret sizes: 128 to 512 bits
 
@@ -48,10 +57,14 @@ def _choices(registry: str):
 
 
 def _setting(default, kind: str, doc: str, *, lo=None, hi=None, lo_open=False, hi_open=False,
-             choices: str | None = None, optional: bool = False, repr: bool = True) -> Any:
-    """A dataclass field with its range (or registry of names) declared beside it."""
+             choices: str | None = None, optional: bool = False, repr: bool = True,
+             step: int | None = None) -> Any:
+    """A dataclass field with its range (or registry of names) declared beside it.
+
+    ``step``: an int setting must also be a multiple of it (whole float32s).
+    """
     meta = {"kind": kind, "doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open,
-            "hi_open": hi_open, "choices": choices, "optional": optional}
+            "hi_open": hi_open, "choices": choices, "optional": optional, "step": step}
     return dataclasses.field(default=default, metadata=meta, repr=repr)
 
 
@@ -89,6 +102,10 @@ def _check(name: str, value, m: Mapping):
                              f"digits), got {len(raw)} bytes; make one with "
                              "secrets.token_hex(32)")
         return raw.hex()
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
     if kind == "int_or_epoch" and value == "epoch":
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -107,6 +124,9 @@ def _check(name: str, value, m: Mapping):
             (hi is not None and (value > hi or (m["hi_open"] and value == hi))) or \
             (isinstance(value, float) and math.isinf(value)):
         raise ValueError(f"{name} must be in {_range_text(m)}, got {value!r}")
+    if m.get("step") and value % m["step"]:
+        raise ValueError(f"{name} must be a multiple of {m['step']} in {_range_text(m)}, "
+                         f"got {value!r}")
     return value
 
 
@@ -131,6 +151,21 @@ class TransportConfig:
     Build it with keywords (unknown names are a TypeError), from a file
     (``read``), from JSON (``from_json``) or from ``DBLP_*`` variables
     (``from_env``). ``dataclasses.replace(cfg, p=0.02)`` re-validates.
+
+    Prototype mode: four settings reproduce the *costs* of the paper
+    authors' prototype, one at a time, so an ablation can attribute a
+    speedup to each; their defaults are this transport's own behaviour.
+    ``chunk_bytes=8192`` sends 8 KB chunks the kernel IP-fragments (~6
+    fragments at a 1500-byte MTU; losing any loses the chunk);
+    ``chunk_order="fixed"`` sends chunks in index order every pass;
+    ``probe_wait=1.0`` resends an unanswered PROBE after exactly one second
+    on the UDP control path (with ``control="tcp"`` a PROBE is never resent
+    by the transport, whatever ``probe_wait`` says: TCP retransmits the lost
+    segment itself, with its own timer of at least 200 ms; FINAL, this
+    transport's message for identical replicas, keeps its adaptive timer
+    either way); ``nagle=True``
+    leaves Nagle's algorithm on for the TCP control connections (no effect on
+    the UDP control path).
     """
 
     # -- loss-bound policy (only the aggregator's matters in PS mode) --------------------
@@ -171,6 +206,29 @@ class TransportConfig:
                                     hi=3600.0)
     early_bytes: int = _setting(8 << 20, "int", "bytes of next-round messages buffered before "
                                 "that round starts", lo=0, hi=1 << 30)
+    # -- prototype mode: the authors' prototype's costs, one setting each (class docstring) --
+    # MTU-sized chunks never fragment, so a lost packet costs one chunk; the
+    # prototype's 8 KB chunks cost a whole chunk for any one of ~6 fragments.
+    chunk_bytes: int = _setting(wire.CHUNK_BYTES, "int", "payload bytes of one data chunk "
+                                f"(whole float32s; {wire.CHUNK_BYTES} = one unfragmented "
+                                "datagram at a 1500-byte MTU; larger chunks are IP-fragmented, "
+                                "the prototype's 8192)", lo=64, hi=wire.MAX_CHUNK_BYTES, step=4)
+    # A per-round order spreads an early stop's drops over the whole model; the
+    # prototype's fixed order always drops the tail.
+    chunk_order: str = _setting("shuffled", "str", "order of the chunks in a sender's pass "
+                                "(fixed = the prototype's index order)", choices="ORDERS")
+    # The adaptive timer waits about one RTT plus variance before re-probing;
+    # the prototype waits a fixed second. Only the UDP control path resends
+    # probes: over TCP control the kernel retransmits them (class docstring).
+    probe_wait: float | None = _setting(None, "float", "UDP control: seconds before an "
+                                        "unanswered PROBE is resent (None = adaptive RTO with "
+                                        "backoff; the prototype's 1.0); no effect with TCP "
+                                        "control, which TCP retransmits itself",
+                                        lo=0.0, lo_open=True, hi=3600.0, optional=True)
+    # TCP_NODELAY sends each control message at once; with Nagle a small
+    # message waits for the previous one's ACK (up to a delayed-ACK timeout).
+    nagle: bool = _setting(False, "bool", "TCP control: leave Nagle's algorithm on (no "
+                           "TCP_NODELAY), as the prototype did; no effect with UDP control")
     # -- identity of the job -----------------------------------------------------------
     session_id: int | None = _setting(None, "int", "64-bit job id (None = the aggregator "
                                       "draws one)", lo=1, hi=2**64 - 1, optional=True)
@@ -191,6 +249,13 @@ class TransportConfig:
         from .policy import POLICIES
         cls = POLICIES[self.policy]
         return cls(**{k: getattr(self, k) for k in getattr(cls, "KNOBS", ())})
+
+    def engine_options(self) -> dict:
+        """The ``Engine`` keywords this config decides (one mapping for server and members)."""
+        return {"control": self.control, "key": self.key, "early_bytes": self.early_bytes,
+                "hello_timeout": self.hello_timeout, "chunk_bytes": self.chunk_bytes,
+                "chunk_order": self.chunk_order, "probe_wait": self.probe_wait,
+                "nagle": self.nagle}
 
     @property
     def key(self) -> bytes | None:
@@ -331,6 +396,12 @@ def _from_text(text: str, m: Mapping):
     kind = m["kind"]
     if kind == "float":
         return float(t)
+    if kind == "bool":
+        words = {"1": True, "true": True, "yes": True, "on": True,
+                 "0": False, "false": False, "no": False, "off": False}
+        if t.lower() not in words:
+            raise ValueError(f"{t!r} is not true or false (1/0, true/false, yes/no, on/off)")
+        return words[t.lower()]
     if kind == "int" or (kind == "int_or_epoch" and t != "epoch"):
         return int(t, 0)
     return t.lower() if kind == "hex" else t

@@ -29,6 +29,7 @@ import math
 import selectors
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from . import wire
-from .config import default_of
+from .config import check_setting, default_of
 from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
-from .pacing import RttEstimator, TokenBucket
+from .pacing import FRAGMENT_OVERHEAD, WIRE_OVERHEAD, RttEstimator, TokenBucket
 from .stats import Counters
 from .streams import (
     DONE,
@@ -63,6 +64,9 @@ __all__ = ["Engine", "TcpControl", "InTransfer", "OutTransfer", "PUSH", "PULL", 
 _DATA = int(MsgType.DATA)
 _INDEX = struct.Struct("!I")
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
+# Linux's <netinet/in.h>: Python's socket module does not export them.
+_IP_MTU_DISCOVER = 10
+_IP_PMTUDISC_DONT = 0  # never set Don't Fragment: the kernel fragments large datagrams
 
 
 class Engine:
@@ -75,6 +79,10 @@ class Engine:
     __slots__ = (
         # identity of this participant in its job, and the MAC that proves it
         "rank", "session", "control", "sealer",
+        # chunking: payload bytes of a data chunk, its datagram, the order of a pass
+        "chunk_bytes", "max_datagram", "chunk_order",
+        # control timing: the prototype's fixed probe timer (None = adaptive), Nagle on TCP
+        "probe_wait", "nagle",
         # sockets and the receive buffer
         "sock", "sel", "buf", "mv",
         # pacing: one bucket for the link, optional buckets per destination
@@ -106,9 +114,17 @@ class Engine:
                  max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
                  early_bytes: int = default_of("early_bytes"), key: bytes | None = None,
                  hello_timeout: float = default_of("hello_timeout"),
+                 chunk_bytes: int = default_of("chunk_bytes"),
+                 chunk_order: str = default_of("chunk_order"),
+                 probe_wait: float | None = default_of("probe_wait"),
+                 nagle: bool = default_of("nagle"),
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
         if control not in ("udp", "tcp"):
             raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
+        # The ranges are TransportConfig's (one home); an Engine built directly checks them too.
+        for name, value in (("chunk_bytes", chunk_bytes), ("chunk_order", chunk_order),
+                            ("probe_wait", probe_wait), ("nagle", nagle)):
+            check_setting(name, value)
         if not 0.0 <= fault_rx_drop < 1.0:
             raise ValueError(f"fault_rx_drop must be in [0, 1), got {fault_rx_drop!r}")
         # Optional cap per destination (sharded mode): when the transfers to
@@ -122,6 +138,12 @@ class Engine:
         self.session = session
         self.control = control
         self.sealer = wire.Sealer(key)
+        # chunking and control timing
+        self.chunk_bytes = chunk_bytes
+        self.max_datagram = wire.datagram_size(chunk_bytes)
+        self.chunk_order = chunk_order
+        self.probe_wait = None if probe_wait is None else float(probe_wait)
+        self.nagle = nagle
         # sockets
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):
@@ -129,6 +151,8 @@ class Engine:
                 self.sock.setsockopt(socket.SOL_SOCKET, force, sock_buf)  # *BUFFORCE (root)
             except OSError:
                 self.sock.setsockopt(socket.SOL_SOCKET, opt, sock_buf)
+        if self.max_datagram > wire.MAX_DATAGRAM:
+            self._allow_fragmentation()
         self.sock.bind(bind)
         self.sock.setblocking(False)
         self.sel = selectors.DefaultSelector()
@@ -136,7 +160,7 @@ class Engine:
         self.buf = bytearray(65536)
         self.mv = memoryview(self.buf)
         # pacing
-        self.bucket = TokenBucket(rate_bps)
+        self.bucket = TokenBucket(rate_bps, largest=self.wire_size(self.max_datagram))
         self.peer_rate_bps = peer_rate_bps
         self.peer_buckets: dict[int, TokenBucket] = {}
         # peers
@@ -185,6 +209,28 @@ class Engine:
     def address(self) -> tuple[str, int]:
         return self.sock.getsockname()
 
+    def _allow_fragmentation(self) -> None:
+        """Data chunks larger than one MTU: let the kernel IP-fragment them.
+
+        Linux's default for UDP (path-MTU discovery, IP_PMTUDISC_WANT) sends a
+        datagram that fits the path MTU it knows with Don't Fragment set, so a
+        smaller link further on drops it instead of fragmenting it.
+        IP_PMTUDISC_DONT never sets DF and fragments to the interface MTU:
+        every 8 KB chunk leaves as ~6 fragments, as the prototype's did, and
+        pays their cost (any lost fragment loses the chunk).
+        """
+        if sys.platform.startswith("linux"):
+            self.sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DONT)
+
+    @staticmethod
+    def wire_size(datagram: int) -> int:
+        """Bytes a datagram of ``datagram`` UDP payload bytes takes on the wire, fragments included.
+
+        The shaper counts every fragment's Ethernet and IP header: pacing an
+        8 KB chunk as one datagram would overrun the rate by ~2 %.
+        """
+        return datagram + WIRE_OVERHEAD + (wire.fragments(datagram) - 1) * FRAGMENT_OVERHEAD
+
     # -- per-peer estimates ----------------------------------------------------------
     def rtt(self, peer: int) -> RttEstimator:
         est = self.rtts.get(peer)
@@ -196,6 +242,19 @@ class Engine:
         if self.control == "tcp" and peer in self.tcp:
             return math.inf  # TCP retransmits control itself (the paper's design)
         return self.rtt(peer).rto
+
+    def probe_timeout(self, peer: int, backoff: float) -> float:
+        """Seconds a sent PROBE waits for an answer before it is resent.
+
+        TCP control: never (inf): TCP retransmits a lost segment itself, and a
+        resent probe would only queue behind the first. UDP control with a
+        fixed ``probe_wait`` (the prototype's timer): exactly that, no backoff
+        and no RTO below it. Otherwise the adaptive RTO times ``backoff``.
+        """
+        rto = self.rto(peer)
+        if rto == math.inf:
+            return math.inf
+        return self.probe_wait if self.probe_wait is not None else rto * backoff
 
     def rtt_sample(self, peer: int, rtt: float) -> None:
         self.rtt(peer).sample(rtt)
@@ -239,15 +298,17 @@ class Engine:
             n = len(hdr) + len(payload) + len(tag)
         self.datagrams["data"] += 1
         self.bytes_sent += n
-        self.bucket.consume(n)
+        paced = self.wire_size(n) - WIRE_OVERHEAD  # the buckets add one datagram's overhead
+        self.bucket.consume(paced)
         if self.peer_rate_bps is not None:
-            self.peer_bucket(peer).consume(n)
+            self.peer_bucket(peer).consume(paced)
         return n
 
     def peer_bucket(self, peer: int) -> TokenBucket:
         b = self.peer_buckets.get(peer)
         if b is None:
-            b = self.peer_buckets[peer] = TokenBucket(self.peer_rate_bps)
+            b = self.peer_buckets[peer] = TokenBucket(self.peer_rate_bps,
+                                                      largest=self.wire_size(self.max_datagram))
         return b
 
     def send_ctrl(self, peer: int, body: bytes, copies: int = 1) -> None:
@@ -336,7 +397,7 @@ class Engine:
             self.counters.unauthenticated += 1
             return
         try:
-            h = wire.unpack_header(buf, n)
+            h = wire.unpack_header(buf, n, self.chunk_bytes)
         except wire.MalformedDatagram:
             self.counters.malformed += 1
             return
@@ -547,14 +608,15 @@ class Engine:
         """Send up to ``batch`` paced datagrams round-robin; return when to try again."""
         active = self.active
         sent = 0
+        full = self.wire_size(self.max_datagram) - WIRE_OVERHEAD  # a full chunk, as paced
         while active and sent < batch:
-            wait = self.bucket.wait_time(wire.MAX_DATAGRAM, now)
+            wait = self.bucket.wait_time(full, now)
             if wait > 0:
                 return now + wait
             self._rr %= len(active)
             if self.peer_rate_bps is not None:
                 # Round-robin over the senders whose destination has tokens.
-                waits = [self.peer_bucket(x.peer).wait_time(wire.MAX_DATAGRAM, now)
+                waits = [self.peer_bucket(x.peer).wait_time(full, now)
                          for x in active]
                 ready = [i for i, w in enumerate(waits) if w <= 0]
                 if not ready:

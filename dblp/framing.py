@@ -19,13 +19,18 @@ _MIN_FRAME = HEADER_SIZE + TAG_SIZE
 
 
 class TcpControl:
-    """A TCP control connection (TCP_NODELAY), frames = 2-byte length + message.
+    """A TCP control connection, frames = 2-byte length + message.
 
     ``peer`` is the rank it belongs to, None until a HELLO binds it.
+    ``nagle=False`` (the default) sets TCP_NODELAY: a control message is a
+    few dozen bytes and must leave at once. ``nagle=True`` keeps Nagle's
+    algorithm on, as the authors' prototype did (``TransportConfig.nagle``):
+    a message written while an earlier one is unacknowledged waits for its
+    ACK, which the peer may delay by up to its delayed-ACK timeout.
     """
 
-    def __init__(self, sock: socket.socket, peer: int | None = None):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, sock: socket.socket, peer: int | None = None, *, nagle: bool = False):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0 if nagle else 1)
         sock.setblocking(True)
         self.sock = sock
         self.peer = peer

@@ -19,7 +19,7 @@ from .config import TransportConfig, merge
 from .engine import Engine
 from .errors import TransportError
 from .framing import TcpControl
-from .join import Rendezvous, _msg, join_aggregator, new_nonce, new_session_id
+from .join import Rendezvous, _msg, join_aggregator, new_nonce, new_session_id, welcome_extras
 from .rounds import grad_norm, make_layout, max_passes, run_round
 from .server import DEFAULT_PORT, _mean_srtt, policy_phase
 from .stats import RoundStats
@@ -71,7 +71,7 @@ class TransportGroup:
             raise ValueError(f"master_addr {master_addr!r} does not resolve") from None
         self.config = cfg
         self.mode = mode = cfg.mode
-        self.control = control = cfg.control
+        self.control = cfg.control
         self.missing = missing = cfg.missing
         self.session_id = session_id = cfg.session_id
         self.round_timeout = cfg.round_timeout
@@ -83,10 +83,9 @@ class TransportGroup:
         # N-1 senders into one downlink never offer more than rate_bps to it.
         peer_rate = (rate_bps / (self.world_size - 1)
                      if mode == "sharded" and rate_bps and self.world_size > 2 else None)
-        self.engine = Engine(self.rank, bind=(bind_host, bind_port), control=control,
-                             rate_bps=rate_bps, peer_rate_bps=peer_rate, session=session_id or 0,
-                             key=cfg.key, early_bytes=cfg.early_bytes,
-                             hello_timeout=cfg.hello_timeout, fault_rx_drop=fault_rx_drop)
+        self.engine = Engine(self.rank, bind=(bind_host, bind_port), rate_bps=rate_bps,
+                             peer_rate_bps=peer_rate, session=session_id or 0,
+                             fault_rx_drop=fault_rx_drop, **cfg.engine_options())
         if bind_port == 0 and ephemeral:
             self.master_port = self.engine.address[1]
         self.round = -1
@@ -137,7 +136,8 @@ class TransportGroup:
         if self.mode == "sharded" and self.rank == 0:
             eng.session = self.session_id or new_session_id()
             welcome = {"session": eng.session, "world_size": self.world_size, "mode": "sharded",
-                       "policy": self.policy.name, "bound_ppm": self.bound_ppm, "numel": numel}
+                       "policy": self.policy.name, "bound_ppm": self.bound_ppm, "numel": numel,
+                       **welcome_extras(self.config.chunk_bytes)}
             rv = Rendezvous(eng, list(range(1, self.world_size)), welcome, want_tcp=False,
                             include_table=True, listen=None)
             rv.addrs[0] = master
@@ -153,6 +153,9 @@ class TransportGroup:
             raise ValueError(f"tensor of {numel} elements, but the job uses {w['numel']}")
         if w["mode"] != self.mode:
             raise ValueError(f"mode={self.mode!r} but the aggregator runs {w['mode']!r}")
+        if w["chunk_bytes"] != self.config.chunk_bytes:
+            raise ValueError(f"chunk_bytes={self.config.chunk_bytes} but the aggregator cuts "
+                             f"chunks of {w['chunk_bytes']} bytes: give every rank one config")
         eng.session = w["session"]
         eng.join_handler = None
         self.bound_ppm = w["bound_ppm"]
@@ -167,7 +170,7 @@ class TransportGroup:
             eng.peers[0] = master
         if self.control == "tcp":
             sock = socket.create_connection(master, timeout=self.join_timeout)
-            conn = TcpControl(sock, peer=self.server_rank)
+            conn = TcpControl(sock, peer=self.server_rank, nagle=eng.nagle)
             conn.send(eng.sealer.seal(_msg(MsgType.HELLO, hello, src=self.rank,
                                            session=eng.session)))
             eng.tcp[self.server_rank] = conn
@@ -183,7 +186,8 @@ class TransportGroup:
             raise ValueError("tensor must not be empty")
         if self.numel is None:
             self._join(numel)
-            self.parts = make_layout(numel, self.mode, self.world_size)
+            self.parts = make_layout(numel, self.mode, self.world_size,
+                                     chunk_bytes=self.config.chunk_bytes)
             self.result = np.zeros(numel, np.float32)
             if self.missing == "error_feedback":
                 self.residual = np.zeros(numel, np.float32)
@@ -209,7 +213,7 @@ class TransportGroup:
             self.residual[:] = 0
             for s in res.push_senders:
                 part = self.parts[s.part]
-                lost = np.repeat(~s.held, wire.CHUNK_ELEMS)[:part.stop - part.start]
+                lost = part.expand(~s.held)
                 self.residual[part.start:part.stop] = np.where(lost, s.data, 0)
         norm = grad_norm(self.result)
         if self.mode == "ps":

@@ -94,6 +94,15 @@ def parse_hello(payload: bytes) -> tuple[int, int, int]:
             get_int(obj, "nonce", 1, 2**62))
 
 
+def welcome_extras(chunk_bytes: int) -> dict:
+    """WELCOME fields an aggregator adds only off the defaults (default bytes stay as they were).
+
+    ``chunk_bytes``: a member cut with another size would fail every chunk
+    as malformed and time out; the WELCOME lets it refuse at once instead.
+    """
+    return {} if chunk_bytes == wire.CHUNK_BYTES else {"chunk_bytes": chunk_bytes}
+
+
 def parse_welcome(payload: bytes, rank: int) -> dict:
     """The fields of a WELCOME this member relies on, typed and range-checked."""
     obj = parse_object(payload)
@@ -106,6 +115,8 @@ def parse_welcome(payload: bytes, rank: int) -> dict:
         raise Refused("WELCOME for another rank")
     if "phase" in obj:
         w["phase"] = get_str(obj, "phase")
+    w["chunk_bytes"] = (get_int(obj, "chunk_bytes", 4, wire.MAX_CHUNK_BYTES)
+                        if "chunk_bytes" in obj else wire.CHUNK_BYTES)
     if "peers" in obj:
         table = obj["peers"]
         world: int = w["world_size"]
@@ -157,7 +168,7 @@ class Rendezvous:
             except OSError:  # BlockingIOError, or a connection reset before we got to it
                 return
             try:
-                conn = TcpControl(sock)
+                conn = TcpControl(sock, nagle=self.eng.nagle)
             except OSError:  # reset between accept and setsockopt
                 sock.close()
                 continue

@@ -11,13 +11,19 @@ from __future__ import annotations
 import time
 
 WIRE_OVERHEAD = 42  # Ethernet 14 + IPv4 20 + UDP 8: what a shaper counts per datagram
+FRAGMENT_OVERHEAD = 34  # Ethernet 14 + IPv4 20 again for every further IP fragment
 
 
 class TokenBucket:
-    """Pace at ``rate_bps`` bits/s of wire bytes; ``None`` means unpaced."""
+    """Pace at ``rate_bps`` bits/s of wire bytes; ``None`` means unpaced.
+
+    ``largest``: the wire size of the largest datagram it must pass (an
+    IP-fragmented data chunk with every fragment's headers); the bucket is at
+    least that deep, else such a datagram would wait forever.
+    """
 
     def __init__(self, rate_bps: float | None, depth_bytes: int | None = None,
-                 overhead: int = WIRE_OVERHEAD, clock=time.monotonic):
+                 overhead: int = WIRE_OVERHEAD, clock=time.monotonic, largest: int = 1514):
         if rate_bps is not None:
             rate_bps = float(rate_bps)
             if not rate_bps > 0:
@@ -26,8 +32,10 @@ class TokenBucket:
         self.overhead = overhead
         if depth_bytes is None:
             depth_bytes = 16 * 1514 if self.rate is None else max(8 * 1514, int(self.rate * 0.002))
-        if depth_bytes < 1514:
-            raise ValueError(f"depth_bytes must hold one full datagram (>= 1514), got {depth_bytes}")
+            depth_bytes = max(depth_bytes, largest)
+        if depth_bytes < largest:
+            raise ValueError(f"depth_bytes must hold one full datagram (>= {largest}), "
+                             f"got {depth_bytes}")
         self.depth = float(depth_bytes)
         self.tokens = self.depth
         self.clock = clock

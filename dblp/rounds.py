@@ -1,9 +1,10 @@
 """One aggregation round: who pushes which part to whom, aggregation, pull, FINAL.
 
-The gradient (a flat float32 vector) is cut into chunks of ``CHUNK_ELEMS``
-floats and the chunks into parts of at most ``MAX_PART_CHUNKS`` (one bitmap
-datagram). Every part has an owner that aggregates it: the server in
-parameter-server mode, rank ``s`` for shard ``s`` in sharded mode. A round:
+The gradient (a flat float32 vector) is cut into chunks of the job's
+``chunk_bytes`` (``CHUNK_ELEMS`` floats unless configured otherwise) and the
+chunks into parts of at most ``MAX_PART_CHUNKS`` (one bitmap datagram).
+Every part has an owner that aggregates it: the server in parameter-server
+mode, rank ``s`` for shard ``s`` in sharded mode. A round:
 
 1. every member that is not the owner pushes its part (bounded loss, the
    owner's receiver STOPs as soon as the part misses at most P);
@@ -29,7 +30,7 @@ import numpy as np
 from . import wire
 from .engine import Engine
 from .streams import DONE, PULL, PUSH, InTransfer, OutTransfer, pack_bitmap
-from .wire import CHUNK_ELEMS, Flag, MsgType
+from .wire import CHUNK_BYTES, Flag, MsgType
 
 PART_CHUNKS = wire.MAX_PART_CHUNKS  # chunks per part (a bitmap fits one datagram)
 #: FINAL transmissions an owner makes before it returns without the member's DONE.
@@ -38,25 +39,43 @@ SETTLE_TRIES = 6
 
 @dataclasses.dataclass(frozen=True)
 class Part:
+    """A range of the gradient, its owner, and the chunk size it is cut in.
+
+    The part carries its chunk size so every mask over its chunks (zero-fill,
+    error feedback, the detector) expands with the size its streams used.
+    """
+
     index: int
     start: int  # first element
     stop: int  # one past the last element
     owner: int
+    chunk_elems: int = CHUNK_BYTES // 4  # floats per data chunk (TransportConfig.chunk_bytes / 4)
 
     @property
     def chunks(self) -> int:
-        return max(1, -(-(self.stop - self.start) // CHUNK_ELEMS))
+        return max(1, -(-(self.stop - self.start) // self.chunk_elems))
+
+    def expand(self, mask: np.ndarray) -> np.ndarray:
+        """A mask over this part's chunks as a mask over its elements."""
+        return _chunk_mask_to_elems(mask, self.stop - self.start, self.chunk_elems)
 
 
-def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | None = None
-                ) -> list[Part]:
-    """Cut ``numel`` floats into parts; PS parts belong to rank ``world_size`` (the server)."""
+def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | None = None,
+                chunk_bytes: int = CHUNK_BYTES) -> list[Part]:
+    """Cut ``numel`` floats into parts; PS parts belong to rank ``world_size`` (the server).
+
+    ``chunk_bytes`` must be the job's (``TransportConfig.chunk_bytes``): the
+    streams cut each part with the same size.
+    """
     max_part_chunks = max_part_chunks or PART_CHUNKS
     if not 1 <= max_part_chunks <= wire.MAX_PART_CHUNKS:
         raise ValueError(f"max_part_chunks must be in [1, {wire.MAX_PART_CHUNKS}]")
     if numel < 1:
         raise ValueError(f"numel must be >= 1, got {numel}")
-    total_chunks = -(-numel // CHUNK_ELEMS)
+    if chunk_bytes < 4 or chunk_bytes % 4:
+        raise ValueError(f"chunk_bytes must be a positive multiple of 4, got {chunk_bytes}")
+    elems = chunk_bytes // 4
+    total_chunks = -(-numel // elems)
     if mode == "ps":
         ranges = [(0, total_chunks, world_size)]
     elif mode == "sharded":
@@ -70,8 +89,8 @@ def make_layout(numel: int, mode: str, world_size: int, max_part_chunks: int | N
     parts: list[Part] = []
     for a, b, owner in ranges:
         for c in range(a, b, max_part_chunks):
-            e0, e1 = c * CHUNK_ELEMS, min(min(c + max_part_chunks, b) * CHUNK_ELEMS, numel)
-            parts.append(Part(len(parts), e0, e1, owner))
+            e0, e1 = c * elems, min(min(c + max_part_chunks, b) * elems, numel)
+            parts.append(Part(len(parts), e0, e1, owner, elems))
     return parts
 
 
@@ -134,8 +153,8 @@ class PullGroup:
             eng.add_final(m, self.part.index, msg, copies)
 
 
-def _chunk_mask_to_elems(mask: np.ndarray, n: int) -> np.ndarray:
-    return np.repeat(mask, CHUNK_ELEMS)[:n]
+def _chunk_mask_to_elems(mask: np.ndarray, n: int, chunk_elems: int) -> np.ndarray:
+    return np.repeat(mask, chunk_elems)[:n]
 
 
 @dataclasses.dataclass
@@ -174,6 +193,9 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
     """
     me = eng.rank
     n_members = len(members)
+    if any(p.chunk_elems * 4 != eng.chunk_bytes for p in parts):
+        raise ValueError(f"the layout's chunks differ from the engine's chunk_bytes="
+                         f"{eng.chunk_bytes}: build it with make_layout(..., chunk_bytes=...)")
     push_senders, pull_receivers, push_receivers = [], [], []
     owned: dict[int, dict[str, Any]] = {}
     for part in parts:
@@ -225,7 +247,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                     counts += r.have
                 acc = info["acc"]
                 if missing == "mean":
-                    div = _chunk_mask_to_elems(np.maximum(counts, 1), acc.size).astype(np.float32)
+                    div = part.expand(np.maximum(counts, 1)).astype(np.float32)
                     np.divide(acc, div, out=acc)
                 else:
                     acc /= np.float32(n_members)
@@ -248,7 +270,7 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
             for info in owned.values():
                 part, dropped = info["part"], info["pull"].dropped
                 view = result[part.start:part.stop]
-                mask = _chunk_mask_to_elems(dropped, view.size)
+                mask = part.expand(dropped)
                 if owner_residual is not None:
                     owner_residual[part.index] = np.where(mask, view, np.float32(0))
                 view[mask] = 0
@@ -369,8 +391,8 @@ def detector_norm(result: np.ndarray, parts: list[Part], zeroed: dict, signal: s
         if c is not None:
             keep &= c > 0
             if missing != "mean":
-                view *= _chunk_mask_to_elems(n_members / np.maximum(c, 1), view.size)
-        mask = _chunk_mask_to_elems(keep, view.size)
+                view *= part.expand(n_members / np.maximum(c, 1))
+        mask = part.expand(keep)
         vals = view[mask]
         sumsq += float(np.dot(vals, vals))
         kept += int(mask.sum())

@@ -9,7 +9,7 @@ import numpy as np
 from . import wire
 from .config import TransportConfig, merge
 from .engine import Engine
-from .join import Rendezvous, new_session_id
+from .join import Rendezvous, new_session_id, welcome_extras
 from .rounds import Part, grad_norm, make_layout, max_passes, run_round
 from .stats import RoundStats
 
@@ -56,9 +56,8 @@ class ParameterServer:
         self.listen: socket.socket | None = None
         for attempt in range(20):
             self.engine = Engine(self.rank, bind=(host, port), session=self.session_id,
-                                 control=control, rate_bps=rate_bps, key=cfg.key,
-                                 early_bytes=cfg.early_bytes, hello_timeout=cfg.hello_timeout,
-                                 fault_rx_drop=fault_rx_drop)
+                                 rate_bps=rate_bps, fault_rx_drop=fault_rx_drop,
+                                 **cfg.engine_options())
             self.port = self.engine.address[1]
             if control != "tcp":
                 break
@@ -94,14 +93,15 @@ class ParameterServer:
         p = self.policy
         welcome = {"session": self.session_id, "world_size": self.world_size, "mode": "ps",
                    "server_rank": self.rank, "policy": p.name, "control": self.control,
-                   "bound_ppm": wire.bound_to_ppm(p.bound(0)), "phase": policy_phase(p)}
+                   "bound_ppm": wire.bound_to_ppm(p.bound(0)), "phase": policy_phase(p),
+                   **welcome_extras(self.config.chunk_bytes)}
         rv = self.rendezvous = Rendezvous(self.engine, list(range(self.world_size)), welcome,
                                           want_tcp=self.control == "tcp", include_table=False,
                                           listen=self.listen)
         rv.run(self.join_timeout)
         numel = rv.numel
         assert numel is not None, "a completed join knows the tensor size"
-        self.parts = make_layout(numel, "ps", self.world_size)
+        self.parts = make_layout(numel, "ps", self.world_size, chunk_bytes=self.config.chunk_bytes)
         self.result = np.zeros(numel, np.float32)
         self.joined = True
 

@@ -6,7 +6,9 @@ keyed by (kind, part, peer) with kind PUSH (member -> aggregator) or PULL
 seeded order, PROBEs, and resends exactly what the receiver's BITMAP lists
 until STOP; the receiver accepts chunks and says STOP as soon as the missing
 fraction is within the bound, checked after every chunk. Both talk to the
-network only through their ``Engine`` (sending, timers, estimates).
+network only through their ``Engine`` (sending, timers, estimates), and take
+the job's chunk size, chunk order and probe timer from it (the prototype
+mode of ``TransportConfig``).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from . import wire
 from .errors import TransportError
-from .wire import CHUNK_BYTES, HEADER_SIZE, Flag, MsgType
+from .wire import HEADER_SIZE, Flag, MsgType
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -37,12 +39,16 @@ def copies_for_loss(p: float, max_copies: int) -> int:
     return max(1, min(max_copies, math.ceil(math.log(0.02) / math.log(p))))
 
 
-def stream_order(session: int, round: int, kind: int, part: int, src: int, count: int) -> np.ndarray:
-    """The per-round seeded permutation of chunk indices of one stream.
+def stream_order(session: int, round: int, kind: int, part: int, src: int, count: int,
+                 order: str = "shuffled") -> np.ndarray:
+    """The chunk indices of one stream in the order a pass sends them.
 
-    Early stops then drop a different random subset every round instead of
-    always the tail of the model (the prototype's fixed order).
+    "shuffled": a per-round seeded permutation, so early stops drop a
+    different random subset every round instead of always the tail of the
+    model; "fixed": index order, the prototype's (``dblp.config.ORDERS``).
     """
+    if order == "fixed":
+        return np.arange(count, dtype=np.int64)
     rng = np.random.default_rng([session & 0xFFFFFFFF, session >> 32, round, kind, part, src])
     return rng.permutation(count).astype(np.int64)
 
@@ -55,13 +61,18 @@ def unpack_bitmap(payload, count: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(payload, np.uint8), count=count).astype(bool)
 
 class OutTransfer:
-    """Sender of one stream: paced passes, PROBE, resend what BITMAP lists, until STOP."""
+    """Sender of one stream: paced passes, PROBE, resend what BITMAP lists, until STOP.
+
+    An unanswered PROBE is resent after ``Engine.probe_timeout``: the adaptive
+    RTO with backoff, the prototype's fixed ``probe_wait``, or never over TCP
+    control (TCP retransmits it).
+    """
 
     __slots__ = (
         # which stream: owner engine, PUSH/PULL, part, destination, round, header flags
         "eng", "kind", "part", "peer", "round", "flags",
         # the payload and its chunking
-        "data", "raw", "nbytes", "count", "bound_ppm",
+        "data", "raw", "nbytes", "chunk_bytes", "count", "bound_ppm",
         # the current pass: chunk order, what is left to send, where we are
         "order", "queue", "pos", "state", "passes", "sent_at",
         # what the receiver holds (its last bitmap) and, in repair, what must arrive
@@ -80,12 +91,14 @@ class OutTransfer:
         self.data = data
         self.raw = data.view(np.uint8).data
         self.nbytes = data.nbytes
-        self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
+        self.chunk_bytes = eng.chunk_bytes
+        self.count = max(1, -(-self.nbytes // self.chunk_bytes))
         if self.count > wire.MAX_PART_CHUNKS:
             raise TransportError(f"stream of {self.count} chunks exceeds MAX_PART_CHUNKS")
         self.bound_ppm = bound_ppm
         self.flags = flags | (Flag.PULL if kind == PULL else 0)
-        self.order = stream_order(eng.session, self.round, kind, part, eng.rank, self.count)
+        self.order = stream_order(eng.session, self.round, kind, part, eng.rank, self.count,
+                                  eng.chunk_order)
         self.queue = self.order
         self.pos = 0
         self.state = SENDING
@@ -113,8 +126,8 @@ class OutTransfer:
     def send_next(self, now: float) -> int:
         """Send the next chunk of the pass; returns bytes sent (0 if socket full)."""
         c = int(self.queue[self.pos])
-        start = c * CHUNK_BYTES
-        end = min(start + CHUNK_BYTES, self.nbytes)
+        start = c * self.chunk_bytes
+        end = min(start + self.chunk_bytes, self.nbytes)
         eng = self.eng
         hdr = wire.pack_header(_DATA, src=eng.rank, part=self.part, session=eng.session,
                                round=self.round, index=c, count=self.count, length=end - start,
@@ -146,8 +159,7 @@ class OutTransfer:
                                bound=self.bound_ppm, flags=self.flags, copies=copies)
         eng.send_ctrl(self.peer, msg, copies)
         self.probes += 1
-        rto = eng.rto(self.peer)
-        self.next_probe_t = now + rto * self.backoff if rto < math.inf else math.inf
+        self.next_probe_t = now + eng.probe_timeout(self.peer, self.backoff)
 
     def on_timer(self, now: float) -> float:
         if self.state != PROBING:
@@ -273,8 +285,8 @@ class InTransfer:
     __slots__ = (
         # which stream: owner engine, PUSH/PULL, part, source, round, header flags
         "eng", "kind", "part", "peer", "round", "flags",
-        # where chunks land: accumulate (aggregator) or copy (replica)
-        "out", "out_u8", "nbytes", "count", "add", "freeze",
+        # where chunks land: accumulate (aggregator) or copy (replica), in chunks of how many bytes
+        "out", "out_u8", "nbytes", "chunk_bytes", "count", "add", "freeze",
         # the bound (ours, never a datagram's) and how many chunks it lets go missing
         "bound_ppm", "allowed",
         # what arrived
@@ -292,7 +304,8 @@ class InTransfer:
         self.out = out
         self.nbytes = out.nbytes
         self.out_u8 = out.view(np.uint8).data if not add else None
-        self.count = max(1, -(-self.nbytes // CHUNK_BYTES))
+        self.chunk_bytes = eng.chunk_bytes
+        self.count = max(1, -(-self.nbytes // self.chunk_bytes))
         self.add = add
         self.freeze = freeze
         self.bound_ppm = bound_ppm
@@ -330,8 +343,8 @@ class InTransfer:
 
     def on_data(self, h: wire.Header, buf, n: int, now: float) -> None:
         c = h.index
-        start = c * CHUNK_BYTES
-        if h.count != self.count or h.length != min(CHUNK_BYTES, self.nbytes - start):
+        start = c * self.chunk_bytes
+        if h.count != self.count or h.length != min(self.chunk_bytes, self.nbytes - start):
             self.eng.counters.malformed += 1
             return
         if (self.stopped and self.freeze) or self.final is not None:
@@ -402,7 +415,7 @@ class InTransfer:
             if (~self.have & ~dropped).any():
                 self.eng.counters.malformed += 1
             if zero.any():
-                self.out[np.repeat(zero, CHUNK_BYTES // 4)[:self.out.size]] = 0
+                self.out[np.repeat(zero, self.chunk_bytes // 4)[:self.out.size]] = 0
             self.final = dropped
             self.final_next_bound = h.aux
             self.final_flags = h.flags

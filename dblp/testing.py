@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 import dblp
+from dblp.wire import CHUNK_BYTES
 
 
 def free_port() -> int:
@@ -79,35 +80,35 @@ def run_job(n_workers=3, mode="ps", policy="reliable", rounds=2, numel=20_000, c
 
 def dropped_mask(last_result, parts) -> np.ndarray:
     """Elements every replica zero-filled in the pull (the FINAL set U)."""
-    from dblp.wire import CHUNK_ELEMS
     numel = parts[-1].stop
     mask = np.zeros(numel, bool)
     sets = [(r.part, r.final) for r in last_result.pull_receivers]
     sets += [(g.part.index, g.dropped) for g in last_result.pull_groups]
     for idx, dropped in sets:
         p = parts[idx]
-        mask[p.start:p.stop] = np.repeat(dropped, CHUNK_ELEMS)[:p.stop - p.start]
+        mask[p.start:p.stop] = p.expand(dropped)
     return mask
 
 
-def expected_aggregate(grads, results, r, n_workers, mode="ps", missing="zero"):
+def expected_aggregate(grads, results, r, n_workers, mode="ps", missing="zero",
+                       chunk_bytes: int = CHUNK_BYTES):
     """The aggregate the protocol promises, rebuilt from the STOP bitmaps.
 
     Every chunk the aggregator held from a member counts; missing chunks are
     zero (divide by N) or skipped (divide by deliverers, ``missing="mean"``);
     chunks in the pull's dropped set U are zero on every replica.
+    ``chunk_bytes``: the job's (``TransportConfig.chunk_bytes``).
     """
     from dblp.rounds import make_layout
-    from dblp.wire import CHUNK_ELEMS
     numel = grads[0][r].size
-    parts = make_layout(numel, mode, n_workers)
+    parts = make_layout(numel, mode, n_workers, chunk_bytes=chunk_bytes)
     total = np.zeros(numel, np.float64)
     count = np.zeros(numel, np.float64)
     for w in range(n_workers):
         held = np.ones(numel, bool)
         for s in results[w][r][2].push_senders:
             p = parts[s.part]
-            held[p.start:p.stop] = np.repeat(s.held, CHUNK_ELEMS)[:p.stop - p.start]
+            held[p.start:p.stop] = p.expand(s.held)
         total += np.where(held, grads[w][r], 0)
         count += held
     agg = total / (np.maximum(count, 1) if missing == "mean" else n_workers)

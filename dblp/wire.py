@@ -35,6 +35,12 @@ Payload per message type:
 
 No message exceeds ``MAX_DATAGRAM`` (1472) bytes of UDP payload, so each fits
 a 1500-byte MTU without IP fragmentation; a receiver rejects anything longer.
+The one exception is opt-in: a job configured with larger data chunks
+(``TransportConfig.chunk_bytes``, the authors' prototype's 8 KB) sends DATA
+datagrams of ``datagram_size(chunk_bytes)`` bytes, which the kernel splits
+into ``fragments(...)`` IP fragments (losing one loses the chunk); its
+receivers accept DATA up to that size (``unpack_header``'s ``chunk_bytes``),
+control messages still only up to ``MAX_DATAGRAM``.
 """
 from __future__ import annotations
 
@@ -45,7 +51,11 @@ import struct
 
 MAGIC = 0xDB1B
 VERSION = 2  # 2: the MAC trailer
-MAX_DATAGRAM = 1472  # 1500 MTU - 20 IPv4 - 8 UDP
+MTU = 1500  # the Ethernet MTU every datagram is sized for
+IP_HEADER = 20
+UDP_HEADER = 8
+MAX_DATAGRAM = MTU - IP_HEADER - UDP_HEADER  # 1472: the largest unfragmented UDP payload
+MAX_UDP_PAYLOAD = 65507  # 65535 - 20 IPv4 - 8 UDP: the largest datagram at all
 DEFAULT_PORT = 47474  # the transport's UDP (and TCP control) port unless a job says otherwise
 PPM = 1_000_000  # bounds travel as parts per million (integers: all peers agree exactly)
 
@@ -103,6 +113,8 @@ MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
 CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
 CHUNK_BYTES = CHUNK_ELEMS * 4
 MAX_PART_CHUNKS = MAX_PAYLOAD * 4  # a FINAL's two bitmaps must fit one datagram
+#: The largest configurable data chunk: whole float32s in the largest datagram.
+MAX_CHUNK_BYTES = (MAX_UDP_PAYLOAD - HEADER_SIZE - TAG_SIZE) // 4 * 4
 FIELD_NAMES = tuple(name for name, _, _ in HEADER_FIELDS)
 FIELD_OFFSETS = {}
 _off = 0
@@ -111,6 +123,21 @@ for _name, _code, _ in HEADER_FIELDS:
     _off += struct.calcsize("!" + _code)
 
 assert HEADER_SIZE == 40, HEADER_SIZE
+
+
+def datagram_size(chunk_bytes: int = CHUNK_BYTES) -> int:
+    """UDP payload bytes of a full DATA datagram carrying ``chunk_bytes`` of floats."""
+    return HEADER_SIZE + chunk_bytes + TAG_SIZE
+
+
+def fragments(datagram: int, mtu: int = MTU) -> int:
+    """IP packets a UDP datagram of ``datagram`` payload bytes becomes at ``mtu``.
+
+    Every fragment but the last carries a multiple of 8 bytes of the IP
+    payload (UDP header + datagram); 1 for anything up to ``MAX_DATAGRAM``.
+    """
+    per_fragment = (mtu - IP_HEADER) // 8 * 8
+    return max(1, -(-(datagram + UDP_HEADER) // per_fragment))
 
 
 class Header:
@@ -219,20 +246,26 @@ class Sealer:
 _TYPES = frozenset(int(t) for t in MsgType)
 
 
-def unpack_header(buf, nbytes: int | None = None) -> Header:
+def unpack_header(buf, nbytes: int | None = None, chunk_bytes: int = CHUNK_BYTES) -> Header:
     """Decode and validate a header; raise MalformedDatagram on anything off.
 
     ``nbytes`` is how many bytes of ``buf`` are valid (``recv_into`` style),
-    trailer included. Checks: size (at most one datagram), magic, version,
+    trailer included; ``chunk_bytes`` is the job's data chunk size (its
+    ``TransportConfig.chunk_bytes``), so a job with larger chunks accepts its
+    own larger DATA and nothing larger. Checks: size (DATA at most one
+    chunk's datagram, anything else at most ``MAX_DATAGRAM``), magic, version,
     type, declared length == actual payload, chunk index < count for DATA, DATA
     payloads whole float32s of at most one chunk. The tag is ``Sealer``'s job.
     """
     n = len(buf) if nbytes is None else nbytes
     if n < HEADER_SIZE + TAG_SIZE:
         raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE} + tag {TAG_SIZE}")
-    if n > MAX_DATAGRAM:
-        raise MalformedDatagram(f"{n} bytes exceed one datagram ({MAX_DATAGRAM})")
+    largest = max(MAX_DATAGRAM, datagram_size(chunk_bytes))
+    if n > largest:
+        raise MalformedDatagram(f"{n} bytes exceed one datagram ({largest})")
     h = Header(*_HEADER.unpack_from(buf, 0))
+    if n > MAX_DATAGRAM and h.type != MsgType.DATA:
+        raise MalformedDatagram(f"{n} bytes exceed one control datagram ({MAX_DATAGRAM})")
     if h.magic != MAGIC:
         raise MalformedDatagram(f"bad magic 0x{h.magic:04x}")
     if h.version != VERSION:
@@ -245,9 +278,9 @@ def unpack_header(buf, nbytes: int | None = None) -> Header:
     if h.type == MsgType.DATA:
         if h.index >= h.count:
             raise MalformedDatagram(f"chunk index {h.index} >= count {h.count}")
-        if h.length % 4 or h.length == 0 or h.length > CHUNK_BYTES:
+        if h.length % 4 or h.length == 0 or h.length > chunk_bytes:
             raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s "
-                                    f"of at most one chunk ({CHUNK_BYTES})")
+                                    f"of at most one chunk ({chunk_bytes})")
     elif h.type in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
         bitmaps = 2 if h.type == MsgType.FINAL else 1
         if h.length != bitmaps * ((h.count + 7) // 8) or h.count > MAX_PART_CHUNKS:

@@ -32,6 +32,16 @@ whole-round formula above holds. The burst is taken to start with the round
 (in the runs it starts 2-10 ms after the round's announcement, which makes
 the bound a few milliseconds generous).
 
+Fragmented chunks (the prototype mode's ``transport.chunk_bytes`` = 8192):
+the loss p above is per datagram, and a chunk of f IP fragments
+(``dblp.wire.fragments``, 6 for 8 KB at a 1500-byte MTU) is lost when any
+of its fragments is, so every formula takes the chunk loss 1 - (1 - p)^f
+in place of p (``PhysicsInputs.chunk_loss``), for the bursts and the base
+loss alike. `inputs_for_run` sets f from the spec only when every arm of
+the run uses the dblp transport: gloo's TCP segments never fragment, and
+the bound of a run is one for all its arms, so with a gloo arm f stays 1
+(for the transport's arms that only loosens the bound, never breaks it).
+
 The two speedup ratios below do not depend on p: DBLP's speedup over the
 static bound sits between the bandwidth-bound ratio (1 - P_low)/(1 - P_high)
 (big gradients, cheap probes) and the pass-bound ratio ln P_low / ln P_high
@@ -59,6 +69,8 @@ class PhysicsInputs:
     burst_loss: loss probability used for a burst when neither the burst's
         measured loss nor its requested `params.p` is known.
     include_pull: add the average's trip back (uplink, no burst) to the bound.
+    fragments: IP fragments per data chunk (spec `transport.chunk_bytes`
+        through ``dblp.wire.fragments``): a chunk is lost if any one is.
     """
 
     rate_bps: float
@@ -68,6 +80,7 @@ class PhysicsInputs:
     base_loss: float = 0.0
     burst_loss: float | None = None
     include_pull: bool = True
+    fragments: int = 1
 
     def __post_init__(self):
         for name in ("rate_bps", "grad_bytes"):
@@ -77,12 +90,18 @@ class PhysicsInputs:
         if not (isinstance(self.rtt_s, (int, float)) and math.isfinite(self.rtt_s)
                 and self.rtt_s >= 0):
             raise ValueError(f"physics input 'rtt_s' must be >= 0 seconds, got {self.rtt_s!r}")
-        if not (isinstance(self.flows, int) and self.flows >= 1):
-            raise ValueError(f"physics input 'flows' must be an integer >= 1, got {self.flows!r}")
+        for name in ("flows", "fragments"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"physics input '{name}' must be an integer >= 1, got {v!r}")
         for name in ("base_loss", "burst_loss"):
             v = getattr(self, name)
             if v is not None and not (0 <= v < 1):
                 raise ValueError(f"physics input '{name}' must be a probability in [0, 1), got {v!r}")
+
+    def chunk_loss(self, loss: float) -> float:
+        """Loss of a whole chunk when each of its ``fragments`` datagrams is lost with ``loss``."""
+        return 1.0 - (1.0 - loss) ** self.fragments
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -124,12 +143,14 @@ def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs, mode: str = 
     """
     if mode not in ("ps", "sharded"):
         raise ValueError(f"mode must be 'ps' or 'sharded', got {mode!r}")
+    loss = inputs.chunk_loss(loss)
+    base_loss = inputs.chunk_loss(inputs.base_loss)
     if mode == "sharded":
         bits = 2.0 * (inputs.flows - 1) / inputs.flows * inputs.grad_bytes * 8.0
         pull = 0.0
     else:
         bits = inputs.flows * inputs.grad_bytes * 8.0
-        pull = bits * (1 - bound) / (1 - inputs.base_loss) / inputs.rate_bps if inputs.include_pull else 0.0
+        pull = bits * (1 - bound) / (1 - base_loss) / inputs.rate_bps if inputs.include_pull else 0.0
     need = bits * (1 - bound)
     if burst_s is not None and need > (1 - loss) * inputs.rate_bps * burst_s:
         rest = need - (1 - loss) * inputs.rate_bps * burst_s
@@ -181,7 +202,9 @@ def inputs_for_run(spec, manifest: dict, grad_bytes: float | None,
 
     Sources, later ones winning: the spec's `topology.bw_mbps` (or a lower
     `transport.rate_mbps`), `placement.workers` and, for loss bursts,
-    `burst_every.p`; the manifest's measured `rtt_ms`; then `override` (the
+    `burst_every.p`, and the IP fragments of one `transport.chunk_bytes`
+    chunk when every arm uses the transport (module docstring); the
+    manifest's measured `rtt_ms`; then `override` (the
     `report` command's options). `grad_bytes` comes from the workers' start
     events. Returns (inputs or None, what is missing) so a report can say why
     no bound is shown instead of inventing one; an override the bound cannot
@@ -198,6 +221,9 @@ def inputs_for_run(spec, manifest: dict, grad_bytes: float | None,
     gen = spec["burst_every"]
     if gen["kind"] == "loss" and 0 <= gen["p"] < 1:
         d["burst_loss"] = float(gen["p"])
+    frags = _fragments_per_chunk(spec)
+    if frags > 1:
+        d["fragments"] = frags
     if manifest.get("rtt_ms") is not None:
         d["rtt_s"] = manifest["rtt_ms"] / 1000.0
     if grad_bytes:
@@ -210,3 +236,15 @@ def inputs_for_run(spec, manifest: dict, grad_bytes: float | None,
         return PhysicsInputs.from_dict(d), []
     except ValueError as exc:
         raise InputError(str(exc)) from None
+
+
+def _fragments_per_chunk(spec) -> int:
+    """IP fragments of one data chunk, or 1 when an arm does not use the transport."""
+    from dblp import wire
+    from testbed.config.arms import ARMS, BASELINE_TRANSPORTS
+
+    chunk = spec["transport"].get("chunk_bytes", wire.CHUNK_BYTES)
+    arms = [ARMS.get(name) for name in spec[""]["arms"]]
+    if any(a is None or a.transport in BASELINE_TRANSPORTS for a in arms):
+        return 1
+    return wire.fragments(wire.datagram_size(chunk))

@@ -181,6 +181,20 @@ SCHEMA: dict[str, dict[str, Setting]] = {
                              fix="use 0 (the link's fair share) or a rate in (0, 10000] Mbit/s"),
         "round_deadline_s": Setting(_NUMBER, 30.0, transport="round_timeout",
                                     fix="use a deadline in seconds, e.g. 30"),
+        # Prototype mode (dblp.TransportConfig, "prototype mode"): the authors'
+        # prototype's costs, one field each; the defaults are the transport's own.
+        # 1416 = dblp.wire.CHUNK_BYTES (one unfragmented datagram), copied so the
+        # schema needs no dblp import (pinned by a unit test).
+        "chunk_bytes": Setting(int, 1416, transport="chunk_bytes",
+                               fix="use whole float32s, e.g. 1416 (MTU-sized) or 8192 "
+                                   "(the prototype's IP-fragmented chunks)"),
+        "chunk_order": Setting(str, "shuffled", transport="chunk_order",
+                               fix="use shuffled (a per-round order) or fixed (the prototype's)"),
+        # 0: the adaptive probe timer (RTO from the measured RTT).
+        "probe_wait": Setting(_NUMBER, 0.0, unset=0, transport="probe_wait",
+                              fix="use 0 (adaptive) or a fixed wait in seconds, e.g. 1.0"),
+        "nagle": Setting(bool, False, transport="nagle",
+                         fix="use false (TCP_NODELAY) or true (the prototype's Nagle)"),
     },
     # The burst generator: its fields, defaults and ranges live in controllers.bursts
     # (BurstEvery validates them); here only their types, for reading TOML.

@@ -1,0 +1,346 @@
+"""Prototype mode: the four settings that put the authors' prototype's costs back, on real sockets.
+
+Each setting is shown doing what it says on 127.0.0.1 (8 KB chunks, fixed
+order, a fixed probe wait, Nagle on TCP control), the defaults are shown to
+send the very bytes the transport sent before the settings existed, and the
+`paper-prototype` preset is shown to reach the transport's config.
+"""
+import dataclasses
+import hashlib
+import math
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dblp
+from dblp import wire
+from dblp.config import TransportConfig
+from dblp.engine import PUSH, Engine, OutTransfer, pack_bitmap, stream_order
+from dblp.framing import TcpControl
+from dblp.testing import expected_aggregate, run_job
+from dblp.wire import MsgType
+
+pytestmark = pytest.mark.unit
+
+PROTO = 8192
+#: sha256 of the datagrams ``_capture()`` records, computed with the transport as it
+#: was before prototype mode existed (commit 4578008): the defaults must not move a byte.
+GOLDEN = "eb988d3891801c4d4a362bd219084ded5a157a1d3dbd68e069f053933fc5a408"
+
+
+def _capture(numel: int = 4 * wire.CHUNK_ELEMS + 100, **engine_kw):
+    """Every datagram one push stream sends (its pass and first PROBE) to a silent peer."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(2)
+    eng = Engine(1, bind=("127.0.0.1", 0), session=0x1234_5678_9ABC, key=bytes(range(32)),
+                 **engine_kw)
+    try:
+        eng.peers[2] = rx.getsockname()
+        eng.begin_round(3)
+        data = np.arange(numel, dtype=np.float32) * 0.5 - 7
+        s = OutTransfer(eng, PUSH, 0, 2, data, 8000)
+        while s.has_pending():
+            assert s.send_next(time.monotonic()) > 0
+        return s, [rx.recv(65536) for _ in range(s.count + 1)], data
+    finally:
+        eng.close()
+        rx.close()
+
+
+# -- defaults: the bytes of before ------------------------------------------------------
+def test_defaults_send_the_same_bytes_as_before():
+    cfg = TransportConfig()
+    assert (cfg.chunk_bytes, cfg.chunk_order, cfg.probe_wait, cfg.nagle) == (
+        wire.CHUNK_BYTES, "shuffled", None, False)
+    assert wire.CHUNK_BYTES == 1416 and wire.datagram_size() == wire.MAX_DATAGRAM == 1472
+    assert wire.fragments(wire.MAX_DATAGRAM) == 1
+    s, grams, _ = _capture()
+    assert hashlib.sha256(b"".join(grams)).hexdigest() == GOLDEN
+    assert [len(g) for g in grams] == [1472, 456, 1472, 1472, 1472, 56]
+    # The scapy layer still dissects them.
+    from dblp.scapy_layer import DBLP
+    pkt = DBLP(grams[0])
+    assert pkt.length == wire.CHUNK_BYTES and pkt.count == s.count == 5
+
+
+# -- chunk_bytes ------------------------------------------------------------------------
+def test_8k_chunks_travel_as_8k_datagrams():
+    numel = 10 * PROTO // 4 + 300  # 10 full chunks and a short one
+    s, grams, data = _capture(numel, chunk_bytes=PROTO)
+    assert s.count == math.ceil(numel * 4 / PROTO) == 11
+    heads = [wire.unpack_header(g, chunk_bytes=PROTO) for g in grams]
+    data_heads = [h for h in heads if h.type == MsgType.DATA]
+    assert len(data_heads) == 11 and all(h.count == 11 for h in data_heads)
+    for h, g in zip(heads, grams, strict=True):
+        if h.type != MsgType.DATA:
+            continue
+        want = PROTO if h.index < 10 else 300 * 4
+        assert h.length == want and len(g) == wire.HEADER_SIZE + want + wire.TAG_SIZE
+        raw = data.view(np.uint8)[h.index * PROTO:h.index * PROTO + want].tobytes()
+        assert g[wire.HEADER_SIZE:wire.HEADER_SIZE + want] == raw
+    # ~6 IP fragments at a 1500-byte MTU; losing one loses the chunk.
+    assert wire.fragments(wire.datagram_size(PROTO)) == 6
+
+
+def test_receivers_accept_8k_data_only_when_configured():
+    big = wire.Sealer(None).seal(wire.pack_header(MsgType.DATA, count=2, length=PROTO)
+                                 + bytes(PROTO))
+    assert wire.unpack_header(big, chunk_bytes=PROTO).length == PROTO
+    with pytest.raises(wire.MalformedDatagram):
+        wire.unpack_header(big)  # today's limit stays the default
+    # Control messages stay within one unfragmented datagram whatever the chunk size.
+    hello = wire.pack_header(MsgType.HELLO, length=2000) + bytes(2000) + wire.ZERO_TAG
+    with pytest.raises(wire.MalformedDatagram, match="control"):
+        wire.unpack_header(hello, chunk_bytes=PROTO)
+
+
+def test_large_chunks_let_the_kernel_fragment():
+    plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    system_default = plain.getsockopt(socket.IPPROTO_IP, 10)  # IP_MTU_DISCOVER
+    plain.close()
+    big, small = Engine(0, bind=("127.0.0.1", 0), chunk_bytes=PROTO), Engine(0, bind=("127.0.0.1", 0))
+    try:
+        assert big.sock.getsockopt(socket.IPPROTO_IP, 10) == 0  # IP_PMTUDISC_DONT
+        assert small.sock.getsockopt(socket.IPPROTO_IP, 10) == system_default
+    finally:
+        big.close()
+        small.close()
+
+
+def test_8k_chunks_deliver_a_gradient_bit_for_bit():
+    numel = 50_000  # 200,000 bytes: 25 chunks of 8 KB
+    results, _, grads = run_job(n_workers=2, policy="reliable", rounds=2, numel=numel,
+                                knobs={"chunk_bytes": PROTO})
+    for r in range(2):
+        exp = expected_aggregate(grads, results, r, 2, chunk_bytes=PROTO)
+        np.testing.assert_array_equal(exp, (grads[0][r] + grads[1][r]) / np.float32(2))
+        for w in range(2):
+            tensor, stats, last = results[w][r]
+            np.testing.assert_array_equal(tensor, exp)
+            assert stats.chunks == math.ceil(numel * 4 / PROTO) == 25
+            assert last.push_senders[0].count == 25
+
+
+def test_a_member_with_another_chunk_size_is_refused_at_join():
+    srv = dblp.ParameterServer("127.0.0.1", 0, 1, "reliable", join_timeout=5, idle_timeout=1)
+    errors: list = []
+
+    def serve():
+        try:
+            srv.serve(1)
+        except dblp.TransportError as exc:
+            errors.append(exc)
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        g = dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, policy="reliable", chunk_bytes=PROTO,
+                                join_timeout=5)
+        try:
+            with pytest.raises(ValueError, match="chunk_bytes=8192 but the aggregator cuts "
+                                                 "chunks of 1416"):
+                g.allreduce_(np.ones(1000, np.float32))
+        finally:
+            g.close()
+    finally:
+        t.join(10)
+        srv.close()
+
+
+# -- chunk_order ------------------------------------------------------------------------
+def test_fixed_order_sends_ascending_indices_every_pass():
+    assert stream_order(5, 1, PUSH, 0, 1, 7, "fixed").tolist() == list(range(7))
+    shuffled = stream_order(5, 1, PUSH, 0, 1, 50)
+    assert sorted(shuffled.tolist()) == list(range(50)) and shuffled.tolist() != list(range(50))
+    numel = 20 * wire.CHUNK_ELEMS
+    s, grams, _ = _capture(numel, chunk_order="fixed")
+    sent = [wire.unpack_header(g) for g in grams]
+    assert [h.index for h in sent if h.type == MsgType.DATA] == list(range(20))
+    assert sent[-1].type == MsgType.PROBE
+    # A resend pass: what the BITMAP lists, again in index order.
+    held = np.ones(20, bool)
+    held[[17, 3, 11]] = False
+    reply = wire.pack(MsgType.BITMAP, pack_bitmap(held), index=s.probe_id, count=20)
+    h = wire.unpack_header(reply)
+    s.state = "probing"
+    s.on_reply(h, reply[wire.HEADER_SIZE:wire.HEADER_SIZE + h.length], time.monotonic())
+    assert s.queue.tolist() == [3, 11, 17]
+
+
+# -- probe_wait -------------------------------------------------------------------------
+def _probe_times(wait: float, probes: int) -> list[float]:
+    """First arrival of each PROBE id at a peer that never answers (every answer dropped).
+
+    Copies of one probe (control redundancy rises with each timeout) count once.
+    """
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    eng = Engine(1, bind=("127.0.0.1", 0), session=9, probe_wait=wait)
+    first: dict[int, float] = {}
+
+    def drain() -> bool:
+        while True:
+            try:
+                g = rx.recv(65536)
+            except BlockingIOError:
+                return len(first) >= probes
+            h = wire.unpack_header(g)
+            if h.type == MsgType.PROBE:
+                first.setdefault(h.index, time.monotonic())
+    try:
+        eng.peers[2] = rx.getsockname()
+        eng.begin_round(0)
+        s = OutTransfer(eng, PUSH, 0, 2, np.ones(3 * wire.CHUNK_ELEMS, np.float32), 0)
+        eng.add_sender(s)
+        eng.run_until(drain, time.monotonic() + 4.0, lambda: f"{len(first)} probes")
+        return [first[i] for i in sorted(first)]
+    finally:
+        eng.close()
+        rx.close()
+
+
+def test_a_fixed_probe_wait_reprobes_after_exactly_that_long():
+    times = _probe_times(0.3, 4)
+    gaps = np.diff(times)
+    assert len(gaps) == 3 and all(0.25 <= g <= 0.6 for g in gaps), gaps  # no backoff either
+
+
+def test_probe_wait_leaves_tcp_control_to_tcp():
+    """Over TCP control no probe is resent (TCP retransmits); probe_wait changes only UDP."""
+    lst = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lst.getsockname())
+    b, _ = lst.accept()
+    eng = Engine(0, bind=("127.0.0.1", 0), control="tcp", probe_wait=1.0)
+    udp = Engine(0, bind=("127.0.0.1", 0), probe_wait=1.0)
+    try:
+        eng.tcp[1] = TcpControl(a, peer=1)
+        assert eng.probe_timeout(1, 1.0) == math.inf
+        assert udp.probe_timeout(1, 4.0) == 1.0  # fixed: no backoff
+        adaptive = Engine(0, bind=("127.0.0.1", 0))
+        try:
+            assert adaptive.probe_timeout(1, 2.0) == pytest.approx(2 * adaptive.rto(1))
+        finally:
+            adaptive.close()
+    finally:
+        eng.close()
+        udp.close()
+        b.close()
+        lst.close()
+
+
+# -- nagle ------------------------------------------------------------------------------
+def _nodelay(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def test_nagle_leaves_tcp_nodelay_off():
+    lst = socket.create_server(("127.0.0.1", 0))
+    conns = []
+    try:
+        for nagle in (False, True):
+            c = TcpControl(socket.create_connection(lst.getsockname()), peer=0, nagle=nagle)
+            conns += [c, TcpControl(lst.accept()[0], nagle=nagle)]
+            assert (_nodelay(conns[-2].sock) == 0) == nagle and (_nodelay(conns[-1].sock) == 0) == nagle
+    finally:
+        for c in conns:
+            c.close()
+        lst.close()
+
+
+@pytest.mark.parametrize("nagle", [False, True])
+def test_nagle_reaches_both_ends_of_a_jobs_control_connections(nagle):
+    cfg = TransportConfig(policy="reliable", control="tcp", nagle=nagle, join_timeout=10)
+    srv = dblp.ParameterServer("127.0.0.1", 0, 1, config=cfg)
+    t = threading.Thread(target=srv.serve, args=(1,))
+    t.start()
+    g = dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, config=cfg)
+    try:
+        x = np.arange(3000, dtype=np.float32)
+        g.allreduce_(x)
+        np.testing.assert_array_equal(x, np.arange(3000, dtype=np.float32))
+        member = g.engine.tcp[1].sock
+        t.join(10)
+        server = srv.engine.tcp[0].sock
+        assert (_nodelay(member) == 0) == nagle and (_nodelay(server) == 0) == nagle
+    finally:
+        g.close()
+        t.join(10)
+        srv.close()
+
+
+# -- validation -------------------------------------------------------------------------
+@pytest.mark.parametrize("bad,text", [
+    ({"chunk_bytes": 8190}, "chunk_bytes must be a multiple of 4 in [64, 65448]"),
+    ({"chunk_bytes": 60}, "chunk_bytes must be in [64, 65448]"),
+    ({"chunk_bytes": 65452}, "chunk_bytes must be in [64, 65448]"),
+    ({"chunk_bytes": 8192.0}, "chunk_bytes must be an int"),
+    ({"chunk_order": "random"}, "chunk_order must be one of ['shuffled', 'fixed']"),
+    ({"probe_wait": 0}, "probe_wait must be in (0.0, 3600.0]"),
+    ({"probe_wait": -1.0}, "probe_wait must be in (0.0, 3600.0]"),
+    ({"nagle": 1}, "nagle must be true or false"),
+    ({"nagle": "yes"}, "nagle must be true or false"),
+])
+def test_bad_prototype_settings_name_the_setting_and_its_range(bad, text):
+    with pytest.raises(ValueError) as e:
+        TransportConfig(**bad)
+    assert str(e.value).startswith(text) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Engine(0, bind=("127.0.0.1", 0), **bad)
+
+
+def test_prototype_settings_round_trip_and_come_from_the_environment():
+    cfg = TransportConfig(chunk_bytes=PROTO, chunk_order="fixed", probe_wait=1, nagle=True)
+    assert isinstance(cfg.probe_wait, float) and TransportConfig.from_json(cfg.to_json()) == cfg
+    env = {"DBLP_CHUNK_BYTES": "8192", "DBLP_CHUNK_ORDER": "fixed", "DBLP_PROBE_WAIT": "1.0",
+           "DBLP_NAGLE": "on"}
+    assert TransportConfig.from_env(env) == cfg
+    assert TransportConfig.from_env({"DBLP_PROBE_WAIT": "none"}).probe_wait is None
+    with pytest.raises(ValueError, match="DBLP_NAGLE"):
+        TransportConfig.from_env({"DBLP_NAGLE": "maybe"})
+    assert "ORDERS" in dblp.__all__ and dblp.ORDERS == ("shuffled", "fixed")
+
+
+# -- the preset and the spec ------------------------------------------------------------
+def test_paper_prototype_resolves_through_the_spec():
+    from testbed.config.arms import ARMS
+    from testbed.config.presets import PAPER, PRESETS
+    from testbed.config.spec import SCHEMA, load, transport_config
+
+    assert SCHEMA["transport"]["chunk_bytes"].default == wire.CHUNK_BYTES  # the pinned copy
+    spec = load(None, PRESETS["paper-prototype"])
+    assert spec.arms == ["static", "dblp", "static-tcp", "dblp-tcp"]
+    paper = load(None, PAPER)
+    assert {k: v for k, v in spec["topology"].items()} == paper["topology"]
+    cfg = transport_config(spec["transport"], ARMS["dblp-tcp"])
+    assert (cfg.chunk_bytes, cfg.chunk_order, cfg.probe_wait, cfg.nagle, cfg.control) == (
+        PROTO, "fixed", 1.0, True, "tcp")
+    assert (cfg.p_low, cfg.p_high) == (0.008, 0.408)
+    default = transport_config(paper["transport"], ARMS["dblp"])
+    assert (default.chunk_bytes, default.chunk_order, default.probe_wait, default.nagle) == (
+        wire.CHUNK_BYTES, "shuffled", None, False)
+    over = load(None, PAPER, ["transport.chunk_bytes=8192"])
+    assert transport_config(over["transport"], ARMS["static"]).chunk_bytes == PROTO
+
+
+def test_physics_takes_the_chunk_loss_of_fragmented_chunks():
+    from testbed.analysis import physics
+    from testbed.config.presets import PRESETS
+    from testbed.config.spec import load
+
+    spec = load(None, PRESETS["paper-prototype"])
+    inputs, missing = physics.inputs_for_run(spec, {"rtt_ms": 1.0}, 1e6)
+    assert not missing and inputs.fragments == 6
+    assert inputs.chunk_loss(0.1) == pytest.approx(1 - 0.9 ** 6)
+    one = dataclasses.replace(inputs, fragments=1)
+    p = 1 - 0.9 ** 6
+    assert physics.round_bound_s(0.408, 0.1, inputs) == pytest.approx(
+        physics.round_bound_s(0.408, p, one))
+    # A gloo arm keeps the bound a bound for gloo (its TCP segments never fragment).
+    with_gloo = load(None, PRESETS["paper-prototype"], ["arms=static,gloo"])
+    assert physics.inputs_for_run(with_gloo, {"rtt_ms": 1.0}, 1e6)[0].fragments == 1
+    assert physics.inputs_for_run(load(None, PRESETS["paper"]), {"rtt_ms": 1.0},
+                                  1e6)[0].fragments == 1
