@@ -26,7 +26,7 @@ COVERED = {
                               "--readme-only); the README's tables: tests/unit/test_readme_tables.py",
     "dblp-testbed ablate": "tests/e2e/test_ablate.py (the smoke ablation end to end, resumed); "
                            "the detector ablation's tables: tests/unit/test_readme_tables.py",
-    "dblp-testbed regime": "tests/e2e/test_regime.py (the smoke map end to end, resumed); "
+    "dblp-testbed regime": "tests/e2e/test_regime_map.py (the smoke map end to end, resumed); "
                            "the reduced map's tables: tests/unit/test_readme_tables.py",
     "dblp-testbed doctor": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed net check": "tests/emu/test_fabric_cleanup.py",
