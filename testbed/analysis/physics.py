@@ -32,6 +32,14 @@ whole-round formula above holds. The burst is taken to start with the round
 (in the runs it starts 2-10 ms after the round's announcement, which makes
 the bound a few milliseconds generous).
 
+Bursts on the pull path (the server's uplink, `burst_on_pull`): in
+parameter-server mode the push then crosses a clean link, and the pull,
+which cannot start before the push ends, meets only what is left of a
+fixed-duration burst by then (all of a round-locked one); the formula above
+is applied to the pull with that remainder. Sharded mode and gloo's ring
+send as much from rank 0 as they receive, so their bound is the same
+either way.
+
 Fragmented chunks (the prototype mode's ``transport.chunk_bytes`` = 8192):
 the loss p above is per datagram, and a chunk of f IP fragments
 (``dblp.wire.fragments``, 6 for 8 KB at a 1500-byte MTU) is lost when any
@@ -69,6 +77,9 @@ class PhysicsInputs:
     burst_loss: loss probability used for a burst when neither the burst's
         measured loss nor its requested `params.p` is known.
     include_pull: add the average's trip back (uplink, no burst) to the bound.
+    burst_on_pull: the bursts act on the server's uplink (the pull path), not
+        on its downlink: in parameter-server mode the push is clean and the
+        burst meets the pull only for what is left of it when the push ends.
     fragments: IP fragments per data chunk (spec `transport.chunk_bytes`
         through ``dblp.wire.fragments``): a chunk is lost if any one is.
     """
@@ -80,6 +91,7 @@ class PhysicsInputs:
     base_loss: float = 0.0
     burst_loss: float | None = None
     include_pull: bool = True
+    burst_on_pull: bool = False
     fragments: int = 1
 
     def __post_init__(self):
@@ -152,6 +164,8 @@ def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs, mode: str = 
         bits = inputs.flows * inputs.grad_bytes * 8.0
         pull = bits * (1 - bound) / (1 - base_loss) / inputs.rate_bps if inputs.include_pull else 0.0
     need = bits * (1 - bound)
+    if mode == "ps" and inputs.burst_on_pull and inputs.include_pull:
+        return _pull_burst_bound_s(need, bound, loss, base_loss, inputs, burst_s)
     if burst_s is not None and need > (1 - loss) * inputs.rate_bps * burst_s:
         rest = need - (1 - loss) * inputs.rate_bps * burst_s
         return burst_s + rest / inputs.rate_bps + pull + inputs.rtt_s
@@ -159,6 +173,25 @@ def round_bound_s(bound: float, loss: float, inputs: PhysicsInputs, mode: str = 
     if math.isnan(n):
         return math.nan
     return need / (1 - loss) / inputs.rate_bps + pull + n * inputs.rtt_s
+
+
+def _pull_burst_bound_s(need: float, bound: float, loss: float, base_loss: float,
+                        inputs: PhysicsInputs, burst_s: float | None) -> float:
+    """The bound when the burst sits on the pull path (the server's uplink), parameter server.
+
+    The push crosses a clean downlink; the pull cannot start before it ends,
+    and meets only the part of the burst still left then (all of it for a
+    burst as long as the round). Otherwise the formula is the push one's.
+    """
+    rate = inputs.rate_bps
+    push = need / (1 - base_loss) / rate
+    left = None if burst_s is None else max(0.0, burst_s - push)
+    if left is not None and need > (1 - loss) * rate * left:
+        return push + left + (need - (1 - loss) * rate * left) / rate + inputs.rtt_s
+    n = passes(bound, loss)
+    if math.isnan(n):
+        return math.nan
+    return push + need / (1 - loss) / rate + n * inputs.rtt_s
 
 
 def bandwidth_ratio(p_low: float, p_high: float) -> float:
@@ -221,6 +254,12 @@ def inputs_for_run(spec, manifest: dict, grad_bytes: float | None,
     gen = spec["burst_every"]
     if gen["kind"] == "loss" and 0 <= gen["p"] < 1:
         d["burst_loss"] = float(gen["p"])
+    # The bursts' link: only a generator's bursts all on the server's uplink
+    # move the burst to the pull (scheduled bursts keep the downlink's bound,
+    # which for a pull-path burst is the looser one only when it is shorter).
+    scheduled = spec["bursts"]
+    if gen["enabled"] and gen["target"] == "server-uplink" and not scheduled:
+        d["burst_on_pull"] = True
     frags = _fragments_per_chunk(spec)
     if frags > 1:
         d["fragments"] = frags

@@ -468,7 +468,10 @@ def _heat(ax, grid: np.ndarray, durs, losses, title: str, fmt: str, vmin: float,
         for j in range(grid.shape[1]):
             note = notes[i, j] if notes is not None else ""
             if np.isfinite(grid[i, j]):
-                ax.text(j, i, fmt.format(grid[i, j]) + note, ha="center", va="center", fontsize=7)
+                r, g, b, _ = im.cmap(im.norm(grid[i, j]))
+                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+                ax.text(j, i, fmt.format(grid[i, j]) + note, ha="center", va="center", fontsize=7,
+                        color=ink)
             elif note:
                 ax.text(j, i, note, ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(durs)), [f"{d:g} ms" if not isinstance(d, str) else d for d in durs],
@@ -492,7 +495,7 @@ def regime_speedup(doc: dict, path):
         ("udp", "static-high-sharded", "gloo"), ("tcp", "static-high-tcp", "static-tcp"))
         if any(c["control"] == ctl and any(p["arm"] == arm and p["baseline"] == base
                                            for p in c["pairs"]) for c in cells)]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(3.1 * max(1, len(panels)), 2.9),
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(3.6 * max(1, len(panels)), 3.1),
                              squeeze=False)
     hi = 1.0
     for c in cells:
@@ -516,13 +519,14 @@ def regime_speedup(doc: dict, path):
             elif p["speedup"] is not None:
                 grid[i, j] = p["speedup"]
             bw = bw or p["bandwidth_ratio"]
-        env = f"; bandwidth ratio {bw:.2f}x" if bw else ""
-        im = _heat(ax, grid, durs, losses, f"{arm} vs {base} ({ctl}{env})", "{:.2f}x",
+        env = f", bandwidth ratio {bw:.2f}x" if bw else ""
+        im = _heat(ax, grid, durs, losses, f"{arm} vs {base}\n({ctl} control{env})", "{:.2f}x",
                    0.5, hi, "viridis", notes)
         ax.set_xlabel("burst", fontsize=7)
         ax.set_ylabel("loss", fontsize=7)
     fig.colorbar(im, ax=list(axes[0]), shrink=0.8, label="burst-round speedup (x)")
-    fig.suptitle(f"regime map {doc['map']}: burst-round speedup (median ratio)", fontsize=9)
+    fig.suptitle(f"regime map {doc['map']}: burst-round speedup (median ratio)", fontsize=9,
+                 y=1.06)
     return _save_loose(fig, path)
 
 
@@ -538,7 +542,7 @@ def regime_over_bound(doc: dict, path):
     n = max(1, len(arms))
     cols = min(n, 5)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.7 * cols, 2.5 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.7 * cols, 2.8 * rows), squeeze=False)
     im = None
     for k, arm in enumerate(arms):
         ax = axes[k // cols][k % cols]

@@ -142,7 +142,9 @@ def _cell(out: pathlib.Path, name: str, run: dict) -> dict:
         if over is not None and over > BOUND_FACTOR and len(rounds):
             b = breakdown(rounds, arm)
             row["breakdown"] = b
-            row["why"] = _why(b) if b else "kernel TCP (gloo): no per-phase record"
+            row["why"] = _why(b) if b else (
+                "gloo is kernel TCP: its retransmission timeouts (200 ms at least, doubling "
+                "while the burst lasts) are not in the transport's per-round record")
         arms.append(row)
     by_arm = {a["arm"]: a for a in arms}
     pairs = []

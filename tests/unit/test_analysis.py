@@ -10,6 +10,7 @@ seeds, every arm repeats in raw/<arm>/seed-<seed>/ later on the clock, each
 seed's timings offset by `SEED_SHIFT` (latencies, accuracies and training
 times then vary by seed as `seed_factor` says).
 """
+import dataclasses
 import json
 import math
 
@@ -454,6 +455,29 @@ def test_a_burst_shorter_than_the_round_bounds_the_round_by_its_length():
     assert math.isnan(physics.round_bound_s(0.0, 0.8, inp, mode="sharded"))
     # A burst long enough for the whole round gives the whole-round bound.
     assert physics.round_bound_s(0.008, 0.8, inp, mode="sharded", burst_s=100.0) == whole
+
+
+def test_a_burst_on_the_pull_path_meets_only_what_is_left_of_it_when_the_push_ends():
+    """Parameter server, burst on the server's uplink: the push is clean, the pull starts after it."""
+    down = physics.PhysicsInputs(rate_bps=10e6, rtt_s=0.002, grad_bytes=1e6, flows=4)
+    up = dataclasses.replace(down, burst_on_pull=True)
+    need = 4 * 1e6 * 8 * 0.992                      # 31.7 Mbit each way: 3.17 s at line rate
+    # A 1 s burst is over before the pull begins: the loss-free round.
+    assert physics.round_bound_s(0.008, 0.9, up, burst_s=1.0) == pytest.approx(
+        2 * need / 10e6 + 0.002)
+    # A 5 s burst leaves 1.83 s of itself to the pull, at 10 % of the rate.
+    left = 5.0 - need / 10e6
+    assert physics.round_bound_s(0.008, 0.9, up, burst_s=5.0) == pytest.approx(
+        need / 10e6 + left + (need - 0.1 * 10e6 * left) / 10e6 + 0.002)
+    # A round-locked burst takes the whole pull: (1-P)/(1-p) of it and the passes' probes.
+    assert physics.round_bound_s(0.008, 0.9, up) == pytest.approx(
+        need / 10e6 + need / 0.1 / 10e6 + 46 * 0.002)
+    # Each is below the downlink's bound for the same burst (the push meets the burst there
+    # from the round's start), and sharded mode is symmetric: the same either way.
+    assert physics.round_bound_s(0.008, 0.9, up, burst_s=1.0) < \
+        physics.round_bound_s(0.008, 0.9, down, burst_s=1.0)
+    assert physics.round_bound_s(0.008, 0.9, up, mode="sharded", burst_s=1.0) == \
+        physics.round_bound_s(0.008, 0.9, down, mode="sharded", burst_s=1.0)
 
 
 def test_summary_pools_every_seed_of_an_arm(tmp_path):

@@ -280,9 +280,13 @@ def test_every_is_not_a_reference_name_and_records_of_other_versions_are_refused
 
 
 def test_registered_references_are_instances_of_the_kinds():
-    assert all(isinstance(r, rp.RunReference | rp.CommandReference | rp.AblationReference)
-               for r in rp.REFERENCES.values())
+    assert all(isinstance(r, rp.RunReference | rp.CommandReference | rp.AblationReference
+                          | rp.RegimeReference) for r in rp.REFERENCES.values())
     assert rp.REFERENCES["star"].commands() == [["run", "--preset", "star", "--out", "DIR"]]
+    assert rp.REFERENCES["regime"].commands() == [["regime", "reduced", "--out", "DIR"]]
+    # The prototype reference keeps MTU-sized chunks (README: 8 KB ones stall at the first burst).
+    assert rp.REFERENCES["paper-prototype"].commands() == [
+        ["run", "--preset", "paper-prototype", "--out", "DIR", "--set", "transport.chunk_bytes=1416"]]
 
 
 # -- the renderers, from the commands' own JSON --------------------------------------------

@@ -33,6 +33,9 @@ def test_every_cell_of_every_map_is_a_valid_run_with_its_bursts():
             assert every["max_ms"] == regime.CAP_MS
             hit = range(every["start_round"], spec["training"]["rounds"], every["every"])
             assert len(hit) == m.bursts
+            # The bound follows the burst: on the pull path only for the server's uplink.
+            inputs, _ = phys.inputs_for_run(spec, {"rtt_ms": 1.0}, 1e6)
+            assert inputs.burst_on_pull == (c.target == "server-uplink")
     full = regime.MAPS["full"]
     assert regime.MAPS["reduced"].bursts == full.bursts == regime.MIN_BURSTS == 5
     grid = {(c.duration, c.p, c.control) for c in full.cells if c.target == "server-downlink"
@@ -98,8 +101,6 @@ def test_the_breakdown_names_the_phase_that_took_the_time():
     assert analysis.breakdown(rounds.assign(in_burst=False), "static") is None
 
 
-@pytest.mark.skipif(not (REFERENCE / "regime-summary.json").is_file(),
-                    reason="no committed regime reference yet")
 def test_the_committed_map_places_every_pair_and_explains_every_arm_far_from_its_bound():
     doc = analysis.read_summary(REFERENCE)
     plan = json.loads((REFERENCE / "regime.json").read_text())
