@@ -177,9 +177,11 @@ register(RegimeMap(
     (Cell(200.0, 0.9, "udp"), Cell(1000.0, 0.9, "udp"), Cell(ROUND, 0.6, "udp"),
      Cell(1000.0, 0.9, "tcp"), Cell(ROUND, 0.6, "tcp"),
      Cell(1000.0, 0.9, "udp", target="server-uplink", only=PS_ARMS),
+     Cell(1000.0, 0.9, "udp", target="core-uplinks", only=PS_ARMS),
      Cell(1000.0, 0.9, "udp", kind="congest", only=PS_ARMS)),
     doc="the corners that decide who wins: 200 ms and 1 s bursts of 90 % and round-locked "
-        "60 % ones on both control paths, the pull path and congest; at most 30 minutes"))
+        "60 % ones on both control paths, the pull path, the core links and congest; at most "
+        "30 minutes"))
 register(RegimeMap(
     "smoke", "smoke", (Cell(ROUND, 0.9, "udp"),), bursts=2,
     overrides=("capture.enabled=false",),
@@ -251,7 +253,7 @@ def read_plan(out: pathlib.Path) -> dict:
 def regime_cmd(name, out, cells, report_only, json_out):
     """The burst regime map: burst duration x loss x control path (and where bursts act).
 
-    Maps: reduced (seven cells, at most 30 minutes), full (27 cells, over an hour),
+    Maps: reduced (eight cells, at most 30 minutes), full (27 cells, over an hour),
     smoke (one cell on the star, about a minute).
     """
     if name not in MAPS:
