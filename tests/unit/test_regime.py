@@ -104,7 +104,7 @@ def test_the_breakdown_names_the_phase_that_took_the_time():
 def test_the_committed_map_places_every_pair_and_explains_every_arm_far_from_its_bound():
     doc = analysis.read_summary(REFERENCE)
     plan = json.loads((REFERENCE / "regime.json").read_text())
-    assert doc["map"] == "reduced" and doc["cells_run"] == len(plan["cells"]) == 7
+    assert doc["map"] == "reduced" and doc["cells_run"] == len(plan["cells"]) == 8
     assert doc["wall_s"] <= 30 * 60          # the reduced map's promise
     for c in doc["cells"]:
         assert c["status"] == "ok" and c["bursts"] >= regime.MIN_BURSTS * len(c["arms"]), c["name"]
