@@ -25,7 +25,7 @@ import pathlib
 import numpy as np
 import pandas as pd
 
-from testbed.analysis import claims, datasets
+from testbed.analysis import claims, datasets, formats
 from testbed.analysis import intervals as iv
 from testbed.errors import InputError
 
@@ -314,13 +314,5 @@ def write(out: pathlib.Path, plan: dict) -> dict:
 
 def read_summary(out: pathlib.Path) -> dict:
     """ablation-summary.json, refusing a version this code does not know (one line)."""
-    path = pathlib.Path(out) / "ablation-summary.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
-    if doc.get("schema") != SCHEMA:
-        raise InputError(f"{path} has schema {doc.get('schema')!r}; this code reads {SCHEMA}: "
-                         f"rebuild it (`dblp-testbed ablate {doc.get('ablation', 'NAME')} "
-                         f"--report-only --out {out}`)")
-    return doc
+    rebuild = f"rebuild it (`dblp-testbed ablate NAME --report-only --out {out}`)"
+    return formats.read_versioned(pathlib.Path(out) / "ablation-summary.json", SCHEMA, rebuild, rebuild)

@@ -144,6 +144,26 @@ class FormatError(InputError):
     """A summary or reference file is missing, malformed or of an unknown version."""
 
 
+def read_versioned(path, schema: int, missing: str, stale: str) -> dict:
+    """A JSON object of exactly one version: the plans and summaries of ablations and maps.
+
+    Anything else is one InputError line that says what to do: ``missing``
+    when there is no file (the command that writes it), ``stale`` when it is
+    of another version (rebuild or rerun it with this code).
+    """
+    path = pathlib.Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path} not found; {missing}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path} is not readable JSON ({exc}); {missing}") from None
+    got = doc.get("schema") if isinstance(doc, dict) else None
+    if got != schema:
+        raise InputError(f"{path} has schema {got!r}; this code reads {schema}: {stale}")
+    return doc
+
+
 def _load_json(path: pathlib.Path, what: str) -> dict:
     if not path.exists():
         hint = " (run `dblp-testbed report DIR` to build it)" if path.name == "summary.json" else ""

@@ -30,8 +30,8 @@ import pathlib
 import numpy as np
 import pandas as pd
 
+from testbed.analysis import formats
 from testbed.analysis import physics as phys
-from testbed.errors import InputError
 
 #: Version of regime-summary.json.
 #: 1: first version (cells with pairs, arms, breakdowns and sentences).
@@ -335,13 +335,5 @@ def write(out: pathlib.Path, plan: dict) -> dict:
 
 def read_summary(out: pathlib.Path) -> dict:
     """regime-summary.json, refusing a version this code does not know (one line)."""
-    path = pathlib.Path(out) / "regime-summary.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
-    if doc.get("schema") != SCHEMA:
-        raise InputError(f"{path} has schema {doc.get('schema')!r}; this code reads {SCHEMA}: "
-                         f"rebuild it (`dblp-testbed regime {doc.get('map', 'NAME')} "
-                         f"--report-only --out {out}`)")
-    return doc
+    rebuild = f"rebuild it (`dblp-testbed regime NAME --report-only --out {out}`)"
+    return formats.read_versioned(pathlib.Path(out) / "regime-summary.json", SCHEMA, rebuild, rebuild)

@@ -32,7 +32,6 @@ the output directory holds the plan and how each cell's run ended.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 from collections.abc import Callable
@@ -228,17 +227,11 @@ def _write_plan(path: pathlib.Path, m: RegimeMap, runs: dict) -> None:
 
 def read_plan(out: pathlib.Path) -> dict:
     """regime.json of ``out``; a missing file or unknown schema is one InputError line."""
-    path = pathlib.Path(out) / "regime.json"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path} not found; run `dblp-testbed regime NAME --out {out}` first") from None
-    except ValueError as exc:
-        raise InputError(f"{path} is not JSON ({exc})") from None
-    if doc.get("schema") != PLAN_SCHEMA:
-        raise InputError(f"{path} has schema {doc.get('schema')!r}; this code reads "
-                         f"{PLAN_SCHEMA}: rerun the map with this version")
-    return doc
+    from testbed.analysis.formats import read_versioned
+
+    return read_versioned(pathlib.Path(out) / "regime.json", PLAN_SCHEMA,
+                          f"run `dblp-testbed regime NAME --out {out}` first",
+                          "rerun the map with this version")
 
 
 @click.command("regime")

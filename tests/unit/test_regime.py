@@ -123,3 +123,14 @@ def test_the_committed_map_places_every_pair_and_explains_every_arm_far_from_its
     assert analysis.markdown(doc).count("\n") == len(doc["cells"]) + 1
     assert all(math.isfinite(a["bound_ms"]) for c in doc["cells"] for a in c["arms"]
                if a["bound_ms"] is not None)
+
+
+def test_plans_and_summaries_of_another_version_are_refused_in_one_line(tmp_path):
+    with pytest.raises(InputError, match="regime.json not found; run `dblp-testbed regime NAME"):
+        regime.read_plan(tmp_path)
+    (tmp_path / "regime.json").write_text(json.dumps({"schema": 99}))
+    with pytest.raises(InputError, match="has schema 99; this code reads 1: rerun the map"):
+        regime.read_plan(tmp_path)
+    (tmp_path / "regime-summary.json").write_text("{not json")
+    with pytest.raises(InputError, match="is not readable JSON .* rebuild it"):
+        analysis.read_summary(tmp_path)
