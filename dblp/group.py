@@ -215,7 +215,10 @@ class TransportGroup:
                 part = self.parts[s.part]
                 lost = part.expand(~s.held)
                 self.residual[part.start:part.stop] = np.where(lost, s.data, 0)
-        norm = grad_norm(self.result)
+        # Sharded rounds measured the "delivered" signal, this very norm, already.
+        norm = res.detector_norm if (self.mode == "sharded" and res.detector_norm is not None
+                                     and self.config.signal == "delivered") \
+            else grad_norm(self.result)
         if self.mode == "ps":
             self.bound_ppm = res.next_bound_ppm if res.next_bound_ppm is not None else bound
             if self.policy_name == "dblp":

@@ -55,13 +55,28 @@ class TokenBucket:
         need = nbytes + self.overhead
         return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
 
-    def consume(self, nbytes: int, now: float | None = None) -> None:
-        """Account a datagram that left (control messages may drive tokens negative)."""
+    def allowance(self, nbytes: int, now: float | None = None) -> int:
+        """How many datagrams of ``nbytes`` payload may leave back to back now (a batch).
+
+        Exactly as many as ``wait_time`` would let go one after the other without
+        a refill in between: a batch borrows nothing a datagram alone would not.
+        """
+        if self.rate is None:
+            return 1 << 30
+        now = self.clock() if now is None else now
+        self._refill(now)
+        return max(0, int(self.tokens // (nbytes + self.overhead)))
+
+    def consume(self, nbytes: int, now: float | None = None, count: int = 1) -> None:
+        """Account ``count`` datagrams of ``nbytes`` payload in all that left.
+
+        Control messages may drive tokens negative.
+        """
         if self.rate is None:
             return
         now = self.clock() if now is None else now
         self._refill(now)
-        self.tokens -= nbytes + self.overhead
+        self.tokens -= nbytes + count * self.overhead
 
 
 class RttEstimator:

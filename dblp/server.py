@@ -107,7 +107,8 @@ class ParameterServer:
 
     def _decide(self, aggregate: np.ndarray, detector_norm: float):
         r = self.engine.round
-        self._norm = grad_norm(aggregate)
+        # The "delivered" signal is this very norm of this very array: computed once.
+        self._norm = detector_norm if self.config.signal == "delivered" else grad_norm(aggregate)
         self.policy.observe(r, detector_norm)
         nb = wire.bound_to_ppm(self.policy.bound(r + 1))
         return nb, policy_phase(self.policy) == "critical"

@@ -71,8 +71,8 @@ class OutTransfer:
     __slots__ = (
         # which stream: owner engine, PUSH/PULL, part, destination, round, header flags
         "eng", "kind", "part", "peer", "round", "flags",
-        # the payload and its chunking
-        "data", "raw", "nbytes", "chunk_bytes", "count", "bound_ppm",
+        # the payload and its chunking (``rows``: the full chunks as rows, for batched sends)
+        "data", "raw", "rows", "nbytes", "chunk_bytes", "count", "bound_ppm",
         # the current pass: chunk order, what is left to send, where we are
         "order", "queue", "pos", "state", "passes", "sent_at",
         # what the receiver holds (its last bitmap) and, in repair, what must arrive
@@ -95,6 +95,8 @@ class OutTransfer:
         self.count = max(1, -(-self.nbytes // self.chunk_bytes))
         if self.count > wire.MAX_PART_CHUNKS:
             raise TransportError(f"stream of {self.count} chunks exceeds MAX_PART_CHUNKS")
+        full = self.nbytes // self.chunk_bytes
+        self.rows = data.view(np.uint8)[:full * self.chunk_bytes].reshape(full, self.chunk_bytes)
         self.bound_ppm = bound_ppm
         self.flags = flags | (Flag.PULL if kind == PULL else 0)
         self.order = stream_order(eng.session, self.round, kind, part, eng.rank, self.count,
@@ -136,17 +138,47 @@ class OutTransfer:
         n = eng.send_data(hdr, self.raw[start:end], self.peer)
         if n == 0:
             return 0
-        self.sent_at[c] = now
-        self.pos += 1
-        self.chunks_sent += 1
+        self._sent(self.queue[self.pos:self.pos + 1], now)
+        return n
+
+    def send_batch(self, now: float, k: int) -> int:
+        """Send up to ``k`` chunks of the pass in one call; returns datagrams sent (0: none).
+
+        Every datagram is the one ``send_next`` would send (same header, payload,
+        tag), and the accounting is per datagram as there. A batch holds full
+        chunks only: the stream's last chunk, when shorter, leaves alone through
+        ``send_next`` (one GSO send cuts every segment to one size).
+        """
+        batch = self.queue[self.pos:self.pos + k]
+        if len(self.rows) < self.count:  # the last chunk is short
+            short = np.flatnonzero(batch == self.count - 1)
+            if len(short):
+                batch = batch[:max(1, int(short[0]))]
+        if len(batch) == 1:
+            return 1 if self.send_next(now) else 0
+        eng = self.eng
+        template = wire.pack_header(_DATA, src=eng.rank, part=self.part, session=eng.session,
+                                    round=self.round, index=0, count=self.count,
+                                    length=self.chunk_bytes, bound=self.bound_ppm,
+                                    aux=self.passes, flags=self.flags,
+                                    copies=eng.copies(self.peer))
+        if not eng.send_data_batch(template, batch, self.rows, self.peer):
+            return 0
+        self._sent(batch, now)
+        return len(batch)
+
+    def _sent(self, chunks: np.ndarray, now: float) -> None:
+        """Account ``chunks`` (the next ones of the pass) as sent; PROBE after the pass."""
+        self.sent_at[chunks] = now
+        self.pos += len(chunks)
+        self.chunks_sent += len(chunks)
         if self.passes > 1:
-            self.retransmitted += 1
+            self.retransmitted += len(chunks)
         if self.pos >= len(self.queue):
             self.state = PROBING
             self.probe_first = self.probe_id + 1
             self.backoff = 1.0
             self._send_probe(now)
-        return n
 
     def _send_probe(self, now: float) -> None:
         eng = self.eng
@@ -285,8 +317,9 @@ class InTransfer:
     __slots__ = (
         # which stream: owner engine, PUSH/PULL, part, source, round, header flags
         "eng", "kind", "part", "peer", "round", "flags",
-        # where chunks land: accumulate (aggregator) or copy (replica), in chunks of how many bytes
-        "out", "out_u8", "nbytes", "chunk_bytes", "count", "add", "freeze",
+        # where chunks land: accumulate (aggregator) or copy (replica), in chunks of how many
+        # bytes; ``out_rows``: the full chunks as rows (float32 to add, bytes to copy), for batches
+        "out", "out_u8", "out_rows", "nbytes", "chunk_bytes", "count", "add", "freeze",
         # the bound (ours, never a datagram's) and how many chunks it lets go missing
         "bound_ppm", "allowed",
         # what arrived
@@ -306,6 +339,10 @@ class InTransfer:
         self.out_u8 = out.view(np.uint8).data if not add else None
         self.chunk_bytes = eng.chunk_bytes
         self.count = max(1, -(-self.nbytes // self.chunk_bytes))
+        full = self.nbytes // self.chunk_bytes
+        cb = self.chunk_bytes
+        self.out_rows = (out[:full * (cb // 4)].reshape(full, cb // 4) if add
+                         else out.view(np.uint8)[:full * cb].reshape(full, cb))
         self.add = add
         self.freeze = freeze
         self.bound_ppm = bound_ppm
@@ -349,12 +386,12 @@ class InTransfer:
             return
         if (self.stopped and self.freeze) or self.final is not None:
             self.eng.counters.late += 1
-            self._repeat_stop(h, now)
+            self._repeat_stop(h.copies, now)
             return
         if self.have[c]:
             self.eng.counters.duplicates += 1
             if self.stopped:
-                self._repeat_stop(h, now)
+                self._repeat_stop(h.copies, now)
             return
         if self.out_u8 is None:  # accumulate
             e0 = start // 4
@@ -368,12 +405,117 @@ class InTransfer:
         if h.aux > self.max_pass:
             self.max_pass = h.aux
         if not self.stopped and self.count - self.n_have <= self.allowed:
-            self.stopped = True
-            self.last_stop_t = self.t_stop = now
-            self._reply(MsgType.STOP, h.copies)
-            self.eng.progress = True
+            self._send_stop(h.copies, now)
 
-    def _repeat_stop(self, h: wire.Header, now: float) -> None:
+    def _send_stop(self, copies: int, now: float) -> None:
+        self.stopped = True
+        self.last_stop_t = self.t_stop = now
+        self._reply(MsgType.STOP, copies)
+        self.eng.progress = True
+
+    def on_data_batch(self, h: np.ndarray, data: np.ndarray, rows: np.ndarray,
+                      now: float) -> None:
+        """``on_data`` for a run of this stream's DATA datagrams (``dblp.batch.deliver``).
+
+        ``h``: their headers (``batch.HEADER_DTYPE``, already valid DATA of this round
+        and stream), ``data[rows]``: the datagrams. The outcome is the one of calling
+        ``on_data`` per datagram in order: the same chunks applied bit for bit, the
+        same counters, the STOP sent at the same datagram with the same bitmap (with
+        ``freeze``, what follows it is late), a repeated STOP where one would be.
+        """
+        idx = h["index"].astype(np.int64)
+        want = np.minimum(self.chunk_bytes, self.nbytes - idx * self.chunk_bytes)
+        ok = (h["count"] == self.count) & (h["length"].astype(np.int64) == want)
+        if not ok.all():
+            self.eng.counters.malformed += len(ok) - int(np.count_nonzero(ok))
+            h, idx, rows = h[ok], idx[ok], rows[ok]
+            if not len(idx):
+                return
+        copies = h["copies"]
+        if (self.stopped and self.freeze) or self.final is not None:
+            self.eng.counters.late += len(idx)
+            self._repeat_stop(int(copies[0]), now)
+            return
+        new = self._new_positions(idx)
+        end, stop_at = len(idx), -1
+        if not self.stopped and len(new) >= self.count - self.allowed - self.n_have:
+            stop_at = int(new[self.count - self.allowed - self.n_have - 1])
+            if self.freeze:  # frozen at the STOP: the rest of the run is late
+                end = stop_at + 1
+                self.eng.counters.late += len(idx) - end
+                new = new[new < end]
+        dup = np.ones(end, bool)
+        dup[new] = False
+        dups = np.flatnonzero(dup)
+        self.eng.counters.duplicates += len(dups)
+        # What a datagram sends, at its place in the run: the STOP, and a repeat of
+        # it at the first duplicate while stopped (later ones fall within one RTT).
+        marks = []
+        if stop_at >= 0:
+            marks.append((stop_at, -1))
+        stopped_dups = dups if self.stopped else dups[dups > stop_at] if stop_at >= 0 else dups[:0]
+        if len(stopped_dups):
+            marks.append((int(stopped_dups[0]), int(copies[stopped_dups[0]])))
+        done = 0
+        for pos, repeat_copies in sorted(marks):
+            upto = int(np.searchsorted(new, pos, side="right"))
+            self._accept(h, idx, data, rows, new[done:upto], now)
+            done = upto
+            if repeat_copies < 0:
+                self._send_stop(int(copies[pos]), now)
+            else:
+                self._repeat_stop(repeat_copies, now)
+        self._accept(h, idx, data, rows, new[done:], now)
+
+    def _new_positions(self, idx: np.ndarray) -> np.ndarray:
+        """Positions in the run of the datagrams that bring a chunk we lack, in order.
+
+        A chunk arriving twice in one run counts at its first arrival. The usual
+        run (a pass: distinct chunks, none held) needs no sort by first arrival.
+        """
+        fresh = ~self.have[idx]
+        if fresh.all():
+            s = np.sort(idx)
+            if (s[1:] != s[:-1]).all():
+                return np.arange(len(idx))
+        _, first = np.unique(idx, return_index=True)
+        first.sort()
+        return first[fresh[first]]
+
+    def _accept(self, h: np.ndarray, idx: np.ndarray, data: np.ndarray, rows: np.ndarray,
+                pos: np.ndarray, now: float) -> None:
+        """Apply the chunks at run positions ``pos`` (each new to us) and mark them held."""
+        if not len(pos):
+            return
+        cb = self.chunk_bytes
+        c, r = idx[pos], rows[pos]
+        whole = c < len(self.out_rows)  # a shorter last chunk has index len(out_rows)
+        if not whole.all():  # the short last chunk: as ``on_data`` applies it
+            (j,) = np.flatnonzero(~whole)
+            self._apply_one(int(c[j]), data[r[j]], int(h["length"][pos[j]]))
+            c, r = c[whole], r[whole]
+        payload = data[r, HEADER_SIZE:HEADER_SIZE + cb]
+        if self.out_u8 is None:  # accumulate (distinct chunks: no element twice)
+            self.out_rows[c] += payload.view("<f4")
+        else:
+            self.out_rows[c] = payload
+        if not self.n_have:
+            self.t_first = now
+        self.have[idx[pos]] = True
+        self.n_have += len(pos)
+        aux = int(h["aux"][pos].max())
+        if aux > self.max_pass:
+            self.max_pass = aux
+
+    def _apply_one(self, c: int, row: np.ndarray, length: int) -> None:
+        start = c * self.chunk_bytes
+        if self.out_u8 is None:
+            e0 = start // 4
+            self.out[e0:e0 + length // 4] += row[HEADER_SIZE:HEADER_SIZE + length].view("<f4")
+        else:
+            self.out_u8[start:start + length] = row[HEADER_SIZE:HEADER_SIZE + length].data
+
+    def _repeat_stop(self, copies: int, now: float) -> None:
         """The sender keeps sending: our STOP was lost; repeat it, once per RTT.
 
         Chunks already in flight when the sender got the STOP arrive for up to one
@@ -384,7 +526,7 @@ class InTransfer:
             return  # TCP delivers the first STOP; repeats would only queue behind it
         if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_interval(self.peer):
             self.last_stop_t = now
-            self._reply(MsgType.STOP, h.copies)
+            self._reply(MsgType.STOP, copies)
 
     def on_probe(self, h: wire.Header, now: float) -> None:
         if h.count != self.count:

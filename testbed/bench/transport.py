@@ -36,6 +36,11 @@ from testbed.output import json_option, results
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
 DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
 DEFAULT_RATE = 100e6
+#: The two agents of a row by namespace: a = PS worker / sharded rank 0 / gloo rank 0,
+#: b = aggregator / sharded rank 1 / gloo rank 1. Each sends and receives the gradient
+#: once per round trip (push + pull, or the two halves of a ring all-reduce each way),
+#: so each moves ``2 x bytes`` of payload: the denominator of ``cpu_s_per_gb_*``.
+SIDES = ("worker", "server")
 
 
 def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
@@ -196,7 +201,11 @@ def _serve_commands(rounds) -> None:
         if cmd["cmd"] == "quit":
             break
         try:
-            _reply({"ok": True, "stats": rounds(cmd["rounds"])})
+            # CPU of this process (all threads, user + system) over exactly the rounds:
+            # waiting in select/recv costs none, so it is the transport's own work.
+            t0 = time.process_time()
+            stats = rounds(cmd["rounds"])
+            _reply({"ok": True, "stats": stats, "cpu_s": time.process_time() - t0})
         except Exception as exc:
             _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             break
@@ -243,6 +252,7 @@ class Agent:
     """A process in a namespace that answers one JSON line per command."""
 
     def __init__(self, pair: NetnsPair, side: int, args: dict, secret: str | None = None):
+        self.side = side  # 0: namespace a (worker / rank 0), 1: namespace b (aggregator / rank 1)
         root = str(REPO_ROOT)
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("DBLP_SECRET", None)
@@ -361,13 +371,14 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
             try:
                 for loss in losses:
                     stats, errors, timeouts = [], [], 0
+                    cpu: dict[str, list[float]] = {side: [] for side in SIDES}
                     tcp0 = pair.tcp_counters() if cfg.control == "tcp" else None
                     for _ in range(reps):
                         if not agents:
                             pair.set_loss(0.0)  # join and warm up on a clean link
                             agents = start(cfg)
                         pair.set_loss(loss)
-                        got, err = _rounds(agents, 1, round_timeout, cfg)
+                        got, err, got_cpu = _rounds(agents, 1, round_timeout, cfg)
                         pair.set_loss(0.0)
                         if err or not got:
                             # A round that misses its deadline counts as +inf in the median;
@@ -381,8 +392,10 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                                 break  # the row's median is a timeout anyway
                         else:
                             stats += got
+                            for side, c in got_cpu.items():
+                                cpu[side].append(c)
                     row = _row(cfg, loss, stats, errors, timeouts, floor_s, chunks, reps,
-                               round_timeout)
+                               round_timeout, cpu=cpu, moved_bytes=2 * nbytes)
                     if tcp0 is not None:  # includes agent start-up/warm-up on a clean link
                         tcp1 = pair.tcp_counters()
                         row["tcp"] = {k: tcp1[k] - tcp0[k] for k in tcp1}
@@ -428,17 +441,38 @@ def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -
 
 
 def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config):
+    """Run ``n`` rounds; return (the worker's stats, error or None, CPU seconds per side).
+
+    The CPU dict maps ``SIDES`` names to each agent's CPU over the rounds (absent on failure).
+    """
     for a in agents:
         a.send({"cmd": "rounds", "rounds": n})
     replies = [a.read(n * round_timeout + 30) for a in agents]
     # whose clock: gloo rank 0, the PS worker, sharded rank 0 (all in namespace a)
     worker = replies[1] if (cfg.impl == "dblp" and cfg.mode == "ps") else replies[0]
     err = "; ".join(r["error"] for r in replies if not r.get("ok")) or None
-    return worker.get("stats", []), err
+    cpu = {SIDES[a.side]: r["cpu_s"] for a, r in zip(agents, replies, strict=True)
+           if r.get("ok") and r.get("cpu_s") is not None}
+    return worker.get("stats", []), err, cpu
+
+
+def _cpu_per_gb(cpu: dict[str, list[float]] | None, moved_bytes: int | None) -> dict:
+    """Median CPU seconds per GB of payload each side moved (sent + received), by side.
+
+    Why per GB: CPU per round grows with the gradient, CPU per byte is what says whether
+    a data path can keep up with a faster link on this machine.
+    """
+    out = {}
+    for side in SIDES:
+        xs = (cpu or {}).get(side) or []
+        out[f"cpu_s_per_gb_{side}"] = (statistics.median(xs) / (moved_bytes / 1e9)
+                                       if xs and moved_bytes else None)
+    return out
 
 
 def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeouts: int,
-         floor_s: float, chunks: int, reps: int, round_timeout: float) -> dict:
+         floor_s: float, chunks: int, reps: int, round_timeout: float, *,
+         cpu: dict[str, list[float]] | None = None, moved_bytes: int | None = None) -> dict:
     p = loss
     if cfg.impl == "gloo":
         need = 1.0 / (1 - p)  # 2-rank ring: each rank sends the tensor once, both ways at once
@@ -461,7 +495,8 @@ def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeout
            "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
            "ratio": (rt / bound_s) if rt else None, "passes": passes, "ideal_passes": ideal,
            "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
-           "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None}
+           "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None,
+           **_cpu_per_gb(cpu, moved_bytes)}
     if row["spread_s"] and math.isinf(row["spread_s"][1]):
         row["spread_s"][1] = None
     if cfg.impl == "dblp" and stats:
@@ -481,7 +516,8 @@ def _fmt(x, spec):
 
 
 HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'auth':4} {'loss':>5} "
-          f"{'round_trip_s':>12} {'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5}")
+          f"{'round_trip_s':>12} {'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5} "
+          f"{'cpu_s/GB w':>10} {'cpu_s/GB s':>10}")
 
 
 def _format_row(r: dict) -> str:
@@ -489,7 +525,9 @@ def _format_row(r: dict) -> str:
     auth = "yes" if r.get("auth") else "no"
     s = (f"{impl:7} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {auth:4} {r['loss']:5.0%} "
          f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
-         f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')}")
+         f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')} "
+         f"{_fmt(r.get('cpu_s_per_gb_worker'), '10.2f')} "
+         f"{_fmt(r.get('cpu_s_per_gb_server'), '10.2f')}")
     if r.get("tcp"):
         s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
     if r.get("timeouts"):
@@ -500,7 +538,8 @@ def _format_row(r: dict) -> str:
 
 def format_table(doc: dict) -> str:
     lines = [f"floor_s = {doc['floor_s']:.3f} s ({doc['bytes']} B at {doc['rate_bps'] / 1e6:g} "
-             f"Mbit/s), medians of {doc['reps']} round trips", HEADER]
+             f"Mbit/s), medians of {doc['reps']} round trips; cpu_s/GB: CPU seconds per GB "
+             "each side moved (w = worker / rank 0, s = aggregator / rank 1)", HEADER]
     lines += [_format_row(r) for r in doc["rows"]]
     lines += ["", "cost of authentication (round trip with a secret / without, same row):"]
     for r in doc["rows"]:

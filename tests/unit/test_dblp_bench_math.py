@@ -40,3 +40,16 @@ def test_table_reports_speedups():
     doc = {"floor_s": 0.3, "bytes": 1, "rate_bps": 1e8, "reps": 1, "losses": [0.8], "rows": [a, b]}
     text = format_table(doc)
     assert "udp loss  80%: 1.70x" in text and "round_trip_s" in text
+
+
+def test_row_reports_cpu_seconds_per_gb_moved_by_side():
+    cfg = Config("dblp", "reliable", 0.0, "udp")
+    cpu = {"worker": [0.5, 0.3, 0.4], "server": [0.2]}
+    row = _row(cfg, 0.0, [_stats(1.0)], [], 0, 0.3, 2929, 3, 30, cpu=cpu, moved_bytes=2 * 10**8)
+    assert row["cpu_s_per_gb_worker"] == pytest.approx(0.4 / 0.2)  # median over reps, per GB
+    assert row["cpu_s_per_gb_server"] == pytest.approx(0.2 / 0.2)
+    bare = _row(cfg, 0.0, [_stats(1.0)], [], 0, 0.3, 2929, 3, 30)
+    assert bare["cpu_s_per_gb_worker"] is None and bare["cpu_s_per_gb_server"] is None
+    doc = {"floor_s": 0.3, "bytes": 1, "rate_bps": 1e8, "reps": 1, "losses": [0.0], "rows": [row]}
+    text = format_table(doc)
+    assert "cpu_s/GB w" in text and "2.00" in text and "1.00" in text

@@ -180,15 +180,15 @@ def fake_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(tr.signal, "signal", lambda *a: None)
     monkeypatch.setattr(tr, "_start", lambda p, cfg, *a: [types.SimpleNamespace(stop=lambda: None)])
 
-    def rounds(agents, n, timeout, cfg):
+    def rounds(agents, n, timeout, cfg):  # -> (worker stats, error, CPU s by side)
         floor = 4 * (1 << 20) * 8 / 100e6
         if cfg.impl == "gloo":
             if pair.loss > 0.1:
-                return [], "RuntimeError: Timed out waiting 30000ms"
-            return [{"latency_s": 1.05 * floor / (1 - pair.loss)}], None
+                return [], "RuntimeError: Timed out waiting 30000ms", {}
+            return [{"latency_s": 1.05 * floor / (1 - pair.loss)}], None, {"worker": 0.01}
         share = 1 if cfg.mode == "sharded" else 2
         bound_s = floor * share * (1 - cfg.bound) / (1 - pair.loss)
-        return [_round_stats(cfg, pair.loss, bound_s)], None
+        return [_round_stats(cfg, pair.loss, bound_s)], None, {"worker": 0.1, "server": 0.1}
 
     monkeypatch.setattr(tr, "_rounds", rounds)
 

@@ -1,0 +1,380 @@
+"""Batched datagram I/O: many DATA datagrams per system call and per Python call.
+
+One ``sendmsg`` per datagram and one ``recvfrom_into`` plus a header parse per
+datagram cap a Python sender or receiver at about 1 Gbit/s; above that the
+transport is CPU-bound while kernel TCP is not. This module moves the data
+path in batches and leaves the protocol alone: every datagram on the wire is
+byte for byte the one the per-datagram path sends (``tests/unit/test_dblp_batch.py``).
+
+Sending (``SendBatch``): up to ``batch_limit`` full chunks of one stream leave
+in ONE ``sendmsg`` with a ``UDP_SEGMENT`` control message (UDP GSO: the kernel
+cuts the buffer into datagrams of one size after the qdisc, so the shaper
+still sees, and counts, every segment's bytes). The headers are one template
+broadcast over the rows with the ``index`` column filled per row; payload rows
+are gathered from the tensor with one numpy copy (the kernel copies the buffer
+anyway; an iovec per payload would cost a Python object per datagram); with a
+job secret each row still gets its own MAC tag.
+
+Receiving (``RecvRing``): ``recvmmsg`` (ctypes) fills a preallocated ring of
+datagram slots; ``data_rows`` checks every header field ``wire.unpack_header``
+checks for DATA, for all rows at once, so the engine can hand runs of plain
+DATA datagrams of one stream to ``InTransfer.on_data_batch`` and everything
+else, one by one, to the per-datagram ``Engine.handle``.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import wire
+from .wire import HEADER_SIZE, PPM, TAG_SIZE, MsgType
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+#: Linux's <netinet/udp.h>: Python's socket module does not export it.
+UDP_SEGMENT = 103
+#: Segments per GSO send: 44 full datagrams of 1472 bytes fill one 64 KB IP packet.
+GSO_MAX_SEGMENTS = 44
+#: A batch is at most this much of the pacing rate's time: at 100 Mbit/s a few
+#: datagrams (what one token-bucket wake-up sends anyway), at 10 Gbit/s 44.
+BATCH_SECONDS = 0.0005
+#: Receive buffer of a batched engine (bytes; root may exceed rmem_max). A GSO
+#: sender can outpace a Python receiver on the same small machine for a while; a
+#: deeper buffer turns that into queueing instead of loss, which would cost a
+#: resend pass and probe timeouts. It is a limit, not an allocation.
+RECV_BUFFER = 32 << 20
+#: errno values that mean "this socket or path cannot do GSO": fall back for good.
+GSO_REFUSED = frozenset({errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPROTOOPT,
+                         errno.EMSGSIZE, errno.ENOTSUP})
+_SEGMENT = struct.Struct("=H")
+_DATA = int(MsgType.DATA)
+_INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
+
+#: The header as a numpy record, generated from ``wire.HEADER_FIELDS`` (its one declaration).
+_NP_CODES = {"B": "u1", "H": ">u2", "I": ">u4", "Q": ">u8"}
+HEADER_DTYPE = np.dtype({
+    "names": list(wire.FIELD_NAMES),
+    "formats": [_NP_CODES[code] for _, code, _ in wire.HEADER_FIELDS],
+    "offsets": [wire.FIELD_OFFSETS[name][0] for name in wire.FIELD_NAMES],
+    "itemsize": HEADER_SIZE,
+})
+
+
+def batch_limit(rate_bps: float | None, datagram: int, wire_bytes: int) -> int:
+    """Datagrams one send may carry: ``BATCH_SECONDS`` of the pacing rate, 1 to 44.
+
+    Datagrams larger than one MTU (the prototype's IP-fragmented chunks) cannot be
+    GSO segments: 1. Unpaced: the most one 64 KB GSO packet holds.
+    """
+    if datagram > wire.MAX_DATAGRAM:
+        return 1
+    top = min(GSO_MAX_SEGMENTS, wire.MAX_UDP_PAYLOAD // datagram)
+    if rate_bps is None:
+        return top
+    return max(1, min(top, int(rate_bps * BATCH_SECONDS / (8 * wire_bytes))))
+
+
+class SendBatch:
+    """The buffer of one GSO send: ``k`` rows of header + payload + tag, reused every call."""
+
+    __slots__ = ("buf", "chunk_bytes", "datagram")
+
+    def __init__(self, rows: int, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.datagram = wire.datagram_size(chunk_bytes)
+        self.buf = np.zeros((rows, self.datagram), np.uint8)  # tags stay zero without a key
+
+    def fill(self, template: bytes, chunks: np.ndarray, payload_rows: np.ndarray,
+             sealer: wire.Sealer) -> memoryview:
+        """Rows for ``chunks`` (full chunks only) under header ``template``; the bytes to send."""
+        k = len(chunks)
+        b = self.buf[:k]
+        end = HEADER_SIZE + self.chunk_bytes
+        b[:, :HEADER_SIZE] = np.frombuffer(template, np.uint8)
+        b[:, _INDEX_OFF:_INDEX_OFF + 4] = chunks.astype(">u4").view(np.uint8).reshape(k, 4)
+        b[:, HEADER_SIZE:end] = payload_rows[chunks]
+        if sealer.key is not None:
+            for i in range(k):
+                b[i, end:] = np.frombuffer(sealer.tag(b[i, :end]), np.uint8)
+        return b.data.cast("B")
+
+    @staticmethod
+    def segment_cmsg(datagram: int) -> list[tuple[int, int, bytes]]:
+        """The ``UDP_SEGMENT`` control message that cuts a send into ``datagram``-byte datagrams."""
+        return [(socket.IPPROTO_UDP, UDP_SEGMENT, _SEGMENT.pack(datagram))]
+
+
+# -- receiving ---------------------------------------------------------------------------
+_PTR = ctypes.c_size_t  # pointers as integers: numpy mirrors the layout without c_void_p
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [("name", _PTR), ("namelen", ctypes.c_uint32), ("iov", _PTR),
+                ("iovlen", ctypes.c_size_t), ("control", _PTR), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", _MsgHdr), ("len", ctypes.c_uint)]
+
+
+def _np_layout(struct_type) -> np.dtype:
+    """The numpy record of a ctypes structure of integers (ctypes computed the padding)."""
+    names, formats, offsets = [], [], []
+    for name, ctype in struct_type._fields_:
+        names.append(name)
+        formats.append(_np_layout(ctype) if issubclass(ctype, ctypes.Structure)
+                       else np.dtype(f"u{ctypes.sizeof(ctype)}"))
+        offsets.append(getattr(struct_type, name).offset)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": ctypes.sizeof(struct_type)})
+
+
+_MMSG_DTYPE = _np_layout(_MMsgHdr)
+_IOVEC_DTYPE = np.dtype([("base", np.uintp), ("len", np.uintp)])
+_SOCKADDR_IN = 16
+_MSG_DONTWAIT = 0x40
+
+
+def _load_recvmmsg():
+    """libc's ``recvmmsg`` (Linux), or None where there is none: the per-datagram path stays."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.recvmmsg
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_recvmmsg = _load_recvmmsg()
+
+
+class RecvRing:
+    """``slots`` datagram buffers that one ``recvmmsg`` call fills, with their sizes and senders.
+
+    Each slot holds 64 KB, as the per-datagram path's buffer did: an oversized
+    datagram arrives whole and is refused by exactly the check that refused it
+    before. Rows sit a little more than 64 KB apart so that the rows of one
+    batch do not all fall into the same cache sets.
+    """
+
+    __slots__ = ("data", "names", "lens", "mmsg", "iov", "slots", "_fd",
+                 # caches: the fixed header bytes of a round, the senders' addresses by rank
+                 "_fixed", "_peers")
+
+    SLOT = 65536
+    STRIDE = SLOT + 1088
+
+    def __init__(self, sock: socket.socket, slots: int = 128):
+        self.slots = slots
+        self._fd = sock.fileno()
+        self.data = np.zeros((slots, self.STRIDE), np.uint8)
+        self.names = np.zeros((slots, _SOCKADDR_IN), np.uint8)
+        self.lens = np.zeros(slots, np.int64)
+        self.iov = np.zeros(slots, _IOVEC_DTYPE)
+        self.iov["base"] = self.data.ctypes.data + np.arange(slots) * self.STRIDE
+        self.iov["len"] = self.SLOT
+        self.mmsg = np.zeros(slots, _MMSG_DTYPE)
+        hdr = self.mmsg["hdr"]
+        hdr["name"] = self.names.ctypes.data + np.arange(slots) * _SOCKADDR_IN
+        hdr["iov"] = self.iov.ctypes.data + np.arange(slots) * _IOVEC_DTYPE.itemsize
+        hdr["iovlen"] = 1
+        self._fixed: tuple[tuple[int, int], np.ndarray] | None = None
+        self._peers: tuple[tuple, np.ndarray, np.ndarray] | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return _recvmmsg is not None
+
+    def receive(self) -> int:
+        """Datagrams read into slots ``0..m-1`` (0: none waiting, -1: an error to skip)."""
+        assert _recvmmsg is not None
+        self.mmsg["hdr"]["namelen"] = _SOCKADDR_IN
+        m = _recvmmsg(self._fd, self.mmsg.ctypes.data, self.slots, _MSG_DONTWAIT, None)
+        if m < 0:
+            err = ctypes.get_errno()
+            return 0 if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
+        self.lens[:m] = self.mmsg["len"][:m]
+        return m
+
+    def header_bytes(self, m: int) -> np.ndarray:
+        """The headers of slots ``0..m-1`` as an (m, 40) byte array (a copy)."""
+        return np.ascontiguousarray(self.data[:m, :HEADER_SIZE])
+
+    def fixed(self, session: int, round: int) -> np.ndarray:
+        """``fixed_bytes(session, round)``, kept for the round."""
+        if self._fixed is None or self._fixed[0] != (session, round):
+            self._fixed = ((session, round), fixed_bytes(session, round))
+        return self._fixed[1]
+
+    def known_senders(self, m: int, src: np.ndarray, peers: dict, pinned: bool) -> np.ndarray:
+        """Rows whose ``src`` is a rank in ``peers`` and, if ``pinned``, came from its address.
+
+        ``Engine.handle``'s test of who speaks: without a secret the address
+        pinned at join is the only proof (compared as ``recvfrom`` would give it).
+        """
+        key = tuple(peers.items())
+        if self._peers is None or self._peers[0] != key:
+            top = max((r for r in peers if isinstance(r, int) and 0 <= r < 1 << 16),
+                      default=-1) + 1
+            expect, known, where = np.zeros((top, 6), np.uint8), np.zeros(top, bool), \
+                np.zeros(top, bool)
+            for rank, addr in peers.items():
+                if isinstance(rank, int) and 0 <= rank < top:
+                    known[rank] = True
+                    raw = _port_and_ip(addr)
+                    if raw is not None:
+                        expect[rank], where[rank] = np.frombuffer(raw, np.uint8), True
+            self._peers = (key, expect, np.stack([known, where]))
+        _, expect, flags = self._peers
+        top = len(expect)
+        if not top:
+            return np.zeros(m, bool)
+        inside = src < top
+        s = np.where(inside, src, 0)
+        if not pinned:
+            return inside & flags[0][s]
+        return inside & flags[1][s] & (self.names[:m, 2:8] == expect[s]).all(axis=1)
+
+    def addr(self, i: int) -> tuple[str, int]:
+        """The sender of slot ``i`` as ``recvfrom`` gives it."""
+        n = self.names[i]
+        return socket.inet_ntoa(n[4:8].tobytes()), int(n[2]) << 8 | int(n[3])
+
+    def view(self, i: int) -> memoryview:
+        """Slot ``i`` as the per-datagram path's buffer (a memoryview of bytes)."""
+        return self.data[i, :self.SLOT].data
+
+
+def _port_and_ip(addr) -> bytes | None:
+    """The port and IPv4 address bytes of a ``sockaddr_in`` for ``addr``; None if none.
+
+    Only a dotted quad that ``recvfrom`` would give back verbatim has them: the
+    per-datagram path compares address tuples, and a peer pinned under another
+    spelling must keep failing that comparison (its rows take that path).
+    """
+    try:
+        raw = socket.inet_aton(addr[0])
+        if socket.inet_ntoa(raw) != addr[0] or not 0 <= int(addr[1]) < 1 << 16:
+            return None
+        return struct.pack("!H", int(addr[1])) + raw
+    except (OSError, TypeError, ValueError, IndexError, struct.error):
+        return None
+
+
+#: Header bytes every DATA datagram of one round of one job shares: magic, version,
+#: type (0-3) and session, round (10-21).
+_FIXED_COLS = np.r_[0:4, 10:22]
+#: Header bytes that name a stream with the PULL flag bit: src and part (6-9).
+_STREAM_COLS = np.r_[6:10]
+
+
+def fixed_bytes(session: int, round: int) -> np.ndarray:
+    """The ``_FIXED_COLS`` bytes of a DATA header of ``session`` and ``round``."""
+    return np.frombuffer(wire.pack_header(_DATA, session=session, round=round),
+                         np.uint8)[_FIXED_COLS]
+
+
+def data_rows(hb: np.ndarray, h: np.ndarray, lens: np.ndarray, chunk_bytes: int,
+              fixed: np.ndarray) -> np.ndarray:
+    """Rows ``wire.unpack_header`` accepts as DATA, of the round ``fixed`` names, at once.
+
+    ``hb``: the headers as bytes, ``h``: the same as ``HEADER_DTYPE`` records.
+    The same checks: magic, version, type (and session, round: ``fixed``), size
+    (declared length == payload, whole float32s, more than none, at most one
+    chunk, which also bounds the datagram), index < count, bound < 1. The MAC
+    and who sent it are the engine's checks, as they are in ``Engine.handle``.
+    """
+    payload = lens - (HEADER_SIZE + TAG_SIZE)
+    return ((hb[:, _FIXED_COLS] == fixed).all(axis=1) & (h["length"] == payload)
+            & (payload > 0) & (payload <= chunk_bytes) & (payload % 4 == 0)
+            & (h["index"] < h["count"]) & (h["bound"] < PPM))
+
+
+def runs(keys: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) of each run of equal consecutive ``keys``, in order."""
+    if not len(keys):
+        return []
+    cut = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    edges = [0, *cut.tolist(), len(keys)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def batching_supported() -> bool:
+    """Whether this platform has what the batched paths need (Linux: GSO and recvmmsg)."""
+    return RecvRing.available() and os.name == "posix"
+
+
+# -- dispatch: runs of DATA as arrays, everything else through Engine.handle ----------------
+def _fast_rows(eng: Engine, ring: RecvRing, hb: np.ndarray, h: np.ndarray, m: int,
+               keep: np.ndarray) -> np.ndarray:
+    """Rows ``Engine.handle`` would pass straight to a receiver's ``on_data``.
+
+    Its checks, for all rows: a valid header for DATA, the MAC (with a secret),
+    this session, a known sender (from its pinned address without a secret),
+    this round. A row failing any of them takes ``handle`` itself.
+    """
+    if eng.round < 0:
+        return np.zeros(m, bool)
+    lens = ring.lens[:m]
+    fast = keep & data_rows(hb, h, lens, eng.chunk_bytes, ring.fixed(eng.session, eng.round))
+    fast &= ring.known_senders(m, h["src"], eng.peers, pinned=eng.sealer.key is None)
+    if eng.sealer.key is not None:
+        for i in np.flatnonzero(fast):
+            if not eng.sealer.verify(ring.view(int(i)), int(lens[i])):
+                fast[i] = False
+    return fast
+
+
+def deliver(eng: Engine, ring: RecvRing, m: int, now: float) -> None:
+    """Handle ring slots ``0..m-1`` in arrival order, with the per-datagram path's outcome.
+
+    A run of consecutive plain DATA datagrams of one stream of this round goes to
+    its receiver's ``on_data_batch`` at once; every other datagram (control, other
+    rounds, unknown or forged senders, malformed) goes to ``Engine.handle`` alone,
+    so hostile input meets exactly the checks it met before. Should a datagram
+    handled alone change what the checks depend on (round, session, peers), the
+    rest of the batch takes ``handle`` too.
+    """
+    keep = np.ones(m, bool)
+    if eng.fault_rx_drop:
+        keep = eng._fault_rng.random(m) >= eng.fault_rx_drop  # one draw per datagram, as before
+    hb = ring.header_bytes(m)
+    h = hb.view(HEADER_DTYPE).ravel()
+    fast = _fast_rows(eng, ring, hb, h, m, keep)
+    kind = hb[:, wire.FIELD_OFFSETS["flags"][0]] & int(wire.Flag.PULL)
+    if fast.all() and (kind == kind[0]).all() and (hb[:, _STREAM_COLS] == hb[0, _STREAM_COLS]).all():
+        spans = [(0, m)]  # the common case: one stream's run fills the ring
+    else:
+        stream = np.where(fast, kind.astype(np.int64) << 32 | h["part"].astype(np.int64) << 16
+                          | h["src"].astype(np.int64), -1 - np.arange(m))
+        spans = runs(stream)
+    state = (eng.round, eng.session, len(eng.peers))
+    for a, b in spans:
+        if fast[a]:
+            src = int(h["src"][a])
+            r = eng.receivers.get((int(kind[a]), int(h["part"][a]), src))
+            if r is not None:
+                if eng.pending_finals:
+                    eng._implicit_ack(src, eng.round)
+                eng.seen_round = True
+                r.on_data_batch(h[a:b], ring.data, np.arange(a, b), now)
+                continue
+        for i in range(a, b):
+            if keep[i]:
+                eng.handle(ring.view(i), int(ring.lens[i]), ring.addr(i), None, now)
+        if (eng.round, eng.session, len(eng.peers)) != state:
+            for i in range(b, m):
+                if keep[i]:
+                    eng.handle(ring.view(i), int(ring.lens[i]), ring.addr(i), None, now)
+            return

@@ -1,0 +1,307 @@
+"""Batched I/O (dblp.batch) against the per-datagram path it replaces, bit for bit.
+
+Sending: a stream sent in GSO batches and the same stream sent one datagram
+per call put the same datagrams, in the same order, on a plain UDP socket on
+loopback (the kernel cuts GSO sends into datagrams on delivery). Receiving:
+the same datagrams (in order, with duplicates, forgeries, control messages and
+other rounds mixed in) handed to ``batch.deliver`` at once and to
+``Engine.handle`` one by one leave the same aggregate, bitmap, counters and
+replies behind.
+"""
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from dblp import batch, wire
+from dblp.engine import PULL, PUSH, Engine, InTransfer, OutTransfer
+from dblp.pacing import TokenBucket
+from dblp.wire import MsgType
+
+pytestmark = pytest.mark.unit
+
+KEY = bytes(range(32))
+SESSION = 0x1234_5678_9ABC
+ROUND = 3
+
+
+def _rx():
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(2)
+    return rx
+
+
+def _send_stream(batched: bool, numel: int, key, passes: int = 1, rate_bps=None):
+    """Every datagram one push stream's pass (and its PROBE) puts on the wire, in order."""
+    rx = _rx()
+    eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, key=key, batched_io=batched,
+                 rate_bps=rate_bps)
+    try:
+        eng.peers[2] = rx.getsockname()
+        eng.begin_round(ROUND)
+        data = np.arange(numel, dtype=np.float32) * 0.5 - 7
+        s = OutTransfer(eng, PUSH, 0, 2, data, 8000)
+        s.passes = passes  # a resend pass: aux and the retransmission count
+        eng.add_sender(s)
+        end = time.monotonic() + 5
+        while s.has_pending() and time.monotonic() < end:
+            eng._send_some(time.monotonic())
+        got = [rx.recv(65536) for _ in range(s.count + 1)]
+        return got, s, eng.datagrams["data"], eng.batch_max
+    finally:
+        eng.close()
+        rx.close()
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["open", "keyed"])
+@pytest.mark.parametrize("numel", [200 * wire.CHUNK_ELEMS, 200 * wire.CHUNK_ELEMS + 77, 5])
+def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel):
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    old, s_old, n_old, k_old = _send_stream(False, numel, key)
+    new, s_new, n_new, k_new = _send_stream(True, numel, key)
+    assert k_old == 1 and k_new == batch.GSO_MAX_SEGMENTS  # unpaced: the largest batch
+    assert len(new) == len(old) == s_old.count + 1
+    for i, (a, b) in enumerate(zip(old, new, strict=True)):
+        assert a == b, f"datagram {i} differs"
+    assert n_old == n_new == s_old.count
+    assert s_new.chunks_sent == s_old.chunks_sent == s_old.count
+    assert np.array_equal(np.isfinite(s_new.sent_at), np.isfinite(s_old.sent_at))
+    assert wire.unpack(new[-1])[0].type == MsgType.PROBE
+
+
+def test_the_scapy_layer_decodes_what_a_batch_sent():
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    from dblp.scapy_layer import DBLP
+    new, s, _, _ = _send_stream(True, 50 * wire.CHUNK_ELEMS + 9, KEY)
+    for i, d in enumerate(new[:-1]):
+        p = DBLP(d)
+        assert (p.magic, p.type, p.count, p.session) == (wire.MAGIC, MsgType.DATA, s.count, SESSION)
+        assert p.index == int(s.order[i]) and p.length == len(d) - wire.HEADER_SIZE - wire.TAG_SIZE
+        assert p.trailer["tag"] == wire.Sealer(KEY).tag(d[:-wire.TAG_SIZE])
+
+
+def test_a_refused_gso_send_falls_back_to_one_datagram_per_call(monkeypatch):
+    """A path that refuses GSO (here: a malformed UDP_SEGMENT message, EINVAL) loses nothing."""
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    old, s_old, _, _ = _send_stream(False, 60 * wire.CHUNK_ELEMS, KEY)
+    monkeypatch.setattr(batch.SendBatch, "segment_cmsg", staticmethod(
+        lambda size: [(socket.IPPROTO_UDP, batch.UDP_SEGMENT, b"\x00")]))
+    new, s_new, n_new, k_after = _send_stream(True, 60 * wire.CHUNK_ELEMS, KEY)
+    assert k_after == 1  # batched sending is off for good on this engine
+    assert new == old and n_new == s_old.count and s_new.chunks_sent == s_old.chunks_sent
+
+
+def test_a_resend_pass_is_counted_per_datagram():
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    old, s_old, _, _ = _send_stream(False, 90 * wire.CHUNK_ELEMS, None, passes=2)
+    new, s_new, _, _ = _send_stream(True, 90 * wire.CHUNK_ELEMS, None, passes=2)
+    assert old == new
+    assert s_new.retransmitted == s_old.retransmitted == 90
+
+
+def test_batch_size_follows_the_pacing_rate():
+    wire_bytes = Engine.wire_size(wire.MAX_DATAGRAM)
+    assert batch.batch_limit(20e6, wire.MAX_DATAGRAM, wire_bytes) == 1
+    assert batch.batch_limit(100e6, wire.MAX_DATAGRAM, wire_bytes) == 4
+    assert batch.batch_limit(1e9, wire.MAX_DATAGRAM, wire_bytes) == 41
+    assert batch.batch_limit(10e9, wire.MAX_DATAGRAM, wire_bytes) == 44
+    assert batch.batch_limit(None, wire.MAX_DATAGRAM, wire_bytes) == 44
+    # IP-fragmented chunks (the prototype's 8 KB) cannot be GSO segments
+    assert batch.batch_limit(10e9, wire.datagram_size(8192), Engine.wire_size(8248)) == 1
+
+
+def test_a_batch_borrows_no_more_than_single_datagrams_would():
+    clock = [0.0]
+    b = TokenBucket(100e6, clock=lambda: clock[0])
+    full = wire.MAX_DATAGRAM
+    k = b.allowance(full)
+    assert k == int(b.depth // (full + b.overhead)) >= 1
+    b.consume(k * full, count=k)
+    assert 0 <= b.tokens < full + b.overhead
+    assert b.allowance(full) == 0 and b.wait_time(full) > 0
+
+
+def test_paced_batches_keep_the_rate():
+    """At 200 Mbit/s (batches of 8) the data sent in 0.3 s is what the bucket allows."""
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    rx = _rx()
+    eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, rate_bps=200e6)
+    try:
+        assert eng.batch_max == 8
+        eng.peers[2] = rx.getsockname()
+        eng.begin_round(ROUND)
+        s = OutTransfer(eng, PUSH, 0, 2, np.zeros(4000 * wire.CHUNK_ELEMS, np.float32), 0)
+        eng.add_sender(s)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.3:
+            eng._send_some(time.monotonic())
+        elapsed = time.monotonic() - t0
+        wire_bytes = s.chunks_sent * Engine.wire_size(wire.MAX_DATAGRAM)
+        allowed = 200e6 / 8 * elapsed + eng.bucket.depth
+        assert wire_bytes <= allowed * 1.001
+        assert wire_bytes >= 0.25 * 200e6 / 8 * elapsed  # it does send (a loaded CI box is slow)
+    finally:
+        eng.close()
+        rx.close()
+
+
+# -- receiving --------------------------------------------------------------------------
+def _datagrams(numel: int, key, kind=PUSH, src=2, round=ROUND, session=SESSION):
+    """The DATA datagrams of one stream from rank ``src``, in index order."""
+    sealer = wire.Sealer(key)
+    data = (np.arange(numel, dtype=np.float32) * 0.25 + src).view(np.uint8)
+    count = -(-data.nbytes // wire.CHUNK_BYTES)
+    out = []
+    for c in range(count):
+        payload = data[c * wire.CHUNK_BYTES:(c + 1) * wire.CHUNK_BYTES].tobytes()
+        out.append(sealer.seal(wire.pack_body(
+            MsgType.DATA, payload, src=src, part=0, session=session, round=round, index=c,
+            count=count, bound=0, aux=1 + c % 3, flags=wire.Flag.PULL if kind == PULL else 0,
+            copies=1 + c % 2)))
+    return out
+
+
+def _mix(numel: int, key, seed: int):
+    """A hostile, lossy, reordered arrival sequence for one stream (and its neighbours)."""
+    rng = np.random.default_rng(seed)
+    good = _datagrams(numel, key)
+    seq = [good[i] for i in rng.permutation(len(good)) if rng.random() > 0.1]
+    seq += [good[i] for i in rng.integers(0, len(good), 12)]  # duplicates
+    extra = [
+        _datagrams(numel, key, round=ROUND + 1)[0],  # next round: kept for later
+        _datagrams(numel, key, round=ROUND - 1)[1],  # stale
+        _datagrams(numel, key, session=SESSION + 1)[2],  # another job
+        _datagrams(numel, key, src=7)[3],  # unknown sender
+        _datagrams(numel, wire.ZERO_TAG * 2)[4],  # forged tag (wrong key)
+        wire.pack(MsgType.PROBE, key=key, src=2, part=0, session=SESSION, round=ROUND, index=1,
+                  count=len(good), copies=2),
+        b"\x00" * 30,  # truncated
+        good[5][:-4],  # declared length != payload
+        good[6] + b"\x00" * 70000,  # oversized
+    ]
+    bad_count = bytearray(good[7][:-wire.TAG_SIZE])
+    struct.pack_into("!I", bad_count, wire.FIELD_OFFSETS["count"][0], len(good) + 1)
+    extra.append(wire.Sealer(key).seal(bytes(bad_count)))
+    for d in extra:
+        seq.insert(int(rng.integers(0, len(seq) + 1)), d)
+    return seq[:]
+
+
+def _receiver(key, kind, numel, peer_addr, bound_ppm=0):
+    eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, key=key)
+    eng.peers[2] = peer_addr
+    eng.begin_round(ROUND)
+    out = np.ones(numel, np.float32) * 0.5
+    add = kind == PUSH
+    r = InTransfer(eng, kind, 0, 2, out, bound_ppm, add=add, freeze=add)
+    eng.add_receiver(r)
+    return eng, r, out
+
+
+def _feed_one_by_one(eng, seq, addr, now):
+    for d in seq:
+        if len(d) <= 65536:
+            eng.handle(memoryview(d), len(d), addr, None, now)
+
+
+def _feed_batched(eng, seq, addr, now):
+    ring = eng.ring
+    seq = [d for d in seq if len(d) <= ring.SLOT]
+    name = struct.pack("=H", socket.AF_INET) + struct.pack("!H", addr[1]) + \
+        socket.inet_aton(addr[0]) + bytes(8)
+    for start in range(0, len(seq), ring.slots):
+        part = seq[start:start + ring.slots]
+        for i, d in enumerate(part):
+            ring.data[i, :len(d)] = np.frombuffer(d, np.uint8)
+            ring.lens[i] = len(d)
+            ring.names[i] = np.frombuffer(name, np.uint8)
+        batch.deliver(eng, ring, len(part), now)
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["open", "keyed"])
+@pytest.mark.parametrize("kind", [PUSH, PULL], ids=["push-accumulate-freeze", "pull-copy"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("bound_ppm", [0, 300_000], ids=["reliable", "stop-mid-run"])
+def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_ppm):
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    numel = 150 * wire.CHUNK_ELEMS + 33  # a short last chunk
+    seq = _mix(numel, key, seed)
+    if kind == PULL:  # the same datagrams as a pull stream
+        seq = [_as_pull(d, key) for d in seq]
+    rx = _rx()
+    peer = rx.getsockname()
+    try:
+        results = []
+        for feed in (_feed_one_by_one, _feed_batched):
+            eng, r, out = _receiver(key, kind, numel, peer, bound_ppm)
+            try:
+                feed(eng, seq, peer, 100.0)
+                replies = []
+                rx.settimeout(0.2)
+                try:
+                    while True:
+                        replies.append(rx.recv(65536))
+                except TimeoutError:
+                    pass
+                results.append((out.tobytes(), r.have.copy(), r.n_have, r.stopped, r.max_pass,
+                                r.t_first, eng.counters.snapshot(), len(eng.early), replies))
+            finally:
+                eng.close()
+        a, b = results
+        names = ["out", "have", "n_have", "stopped", "max_pass", "t_first", "counters", "early",
+                 "replies"]
+        for name, x, y in zip(names, a, b, strict=True):
+            if isinstance(x, np.ndarray):
+                assert np.array_equal(x, y), name
+            else:
+                assert x == y, name
+    finally:
+        rx.close()
+
+
+def _as_pull(d: bytes, key) -> bytes:
+    """``d`` with the PULL flag set (re-sealed), if it is a DBLP datagram of ours."""
+    if len(d) < wire.HEADER_SIZE + wire.TAG_SIZE or d[:2] != b"\xdb\x1b" or \
+            len(d) > wire.MAX_DATAGRAM:
+        return d
+    body = bytearray(d[:-wire.TAG_SIZE])
+    body[wire.FIELD_OFFSETS["flags"][0]] |= int(wire.Flag.PULL)
+    forged = d[-wire.TAG_SIZE:] != wire.Sealer(key).tag(d[:-wire.TAG_SIZE])
+    return bytes(body) + (d[-wire.TAG_SIZE:] if forged else wire.Sealer(key).tag(bytes(body)))
+
+
+def test_stop_comes_at_the_same_chunk_when_a_run_crosses_the_bound():
+    """A frozen push stream with a loose bound: the STOP in the middle of a run."""
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    numel = 100 * wire.CHUNK_ELEMS
+    seq = _datagrams(numel, None)
+    rx = _rx()
+    peer = rx.getsockname()
+    try:
+        got = []
+        for feed in (_feed_one_by_one, _feed_batched):
+            eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION)
+            eng.peers[2] = peer
+            eng.begin_round(ROUND)
+            out = np.zeros(numel, np.float32)
+            r = InTransfer(eng, PUSH, 0, 2, out, 300_000, add=True, freeze=True)  # may miss 30
+            eng.add_receiver(r)
+            feed(eng, seq, peer, 5.0)
+            stop = rx.recv(65536)
+            got.append((out.tobytes(), r.n_have, eng.counters.snapshot(), stop))
+            eng.close()
+        assert got[0] == got[1]
+        assert got[0][1] == 70 and got[0][2]["late"] == 30
+    finally:
+        rx.close()
