@@ -46,6 +46,10 @@ GSO_MAX_SEGMENTS = 44
 #: A batch is at most this much of the pacing rate's time: at 100 Mbit/s a few
 #: datagrams (what one token-bucket wake-up sends anyway), at 10 Gbit/s 44.
 BATCH_SECONDS = 0.0005
+#: After a read that drained the socket with a few datagrams, a batched engine
+#: lets this long pass before it reads again (``Engine.run_until``): a batch's
+#: worth of the sender's pacing, as its sends leave in batches of that length.
+COALESCE_SECONDS = BATCH_SECONDS
 #: Receive buffer of a batched engine (bytes; root may exceed rmem_max). A GSO
 #: sender can outpace a Python receiver on the same small machine for a while; a
 #: deeper buffer turns that into queueing instead of loss, which would cost a
@@ -85,12 +89,17 @@ def batch_limit(rate_bps: float | None, datagram: int, wire_bytes: int) -> int:
 class SendBatch:
     """The buffer of one GSO send: ``k`` rows of header + payload + tag, reused every call."""
 
-    __slots__ = ("buf", "chunk_bytes", "datagram")
+    __slots__ = ("buf", "chunk_bytes", "datagram", "index", "_template")
 
     def __init__(self, rows: int, chunk_bytes: int):
         self.chunk_bytes = chunk_bytes
         self.datagram = wire.datagram_size(chunk_bytes)
         self.buf = np.zeros((rows, self.datagram), np.uint8)  # tags stay zero without a key
+        #: The ``index`` field of every row, as one big-endian column of the buffer.
+        self.index = self.buf[:, _INDEX_OFF:_INDEX_OFF + 4].view(">u4")[:, 0]
+        #: The header last written to every row (with ``index`` 0): a stream's turn
+        #: sends many batches under one header, which then need only their indexes.
+        self._template = b""
 
     def fill(self, template: bytes, chunks: np.ndarray, payload_rows: np.ndarray,
              sealer: wire.Sealer) -> memoryview:
@@ -98,8 +107,10 @@ class SendBatch:
         k = len(chunks)
         b = self.buf[:k]
         end = HEADER_SIZE + self.chunk_bytes
-        b[:, :HEADER_SIZE] = np.frombuffer(template, np.uint8)
-        b[:, _INDEX_OFF:_INDEX_OFF + 4] = chunks.astype(">u4").view(np.uint8).reshape(k, 4)
+        if template != self._template:
+            self.buf[:, :HEADER_SIZE] = np.frombuffer(template, np.uint8)
+            self._template = template
+        self.index[:k] = chunks
         b[:, HEADER_SIZE:end] = payload_rows[chunks]
         if sealer.key is not None:
             for i in range(k):

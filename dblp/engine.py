@@ -97,6 +97,8 @@ class Engine:
         # batched I/O (``dblp.batch``): datagrams per send (1 = one call per datagram),
         # the send buffer, the recvmmsg ring (None = one recvfrom per datagram)
         "batch_max", "send_buf", "ring",
+        # datagrams the last poll read from the ring (receive coalescing in ``run_until``)
+        "last_read",
         # what we know of each peer: address, TCP control, RTT and loss estimates
         "peers", "tcp", "closed_peers", "rtts", "loss", "_rtt_args",
         # control tunables
@@ -182,6 +184,7 @@ class Engine:
                                            self.wire_size(self.max_datagram)) if batched else 1
         self.send_buf = batch.SendBatch(self.batch_max, chunk_bytes) if self.batch_max > 1 else None
         self.ring = batch.RecvRing(self.sock) if batched else None
+        self.last_read = 0
         # peers
         self.peers: dict[int, tuple[str, int]] = {}
         self.tcp: dict[int, TcpControl] = {}
@@ -567,6 +570,7 @@ class Engine:
             m = ring.receive()
             if m == 0:
                 return
+            self.last_read += max(0, m)
             if m > 0:  # < 0: an error (e.g. a late ICMP report) to skip, as recvfrom's
                 batch.deliver(self, ring, m, now)
                 if m < ring.slots:
@@ -640,6 +644,7 @@ class Engine:
         """
         events = self.sel.select(max(0.0, timeout))
         now = time.monotonic()
+        self.last_read = 0
         for key, _ in events:
             if key.data is None:
                 self._read_udp(now)
@@ -667,39 +672,21 @@ class Engine:
                 nxt = min(nxt, entry[1])
         return nxt
 
-    def _send_some(self, now: float, batch: int = 32) -> float:
-        """Send up to ``batch`` paced datagrams round-robin; return when to try again."""
-        if self.batch_max > 1:
-            return self._send_batched(now)
-        active = self.active
-        sent = 0
-        full = self.wire_size(self.max_datagram) - WIRE_OVERHEAD  # a full chunk, as paced
-        while active and sent < batch:
-            wait = self._next_ready(full, now)
-            if wait > 0:
-                return now + wait
-            s = active[self._rr]
-            if not s.has_pending():
-                active.pop(self._rr)
-                continue
-            if s.send_next(now) == 0:
-                return now + 0.0002  # socket buffer full: let the NIC drain
-            self._rr += 1
-            sent += 1
-        return now if active else math.inf
+    def _send_some(self, now: float) -> float:
+        """Send what the buckets allow now, round-robin over the streams; return when to try again.
 
-    def _send_batched(self, now: float) -> float:
-        """``_send_some`` in batches: each send as many datagrams as the buckets allow now.
-
-        A turn of the round-robin is four batches' worth of one stream, not one
-        datagram: the receiver then sees long runs of one stream, which it
-        handles as arrays (``batch.deliver``), and at the ~0.2 ms a turn lasts
-        at 10 Gbit/s the streams still share the link evenly.
+        Without batching a stream's turn is one datagram and a call sends at most
+        32. With it (``batch_max`` > 1) each send carries as many datagrams as
+        the buckets allow, and a turn is four batches' worth of one stream, which
+        is also all of one call: the receiver then sees long runs of one stream,
+        which it handles as arrays (``batch.deliver``), and at the ~0.2 ms a turn
+        lasts at 10 Gbit/s the streams still share the link evenly.
         """
         active = self.active
-        sent = 0
-        full = self.wire_size(self.max_datagram) - WIRE_OVERHEAD
-        turn = 4 * self.batch_max
+        full = self.wire_size(self.max_datagram) - WIRE_OVERHEAD  # a full chunk, as paced
+        turn = 1 if self.batch_max == 1 else 4 * self.batch_max
+        budget = 32 if self.batch_max == 1 else turn
+        sent = in_turn = 0
         while active:
             wait = self._next_ready(full, now)
             if wait > 0:
@@ -713,8 +700,11 @@ class Engine:
             if n == 0:
                 return now + 0.0002  # socket buffer full (or GSO just refused): retry soon
             sent += n
-            if sent >= turn:
+            in_turn += n
+            if in_turn >= turn:
                 self._rr += 1
+                in_turn = 0
+            if sent >= budget:
                 return now
         return math.inf
 
@@ -767,7 +757,17 @@ class Engine:
             t_send = self._send_some(now)
             self.progress = False
             wake = min(t_timer, t_send, deadline)
-            self.poll(0.0 if wake <= now else min(wake - time.monotonic(), 0.05))
+            wait = 0.0 if wake <= now else min(wake - time.monotonic(), 0.05)
+            if wait > 0 and self.ring is not None and 0 < self.last_read < self.ring.slots:
+                # Receive coalescing, as a NIC's interrupt moderation: the last read
+                # drained the queue with a few datagrams, so more are on their way;
+                # waking for each of them costs a loop turn of Python per datagram
+                # (7 CPU s/GB at 1 Gbit/s). Let a batch gather first; the wait is
+                # bounded by the next timer or send, and the reads' timestamps are
+                # taken after it, so no RTT sample is short.
+                time.sleep(min(wait, batch.COALESCE_SECONDS))
+                wait = 0.0
+            self.poll(wait)
 
     def linger(self, seconds: float) -> None:
         """Keep answering (late probes, lost DONEs) for a while, e.g. before closing."""
