@@ -364,6 +364,67 @@ def round_trips_table(ref_dir: pathlib.Path) -> str:
     return text + "\n"
 
 
+def line_rate_table(ref_dir: pathlib.Path) -> str:
+    """`bench transport` at several link rates: DBLP sharded beside gloo, with CPU per GB.
+
+    One row per ``bench-transport-*.json`` (one rate each), slowest link first.
+    The sharded reliable round trip is the like-for-like peer of gloo's 2-rank
+    all-reduce; after the table, where it is within 1.2x of gloo without loss,
+    and where it beats gloo under loss.
+    """
+    docs = sorted(_jsons(ref_dir, "bench-transport-*.json"), key=lambda d: d["rate_bps"])
+    losses = docs[0]["losses"]
+    lossy = [x for x in losses if x > 0]
+
+    def find(doc, impl, mode, loss):
+        return next((r for r in doc["rows"] if r["impl"] == impl and r["loss"] == loss
+                     and r.get("mode") == mode and r["policy"] == "reliable"
+                     and not r.get("auth")), None)
+
+    def cpu(row):
+        if row is None:
+            return "–"
+        return f"{_num(row.get('cpu_s_per_gb_worker'), '{:.1f}')} / " \
+               f"{_num(row.get('cpu_s_per_gb_server'), '{:.1f}')}"
+
+    def rate(doc):
+        return f"{doc['rate_bps'] / 1e9:g} Gbit/s, {doc['bytes'] / (1 << 20):g} MiB"
+
+    head = ["link, gradient", "reliable PS, 0 %", "reliable sharded, 0 %", "gloo, 0 %",
+            "sharded / gloo, 0 %"]
+    for x in lossy:
+        head += [f"reliable sharded, {_pct(x)}", f"gloo, {_pct(x)}"]
+    head += ["CPU s/GB sharded", "CPU s/GB gloo"]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    near, beats, slower = [], [], []
+    for doc in docs:
+        sh, gl = find(doc, "dblp", "sharded", 0.0), find(doc, "gloo", "allreduce", 0.0)
+        vs = (sh["round_trip_s"] / gl["round_trip_s"]
+              if sh and gl and sh.get("round_trip_s") and gl.get("round_trip_s") else None)
+        cells = [rate(doc), _trip(find(doc, "dblp", "ps", 0.0)), _trip(sh), _trip(gl),
+                 _num(vs, "{:.2f}x")]
+        (near if vs is not None and vs <= 1.2 else slower).append(
+            f"{doc['rate_bps'] / 1e9:g} ({_num(vs, '{:.2f}x')})")
+        for x in lossy:
+            a, b = find(doc, "dblp", "sharded", x), find(doc, "gloo", "allreduce", x)
+            cells += [_trip(a), _trip(b)]
+            ta = a.get("round_trip_s") if a else None
+            tb = b.get("round_trip_s") if b else None
+            if ta is not None and (tb is None or ta < tb):
+                beats.append(f"{doc['rate_bps'] / 1e9:g} Gbit/s at {_pct(x)}")
+        cells += [cpu(sh), cpu(gl)]
+        out.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(out) + "\n\n"
+    text += (f"Medians of {docs[0]['reps']} round trips in seconds (time / `bound_s`), one "
+             f"`bench transport` per link, UDP control, no secret. CPU s/GB: CPU seconds of "
+             f"each side's process (rank 0 / rank 1) per GB it sent and received. ")
+    text += (f"Sharded within 1.2x of gloo without loss at (Gbit/s): "
+             f"{', '.join(near) or 'none'}; further at: {', '.join(slower) or 'none'}. ")
+    text += (f"Sharded faster than gloo under loss at: {', '.join(beats) or 'none'}."
+             if lossy else "")
+    return text + "\n"
+
+
 def _core(doc: dict) -> str:
     return f"{doc['core_switches_used']}/{doc['core_switches']}"
 
@@ -528,6 +589,7 @@ TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     "phases": phases_table,
     "seeds": seeds_table,
     "round-trips": round_trips_table,
+    "line-rate": line_rate_table,
     "fat-trees": fat_trees_table,
     "goodput": goodput_table,
     "bursts": bursts_table,

@@ -285,6 +285,17 @@ register(CommandReference(
     "without a secret, and gloo's all-reduce, on a 100 Mbit/s veth pair at 0-80 % loss",
     (Command("bench-transport.json", ("bench", "transport", "--controls", "udp", "--reps", "3",
                                       "--losses", "0,0.1,0.5,0.8")),)))
+#: Link rates (Mbit/s) and gradient sizes (MiB) of the line-rate bench: sizes that keep
+#: a round trip above ~0.1 s; 100 Mbit/s is the transport reference's own rate.
+LINE_RATES = ((100, 4), (1000, 32), (3000, 32), (10000, 64))
+register(CommandReference(
+    "linerate", "the transport bench on faster links: reliable PS and sharded, UDP control, "
+    "no secret, and gloo's all-reduce, at 0 and 10 % loss, from 0.1 to 10 Gbit/s",
+    tuple(Command(f"bench-transport-{r}mbit.json",
+                  ("bench", "transport", "--rate-mbit", str(r), "--mbytes", str(m),
+                   "--losses", "0,0.1", "--controls", "udp", "--bounds", "0", "--auth", "off",
+                   "--reps", "3", "--round-timeout", "60"))
+          for r, m in LINE_RATES)))
 #: The fat-tree sizes `net check` builds for the README (k=8 routes in ~20 s).
 FABRIC_KS = (4, 6, 8)
 register(CommandReference(

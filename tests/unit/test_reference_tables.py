@@ -185,7 +185,8 @@ def fake_machine(monkeypatch, tmp_path):
         if cfg.impl == "gloo":
             if pair.loss > 0.1:
                 return [], "RuntimeError: Timed out waiting 30000ms", {}
-            return [{"latency_s": 1.05 * floor / (1 - pair.loss)}], None, {"worker": 0.01}
+            return [{"latency_s": 1.05 * floor / (1 - pair.loss)}], None, {"worker": 0.01,
+                                                                            "server": 0.01}
         share = 1 if cfg.mode == "sharded" else 2
         bound_s = floor * share * (1 - cfg.bound) / (1 - pair.loss)
         return [_round_stats(cfg, pair.loss, bound_s)], None, {"worker": 0.1, "server": 0.1}
@@ -444,7 +445,8 @@ def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, mo
     ("fabric", "fat-trees", "| | fattree-k4 | fattree-k6 | fattree-k8 |"),
     ("capacity", "goodput", "| shaping Mbit/s | 1 flow | 4 flows, each (range) | 4 flows, total |"),
     ("bursts", "bursts", "fattree-k4, 20 Mbit/s links, 100-packet queues, 500 ms windows:"),
-    ("transport", "round-trips", "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS |")])
+    ("transport", "round-trips", "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS |"),
+    ("linerate", "line-rate", "| link, gradient | reliable PS, 0 % | reliable sharded, 0 % |")])
 def test_each_registered_command_reference_renders_its_table(tmp_path, fake_machine, name, table, first):
     """The registered commands, run by the real CLI, write the files their README table reads."""
     import dataclasses
@@ -454,3 +456,24 @@ def test_each_registered_command_reference_renders_its_table(tmp_path, fake_mach
     assert done[name]["status"] == "ok", done
     text = rd.render(name, table, tmp_path / "reference")
     assert text.startswith(first) and "–" not in text  # every cell measured
+
+
+def test_line_rate_table_puts_sharded_beside_gloo_per_link(tmp_path, fake_machine):
+    """One row per link, slowest first; the sentences say where sharded is within 1.2x of gloo."""
+    steps = [(f"bench-transport-{r}mbit.json",
+              ("bench", "transport", "--rate-mbit", str(r), "--mbytes", "4", "--losses", "0,0.1",
+               "--controls", "udp", "--bounds", "0", "--auth", "off", "--reps", "1"))
+             for r in (1000, 100)]
+    ref = _make(tmp_path, fake_machine, *steps)
+    lines = rd.render("r", "line-rate", ref).splitlines()
+    assert lines[0] == ("| link, gradient | reliable PS, 0 % | reliable sharded, 0 % | gloo, 0 % "
+                        "| sharded / gloo, 0 % | reliable sharded, 10 % | gloo, 10 % "
+                        "| CPU s/GB sharded | CPU s/GB gloo |")
+    # the fake machine times every rate like 100 Mbit/s: sharded 1.10 x its bound, gloo 1.05 x its
+    assert lines[2].startswith("| 0.1 Gbit/s, 4 MiB | 0.738 (1.10) | 0.369 (1.10) | 0.352 (1.05) |")
+    assert lines[3].startswith("| 1 Gbit/s, 4 MiB |")
+    assert "| 1.05x |" in lines[2] and lines[2].endswith("| 11.9 / 11.9 | 1.2 / 1.2 |")
+    prose = lines[5]
+    assert "Sharded within 1.2x of gloo without loss at (Gbit/s): 0.1 (1.05x), 1 (1.05x)" in prose
+    assert "further at: none" in prose
+    assert "Sharded faster than gloo under loss at: none." in prose
