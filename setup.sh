@@ -64,7 +64,8 @@ start_ovs() {
 
 make_venv() {
     local stamp="$VENV/.dblp-setup-stamp" want
-    want=$(cat pyproject.toml setup.sh "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)
+    # setup.py and the C core it builds (dblp/_fastpath.c): a change rebuilds it.
+    want=$(cat pyproject.toml setup.py dblp/_fastpath.c setup.sh "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/dblp-testbed" ]; then
         say "virtual environment up to date ($VENV)"
         return

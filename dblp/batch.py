@@ -62,6 +62,24 @@ _SEGMENT = struct.Struct("=H")
 _DATA = int(MsgType.DATA)
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
 
+
+def _load_native():
+    """``dblp._fastpath`` (C, built by the install where a compiler is), told the header layout.
+
+    None where it was not built: the pure-Python path below does the same work
+    (``tests/unit/test_dblp_batch.py`` runs both and compares them bit for bit).
+    """
+    try:
+        from . import _fastpath  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    off = {name: wire.FIELD_OFFSETS[name][0] for name in wire.FIELD_NAMES}
+    _fastpath.set_layout((HEADER_SIZE, TAG_SIZE, off["flags"], off["src"], off["part"],
+                          off["index"], off["count"], off["length"], off["bound"], off["aux"],
+                          PPM, int(wire.Flag.PULL), 0, 4, 10, 22, 0xDB1B))
+    return _fastpath
+
+
 #: The header as a numpy record, generated from ``wire.HEADER_FIELDS`` (its one declaration).
 _NP_CODES = {"B": "u1", "H": ">u2", "I": ">u4", "Q": ">u8"}
 HEADER_DTYPE = np.dtype({
@@ -181,7 +199,7 @@ class RecvRing:
 
     __slots__ = ("data", "names", "lens", "mmsg", "iov", "slots", "_fd",
                  # caches: the fixed header bytes of a round, the senders' addresses by rank
-                 "_fixed", "_peers")
+                 "_fixed", "_peers", "_pinned")
 
     SLOT = 65536
     STRIDE = SLOT + 1088
@@ -202,6 +220,7 @@ class RecvRing:
         hdr["iovlen"] = 1
         self._fixed: tuple[tuple[int, int], np.ndarray] | None = None
         self._peers: tuple[tuple, np.ndarray, np.ndarray] | None = None
+        self._pinned: dict[tuple, bytes | None] = {}
 
     @staticmethod
     def available() -> bool:
@@ -209,6 +228,12 @@ class RecvRing:
 
     def receive(self) -> int:
         """Datagrams read into slots ``0..m-1`` (0: none waiting, -1: an error to skip)."""
+        if NATIVE is not None:
+            m = NATIVE.recv_ring(self._fd, self.data, self.STRIDE, self.SLOT, self.names,
+                                 self.lens, self.slots)
+            if m < 0:
+                return 0 if -m in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
+            return m
         assert _recvmmsg is not None
         self.mmsg["hdr"]["namelen"] = _SOCKADDR_IN
         m = _recvmmsg(self._fd, self.mmsg.ctypes.data, self.slots, _MSG_DONTWAIT, None)
@@ -218,9 +243,9 @@ class RecvRing:
         self.lens[:m] = self.mmsg["len"][:m]
         return m
 
-    def header_bytes(self, m: int) -> np.ndarray:
-        """The headers of slots ``0..m-1`` as an (m, 40) byte array (a copy)."""
-        return np.ascontiguousarray(self.data[:m, :HEADER_SIZE])
+    def header_bytes(self, lo: int, m: int) -> np.ndarray:
+        """The headers of slots ``lo..m-1`` as an (m - lo, 40) byte array (a copy)."""
+        return np.ascontiguousarray(self.data[lo:m, :HEADER_SIZE])
 
     def fixed(self, session: int, round: int) -> np.ndarray:
         """``fixed_bytes(session, round)``, kept for the round."""
@@ -228,8 +253,9 @@ class RecvRing:
             self._fixed = ((session, round), fixed_bytes(session, round))
         return self._fixed[1]
 
-    def known_senders(self, m: int, src: np.ndarray, peers: dict, pinned: bool) -> np.ndarray:
-        """Rows whose ``src`` is a rank in ``peers`` and, if ``pinned``, came from its address.
+    def known_senders(self, lo: int, m: int, src: np.ndarray, peers: dict,
+                      pinned: bool) -> np.ndarray:
+        """Rows ``lo..m-1`` whose ``src`` is a rank in ``peers`` and, if ``pinned``, came from its address.
 
         ``Engine.handle``'s test of who speaks: without a secret the address
         pinned at join is the only proof (compared as ``recvfrom`` would give it).
@@ -250,12 +276,23 @@ class RecvRing:
         _, expect, flags = self._peers
         top = len(expect)
         if not top:
-            return np.zeros(m, bool)
+            return np.zeros(m - lo, bool)
         inside = src < top
         s = np.where(inside, src, 0)
         if not pinned:
             return inside & flags[0][s]
-        return inside & flags[1][s] & (self.names[:m, 2:8] == expect[s]).all(axis=1)
+        return inside & flags[1][s] & (self.names[lo:m, 2:8] == expect[s]).all(axis=1)
+
+    def pinned_addr(self, rank: int, peers: dict) -> bytes | None:
+        """The 6 bytes ``known_senders`` compares for ``rank`` (port, IPv4), if it has them."""
+        addr = peers.get(rank)
+        if addr is None:
+            return None
+        key = (rank, addr)
+        raw = self._pinned.get(key, b"?")
+        if raw == b"?":
+            raw = self._pinned[key] = _port_and_ip(addr)
+        return raw
 
     def addr(self, i: int) -> tuple[str, int]:
         """The sender of slot ``i`` as ``recvfrom`` gives it."""
@@ -321,54 +358,113 @@ def runs(keys: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
+#: The C core, or None: set by ``_load_native`` (tests switch it off to compare the paths).
+NATIVE = _load_native()
+
+
 def batching_supported() -> bool:
     """Whether this platform has what the batched paths need (Linux: GSO and recvmmsg)."""
     return RecvRing.available() and os.name == "posix"
 
 
 # -- dispatch: runs of DATA as arrays, everything else through Engine.handle ----------------
-def _fast_rows(eng: Engine, ring: RecvRing, hb: np.ndarray, h: np.ndarray, m: int,
+def _fast_rows(eng: Engine, ring: RecvRing, hb: np.ndarray, h: np.ndarray, lo: int, m: int,
                keep: np.ndarray) -> np.ndarray:
-    """Rows ``Engine.handle`` would pass straight to a receiver's ``on_data``.
+    """Rows (of ``lo..m-1``) ``Engine.handle`` would pass straight to a receiver's ``on_data``.
 
     Its checks, for all rows: a valid header for DATA, the MAC (with a secret),
     this session, a known sender (from its pinned address without a secret),
     this round. A row failing any of them takes ``handle`` itself.
     """
     if eng.round < 0:
-        return np.zeros(m, bool)
-    lens = ring.lens[:m]
+        return np.zeros(m - lo, bool)
+    lens = ring.lens[lo:m]
     fast = keep & data_rows(hb, h, lens, eng.chunk_bytes, ring.fixed(eng.session, eng.round))
-    fast &= ring.known_senders(m, h["src"], eng.peers, pinned=eng.sealer.key is None)
+    fast &= ring.known_senders(lo, m, h["src"], eng.peers, pinned=eng.sealer.key is None)
     if eng.sealer.key is not None:
         for i in np.flatnonzero(fast):
-            if not eng.sealer.verify(ring.view(int(i)), int(lens[i])):
+            if not eng.sealer.verify(ring.view(lo + int(i)), int(lens[i])):
                 fast[i] = False
     return fast
+
+
+_FLAGS_OFF = wire.FIELD_OFFSETS["flags"][0]
+_SRC_OFF = wire.FIELD_OFFSETS["src"][0]
+_PART_OFF = wire.FIELD_OFFSETS["part"][0]
+_PULL = int(wire.Flag.PULL)
+
+
+def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
+    """Rows ``0..k-1`` the C core took (``NATIVE.take_run``), a stream's run at a time; k.
+
+    Only where its checks are the engine's: no secret (the pinned address is the
+    proof of who sent), no fault injection, a receiver that has not stopped. The
+    row it stops at (anything but plain DATA of the run's stream, or the chunk
+    that makes the receiver STOP) and every row after it take the path below.
+    """
+    assert NATIVE is not None
+    if eng.round < 0 or eng.sealer.key is not None or eng.fault_rx_drop:
+        return 0
+    data, fixed, i = ring.data, ring.fixed(eng.session, eng.round).tobytes(), 0
+    while i < m:
+        row = data[i]
+        kind = int(row[_FLAGS_OFF]) & _PULL
+        src = int(row[_SRC_OFF]) << 8 | int(row[_SRC_OFF + 1])
+        part = int(row[_PART_OFF]) << 8 | int(row[_PART_OFF + 1])
+        r = eng.receivers.get((kind, part, src))
+        if r is None or r.stopped or r.final is not None or not r.out.flags.c_contiguous:
+            break
+        addr = ring.pinned_addr(src, eng.peers)
+        room = r.count - r.allowed - r.n_have - 1
+        if addr is None or room < 0:
+            break
+        j, new, dups, bad, aux = NATIVE.take_run(
+            data, ring.STRIDE, ring.lens, ring.names, i, m, fixed, src, part, kind, addr,
+            eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room)
+        if j == i:
+            break
+        if eng.pending_finals:
+            eng._implicit_ack(src, eng.round)
+        eng.seen_round = True
+        eng.counters.malformed += bad
+        eng.counters.duplicates += dups
+        if new:
+            if not r.n_have:
+                r.t_first = now
+            r.n_have += new
+            if aux > r.max_pass:
+                r.max_pass = aux
+        i = j
+    return i
 
 
 def deliver(eng: Engine, ring: RecvRing, m: int, now: float) -> None:
     """Handle ring slots ``0..m-1`` in arrival order, with the per-datagram path's outcome.
 
     A run of consecutive plain DATA datagrams of one stream of this round goes to
-    its receiver's ``on_data_batch`` at once; every other datagram (control, other
-    rounds, unknown or forged senders, malformed) goes to ``Engine.handle`` alone,
-    so hostile input meets exactly the checks it met before. Should a datagram
+    its receiver's ``on_data_batch`` at once (or, first, to the C core where it is
+    built: ``_native_runs``); every other datagram (control, other rounds,
+    unknown or forged senders, malformed) goes to ``Engine.handle`` alone, so
+    hostile input meets exactly the checks it met before. Should a datagram
     handled alone change what the checks depend on (round, session, peers), the
     rest of the batch takes ``handle`` too.
     """
-    keep = np.ones(m, bool)
+    lo = _native_runs(eng, ring, m, now) if NATIVE is not None else 0
+    if lo == m:
+        return
+    n = m - lo
+    keep = np.ones(n, bool)
     if eng.fault_rx_drop:
-        keep = eng._fault_rng.random(m) >= eng.fault_rx_drop  # one draw per datagram, as before
-    hb = ring.header_bytes(m)
+        keep = eng._fault_rng.random(n) >= eng.fault_rx_drop  # one draw per datagram, as before
+    hb = ring.header_bytes(lo, m)
     h = hb.view(HEADER_DTYPE).ravel()
-    fast = _fast_rows(eng, ring, hb, h, m, keep)
-    kind = hb[:, wire.FIELD_OFFSETS["flags"][0]] & int(wire.Flag.PULL)
+    fast = _fast_rows(eng, ring, hb, h, lo, m, keep)
+    kind = hb[:, _FLAGS_OFF] & _PULL
     if fast.all() and (kind == kind[0]).all() and (hb[:, _STREAM_COLS] == hb[0, _STREAM_COLS]).all():
-        spans = [(0, m)]  # the common case: one stream's run fills the ring
+        spans = [(0, n)]  # the common case: one stream's run fills the ring
     else:
         stream = np.where(fast, kind.astype(np.int64) << 32 | h["part"].astype(np.int64) << 16
-                          | h["src"].astype(np.int64), -1 - np.arange(m))
+                          | h["src"].astype(np.int64), -1 - np.arange(n))
         spans = runs(stream)
     state = (eng.round, eng.session, len(eng.peers))
     for a, b in spans:
@@ -379,13 +475,14 @@ def deliver(eng: Engine, ring: RecvRing, m: int, now: float) -> None:
                 if eng.pending_finals:
                     eng._implicit_ack(src, eng.round)
                 eng.seen_round = True
-                r.on_data_batch(h[a:b], ring.data, np.arange(a, b), now)
+                r.on_data_batch(h[a:b], ring.data, np.arange(lo + a, lo + b), now)
                 continue
         for i in range(a, b):
             if keep[i]:
-                eng.handle(ring.view(i), int(ring.lens[i]), ring.addr(i), None, now)
+                eng.handle(ring.view(lo + i), int(ring.lens[lo + i]), ring.addr(lo + i), None, now)
         if (eng.round, eng.session, len(eng.peers)) != state:
-            for i in range(b, m):
+            for i in range(b, n):
                 if keep[i]:
-                    eng.handle(ring.view(i), int(ring.lens[i]), ring.addr(i), None, now)
+                    eng.handle(ring.view(lo + i), int(ring.lens[lo + i]), ring.addr(lo + i),
+                               None, now)
             return

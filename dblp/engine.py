@@ -32,6 +32,7 @@ of ``handle``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import selectors
 import socket
@@ -245,6 +246,7 @@ class Engine:
             self.sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DONT)
 
     @staticmethod
+    @functools.cache
     def wire_size(datagram: int) -> int:
         """Bytes a datagram of ``datagram`` UDP payload bytes takes on the wire, fragments included.
 

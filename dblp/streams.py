@@ -81,6 +81,8 @@ class OutTransfer:
         "probe_id", "probe_first", "probe_times", "next_probe_t", "backoff",
         # accounting for RoundStats
         "chunks_sent", "retransmitted", "probes", "t_done",
+        # the header of this pass's batches, by the copies it asks for (``send_batch``)
+        "_template",
     )
 
     def __init__(self, eng: Engine, kind: int, part: int, peer: int, data: np.ndarray,
@@ -111,6 +113,7 @@ class OutTransfer:
         self.held: np.ndarray | None = None  # receiver's bitmap at STOP (or last BITMAP)
         self.required: np.ndarray | None = None  # repair mode: chunks that must arrive
         self.t_done: float | None = None
+        self._template: tuple[tuple[int, int] | None, bytes] = (None, b"")
         self.probe_id = 0
         self.probe_first = 1
         self.probe_times: dict[int, float] = {}
@@ -157,11 +160,13 @@ class OutTransfer:
         if len(batch) == 1:
             return 1 if self.send_next(now) else 0
         eng = self.eng
-        template = wire.pack_header(_DATA, src=eng.rank, part=self.part, session=eng.session,
-                                    round=self.round, index=0, count=self.count,
-                                    length=self.chunk_bytes, bound=self.bound_ppm,
-                                    aux=self.passes, flags=self.flags,
-                                    copies=eng.copies(self.peer))
+        key = (self.passes, eng.copies(self.peer))
+        if self._template[0] != key:
+            self._template = (key, wire.pack_header(
+                _DATA, src=eng.rank, part=self.part, session=eng.session, round=self.round,
+                index=0, count=self.count, length=self.chunk_bytes, bound=self.bound_ppm,
+                aux=self.passes, flags=self.flags, copies=key[1]))
+        template = self._template[1]
         if not eng.send_data_batch(template, batch, self.rows, self.peer):
             return 0
         self._sent(batch, now)

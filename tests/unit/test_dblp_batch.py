@@ -155,6 +155,40 @@ def test_paced_batches_keep_the_rate():
 
 
 # -- receiving --------------------------------------------------------------------------
+@pytest.fixture(params=["c-core", "numpy"])
+def core(request, monkeypatch):
+    """Each receive test twice: with the C core (``dblp._fastpath``) taking runs, and without."""
+    if request.param == "numpy":
+        monkeypatch.setattr(batch, "NATIVE", None)
+        return None
+    if batch.NATIVE is None:
+        pytest.fail("dblp._fastpath is not built: run ./setup.sh (it needs gcc and the Python "
+                    "headers)")
+    return _Counting(batch.NATIVE, monkeypatch)
+
+
+class _Counting:
+    """The C core, counting the rows ``take_run`` took (a test must see it do work)."""
+
+    def __init__(self, native, monkeypatch):
+        self.native, self.rows = native, 0
+        monkeypatch.setattr(batch, "NATIVE", self)
+
+    def take_run(self, *args):
+        out = self.native.take_run(*args)
+        self.rows += out[0] - args[4]
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.native, name)
+
+
+def test_the_c_core_is_built_and_takes_runs():
+    """The install builds it here; a silent fallback would leave the line-rate path untested."""
+    assert batch.NATIVE is not None, "dblp._fastpath is not built: run ./setup.sh"
+    assert batch.NATIVE.__file__.startswith(str(__import__("pathlib").Path(batch.__file__).parent))
+
+
 def _datagrams(numel: int, key, kind=PUSH, src=2, round=ROUND, session=SESSION):
     """The DATA datagrams of one stream from rank ``src``, in index order."""
     sealer = wire.Sealer(key)
@@ -231,7 +265,7 @@ def _feed_batched(eng, seq, addr, now):
 @pytest.mark.parametrize("kind", [PUSH, PULL], ids=["push-accumulate-freeze", "pull-copy"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("bound_ppm", [0, 300_000], ids=["reliable", "stop-mid-run"])
-def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_ppm):
+def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_ppm, core):
     if not batch.batching_supported():
         pytest.skip("no recvmmsg here")
     numel = 150 * wire.CHUNK_ELEMS + 33  # a short last chunk
@@ -257,6 +291,8 @@ def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_pp
                                 r.t_first, eng.counters.snapshot(), len(eng.early), replies))
             finally:
                 eng.close()
+        if core is not None and key is None:
+            assert core.rows > 0  # the C core took runs of this sequence
         a, b = results
         names = ["out", "have", "n_have", "stopped", "max_pass", "t_first", "counters", "early",
                  "replies"]
@@ -280,7 +316,7 @@ def _as_pull(d: bytes, key) -> bytes:
     return bytes(body) + (d[-wire.TAG_SIZE:] if forged else wire.Sealer(key).tag(bytes(body)))
 
 
-def test_stop_comes_at_the_same_chunk_when_a_run_crosses_the_bound():
+def test_stop_comes_at_the_same_chunk_when_a_run_crosses_the_bound(core):
     """A frozen push stream with a loose bound: the STOP in the middle of a run."""
     if not batch.batching_supported():
         pytest.skip("no recvmmsg here")
@@ -303,6 +339,8 @@ def test_stop_comes_at_the_same_chunk_when_a_run_crosses_the_bound():
             eng.close()
         assert got[0] == got[1]
         assert got[0][1] == 70 and got[0][2]["late"] == 30
+        if core is not None:
+            assert core.rows == 69  # the C core took the run up to the chunk that STOPs it
     finally:
         rx.close()
 

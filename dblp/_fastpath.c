@@ -1,0 +1,227 @@
+/* dblp._fastpath: the receive side's per-datagram work in C, for runs of plain DATA.
+ *
+ * Why: above ~1 Gbit/s a Python receiver spends most of its CPU on glue, a
+ * handful of numpy calls per batch and a loop turn per read, not on moving
+ * bytes (py-spy, README "The transport at line rate"). This module does two
+ * things and nothing else:
+ *
+ *   recv_ring   one recvmmsg into the ring's preallocated slots (what
+ *               dblp.batch.RecvRing.receive does through ctypes);
+ *   take_run    the leading run of DATA datagrams of ONE stream that
+ *               dblp.batch.deliver would hand to InTransfer.on_data_batch,
+ *               applied exactly as it applies them, stopping at the first
+ *               datagram it must not decide: one that is not plain DATA of
+ *               that stream, of this round, from the pinned address, or the
+ *               one whose chunk makes the receiver STOP.
+ *
+ * Everything else (control messages, other streams' first datagrams, forged
+ * or malformed ones, the STOP, a stopped or finished receiver, a job secret,
+ * fault injection) stays in Python, so hostile input meets the checks it met
+ * before. The header layout is not written here: dblp.batch passes the
+ * offsets derived from dblp.wire.HEADER_FIELDS once (set_layout).
+ * tests/unit/test_dblp_batch.py checks this path against the pure-Python one
+ * bit for bit.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "chunks are little-endian float32: this core adds them as native floats"
+#endif
+
+/* Field offsets (bytes into the header), from dblp.wire via set_layout. */
+static struct {
+    int ready;
+    Py_ssize_t header, tag;
+    Py_ssize_t flags, src, part, index, count, length, bound, aux;
+    uint32_t ppm, pull;
+    /* header bytes every DATA datagram of one round of one job shares, as two spans */
+    Py_ssize_t fixed_a0, fixed_a1, fixed_b0, fixed_b1;
+} L;
+
+static inline uint32_t be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
+static inline uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static PyObject *set_layout(PyObject *self, PyObject *args) {
+    long long v[17];
+    if (!PyArg_ParseTuple(args, "(LLLLLLLLLLLLLLLLL)", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                          &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14],
+                          &v[15], &v[16]))
+        return NULL;
+    L.header = v[0]; L.tag = v[1]; L.flags = v[2]; L.src = v[3]; L.part = v[4];
+    L.index = v[5]; L.count = v[6]; L.length = v[7]; L.bound = v[8]; L.aux = v[9];
+    L.ppm = (uint32_t)v[10]; L.pull = (uint32_t)v[11];
+    L.fixed_a0 = v[12]; L.fixed_a1 = v[13]; L.fixed_b0 = v[14]; L.fixed_b1 = v[15];
+    if (v[16] != 0xDB1B) {  /* a handshake: the caller knows which layout this is */
+        PyErr_SetString(PyExc_ValueError, "set_layout: unexpected layout tag");
+        return NULL;
+    }
+    L.ready = 1;
+    Py_RETURN_NONE;
+}
+
+/* recv_ring(fd, data, stride, slot, names, lens, slots) -> m, or -errno */
+static PyObject *recv_ring(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer data, names, lens;
+    Py_ssize_t stride, slot, slots;
+    if (!PyArg_ParseTuple(args, "iw*nnw*w*n", &fd, &data, &stride, &slot, &names, &lens, &slots))
+        return NULL;
+    PyObject *res = NULL;
+    if (slots <= 0 || slots > 256 || data.len < slots * stride || slot > stride
+        || names.len < slots * (Py_ssize_t)sizeof(struct sockaddr_in)
+        || lens.len < slots * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "recv_ring: buffers smaller than the ring");
+        goto done;
+    }
+    struct mmsghdr msgs[256];
+    struct iovec iov[256];
+    uint8_t *base = data.buf;
+    struct sockaddr_in *addrs = names.buf;
+    for (Py_ssize_t i = 0; i < slots; i++) {
+        iov[i].iov_base = base + i * stride;
+        iov[i].iov_len = (size_t)slot;
+        memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+        msgs[i].msg_hdr.msg_name = &addrs[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    int m;
+    Py_BEGIN_ALLOW_THREADS
+    m = recvmmsg(fd, msgs, (unsigned)slots, MSG_DONTWAIT, NULL);
+    Py_END_ALLOW_THREADS
+    if (m < 0) {
+        res = PyLong_FromLong(-errno);
+        goto done;
+    }
+    int64_t *out = lens.buf;
+    for (int i = 0; i < m; i++)
+        out[i] = msgs[i].msg_len;
+    res = PyLong_FromLong(m);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&names);
+    PyBuffer_Release(&lens);
+    return res;
+}
+
+/* take_run(data, stride, lens, names, start, stop, fixed, src, part, pull, addr,
+ *          chunk_bytes, count, nbytes, out, add, have, room)
+ *   -> (next, new, duplicates, malformed, max_aux)
+ *
+ * Rows start..stop-1 of the ring. ``fixed``: the shared header bytes of this
+ * round (the two spans of set_layout, concatenated). ``addr``: the sender's
+ * pinned port and IPv4 address as sockaddr_in holds them (6 bytes). ``room``:
+ * new chunks the receiver may take before the one that makes it STOP.
+ * ``next``: the first row not taken (stop when all were).
+ */
+static PyObject *take_run(PyObject *self, PyObject *args) {
+    Py_buffer data, lens, names, fixed, addr, out, have;
+    Py_ssize_t stride, start, stop, chunk_bytes, count, nbytes, room;
+    unsigned int src, part, pull;
+    int add;
+    if (!L.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "take_run before set_layout");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*ny*y*nny*IIIy*nnnw*pw*n", &data, &stride, &lens, &names,
+                          &start, &stop, &fixed, &src, &part, &pull, &addr, &chunk_bytes,
+                          &count, &nbytes, &out, &add, &have, &room))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t na = L.fixed_a1 - L.fixed_a0, nb = L.fixed_b1 - L.fixed_b0;
+    if (start < 0 || stop < start || data.len < stop * stride || lens.len < stop * 8
+        || names.len < stop * (Py_ssize_t)sizeof(struct sockaddr_in) || fixed.len != na + nb
+        || addr.len != 6 || have.len < count || out.len < nbytes || chunk_bytes <= 0
+        || chunk_bytes % 4 || stride < L.header + chunk_bytes + L.tag) {
+        PyErr_SetString(PyExc_ValueError, "take_run: inconsistent arguments");
+        goto done;
+    }
+    const uint8_t *base = data.buf, *fx = fixed.buf, *pin = addr.buf;
+    const int64_t *len = lens.buf;
+    const uint8_t *nm = names.buf;
+    uint8_t *held = have.buf, *dst = out.buf;
+    Py_ssize_t i, taken = 0, dups = 0, bad = 0;
+    uint32_t max_aux = 0;
+    for (i = start; i < stop; i++) {
+        const uint8_t *p = base + i * stride;
+        int64_t payload = len[i] - (int64_t)(L.header + L.tag);
+        /* dblp.batch.data_rows, known_senders and the stream key: else Python decides */
+        if (memcmp(p + L.fixed_a0, fx, (size_t)na) || memcmp(p + L.fixed_b0, fx + na, (size_t)nb))
+            break;
+        uint32_t length = be16(p + L.length), index = be32(p + L.index);
+        uint32_t hcount = be32(p + L.count);
+        if (payload <= 0 || payload > chunk_bytes || payload % 4 || (int64_t)length != payload
+            || index >= hcount || be32(p + L.bound) >= L.ppm)
+            break;
+        if (be16(p + L.src) != src || be16(p + L.part) != part || (p[L.flags] & L.pull) != pull)
+            break;
+        if (memcmp(nm + i * sizeof(struct sockaddr_in) + 2, pin, 6))  /* sin_port, sin_addr */
+            break;
+        /* InTransfer.on_data_batch */
+        int64_t want = (int64_t)nbytes - (int64_t)index * chunk_bytes;
+        if (want > chunk_bytes)
+            want = chunk_bytes;
+        if ((Py_ssize_t)hcount != count || (int64_t)length != want) {
+            bad++;
+            continue;
+        }
+        if (held[index]) {
+            dups++;
+            continue;
+        }
+        if (taken == room)  /* this chunk makes the receiver STOP: Python sends it */
+            break;
+        const uint8_t *src_bytes = p + L.header;
+        size_t at = (size_t)index * (size_t)chunk_bytes;
+        if (add) {
+            float *acc = (float *)(dst + at);
+            float tmp[512];
+            size_t n = length / 4;
+            for (size_t k = 0; k < n; k += 512) {
+                size_t c = n - k < 512 ? n - k : 512;
+                memcpy(tmp, src_bytes + 4 * k, 4 * c);  /* unaligned, little-endian floats */
+                for (size_t e = 0; e < c; e++)
+                    acc[k + e] += tmp[e];
+            }
+        } else {
+            memcpy(dst + at, src_bytes, length);
+        }
+        held[index] = 1;
+        taken++;
+        uint32_t aux = be32(p + L.aux);
+        if (aux > max_aux)
+            max_aux = aux;
+    }
+    res = Py_BuildValue("(nnnnI)", i, taken, dups, bad, max_aux);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&lens);
+    PyBuffer_Release(&names);
+    PyBuffer_Release(&fixed);
+    PyBuffer_Release(&addr);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&have);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"set_layout", set_layout, METH_VARARGS, "Header field offsets, from dblp.wire."},
+    {"recv_ring", recv_ring, METH_VARARGS, "One recvmmsg into a ring: datagrams read, or -errno."},
+    {"take_run", take_run, METH_VARARGS, "Apply the leading run of one stream's plain DATA."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath",
+                                    "The receive side's per-datagram work in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fastpath(void) { return PyModule_Create(&module); }
