@@ -1,10 +1,12 @@
-/* dblp._fastpath: the receive side's per-datagram work in C, for runs of plain DATA.
+/* dblp._fastpath: the data path's per-datagram work in C, for runs of plain DATA.
  *
  * Why: above ~1 Gbit/s a Python receiver spends most of its CPU on glue, a
  * handful of numpy calls per batch and a loop turn per read, not on moving
- * bytes (py-spy, README "The transport at line rate"). This module does two
+ * bytes (py-spy, README "The transport at line rate"). This module does three
  * things and nothing else:
  *
+ *   send_gso    a batch of one stream's full chunks built and sent in one
+ *               UDP GSO sendmsg (dblp.batch.SendBatch.fill + the engine's send);
  *   recv_ring   one recvmmsg into the ring's preallocated slots (what
  *               dblp.batch.RecvRing.receive does through ctypes);
  *   take_run    the leading run of DATA datagrams of ONE stream that
@@ -29,6 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <netinet/in.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -214,7 +217,100 @@ done:
     return res;
 }
 
+/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag) -> bytes sent, or -errno
+ *
+ * dblp.batch.SendBatch.fill followed by the engine's GSO sendmsg, for a job
+ * without a secret (the tag is ``tag`` zero bytes): one datagram per entry of
+ * ``chunks`` (int64 chunk indices), each ``template`` with its index field set,
+ * then the chunk's row of ``rows`` (the stream's full chunks, contiguous),
+ * then the tag, written into ``buf`` and sent in ONE sendmsg with a
+ * UDP_SEGMENT control message, so the kernel cuts it into those datagrams.
+ * ``addr``: the destination as a struct sockaddr_in (16 bytes).
+ */
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+static PyObject *send_gso(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer buf, tmpl, rows, chunks, addr;
+    Py_ssize_t index_off, tag;
+    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*n", &fd, &buf, &tmpl, &index_off, &rows, &chunks,
+                          &addr, &tag))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = chunks.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t hdr = tmpl.len;
+    Py_ssize_t cb;
+    const int64_t *idx = chunks.buf;
+    /* the row length is the template's declared length (full chunks only) */
+    if (hdr != L.header || !L.ready) {
+        PyErr_SetString(PyExc_ValueError, "send_gso: template is not a header");
+        goto done;
+    }
+    cb = be16((const uint8_t *)tmpl.buf + L.length);
+    Py_ssize_t dgram = hdr + cb + tag;
+    Py_ssize_t full = cb ? rows.len / cb : 0;
+    if (k <= 0 || cb <= 0 || tag < 0 || buf.len < k * dgram || addr.len != sizeof(struct sockaddr_in)
+        || index_off < 0 || index_off + 4 > hdr || dgram > 65507) {
+        PyErr_SetString(PyExc_ValueError, "send_gso: inconsistent arguments");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (idx[i] < 0 || idx[i] >= full) {
+            PyErr_SetString(PyExc_ValueError, "send_gso: chunk index outside the rows");
+            goto done;
+        }
+    }
+    uint8_t *out = buf.buf;
+    const uint8_t *src = rows.buf;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint8_t *d = out + i * dgram;
+        uint32_t c = (uint32_t)idx[i];
+        memcpy(d, tmpl.buf, (size_t)hdr);
+        d[index_off] = (uint8_t)(c >> 24);
+        d[index_off + 1] = (uint8_t)(c >> 16);
+        d[index_off + 2] = (uint8_t)(c >> 8);
+        d[index_off + 3] = (uint8_t)c;
+        memcpy(d + hdr, src + (size_t)c * (size_t)cb, (size_t)cb);
+        memset(d + hdr + cb, 0, (size_t)tag);
+    }
+    struct iovec iov = {out, (size_t)(k * dgram)};
+    union {
+        char raw[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct msghdr msg = {0};
+    msg.msg_name = addr.buf;
+    msg.msg_namelen = sizeof(struct sockaddr_in);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (k > 1) {  /* one datagram needs no segmentation */
+        msg.msg_control = ctl.raw;
+        msg.msg_controllen = sizeof ctl.raw;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = IPPROTO_UDP;
+        cm->cmsg_type = UDP_SEGMENT;
+        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t seg = (uint16_t)dgram;
+        memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+    }
+    ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = sendmsg(fd, &msg, 0);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(n < 0 ? -(Py_ssize_t)errno : (Py_ssize_t)n);
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&tmpl);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&chunks);
+    PyBuffer_Release(&addr);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"send_gso", send_gso, METH_VARARGS, "Build k datagrams and send them in one GSO sendmsg."},
     {"set_layout", set_layout, METH_VARARGS, "Header field offsets, from dblp.wire."},
     {"recv_ring", recv_ring, METH_VARARGS, "One recvmmsg into a ring: datagrams read, or -errno."},
     {"take_run", take_run, METH_VARARGS, "Apply the leading run of one stream's plain DATA."},
@@ -222,6 +318,6 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath",
-                                    "The receive side's per-datagram work in C.", -1, methods};
+                                    "The data path's per-datagram work in C.", -1, methods};
 
 PyMODINIT_FUNC PyInit__fastpath(void) { return PyModule_Create(&module); }

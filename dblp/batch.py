@@ -107,7 +107,7 @@ def batch_limit(rate_bps: float | None, datagram: int, wire_bytes: int) -> int:
 class SendBatch:
     """The buffer of one GSO send: ``k`` rows of header + payload + tag, reused every call."""
 
-    __slots__ = ("buf", "chunk_bytes", "datagram", "index", "_template")
+    __slots__ = ("buf", "chunk_bytes", "datagram", "index", "_template", "_sockaddrs")
 
     def __init__(self, rows: int, chunk_bytes: int):
         self.chunk_bytes = chunk_bytes
@@ -118,6 +118,36 @@ class SendBatch:
         #: The header last written to every row (with ``index`` 0): a stream's turn
         #: sends many batches under one header, which then need only their indexes.
         self._template = b""
+        self._sockaddrs: dict[tuple, bytes | None] = {}
+
+    def send(self, sock: socket.socket, template: bytes, chunks: np.ndarray,
+             payload_rows: np.ndarray, sealer: wire.Sealer, addr) -> None:
+        """One GSO send of ``chunks`` to ``addr``; raises OSError as ``sendmsg`` would.
+
+        Without a secret, and where the C core is built, the core builds the rows
+        and sends them (``NATIVE.send_gso``: the same bytes); else ``fill`` and
+        ``sendmsg`` here.
+        """
+        raw = self._sockaddr(addr) if NATIVE is not None and sealer.key is None else None
+        if raw is not None and payload_rows.flags.c_contiguous:
+            self._template = b""  # the core wrote its own headers into the rows
+            n = NATIVE.send_gso(sock.fileno(), self.buf, template, _INDEX_OFF, payload_rows,
+                                np.ascontiguousarray(chunks, np.int64), raw, TAG_SIZE)
+            if n < 0:
+                raise OSError(-n, os.strerror(-n))  # EAGAIN: BlockingIOError, as sendmsg's
+            return
+        buf = self.fill(template, chunks, payload_rows, sealer)
+        sock.sendmsg([buf], self.segment_cmsg(self.datagram), 0, addr)
+
+    def _sockaddr(self, addr) -> bytes | None:
+        """``addr`` as the ``struct sockaddr_in`` the kernel takes, if it is a dotted quad."""
+        try:
+            return self._sockaddrs[addr]
+        except KeyError:
+            raw = _port_and_ip(addr)
+            self._sockaddrs[addr] = None if raw is None else \
+                struct.pack("=H", socket.AF_INET) + raw + bytes(8)
+            return self._sockaddrs[addr]
 
     def fill(self, template: bytes, chunks: np.ndarray, payload_rows: np.ndarray,
              sealer: wire.Sealer) -> memoryview:

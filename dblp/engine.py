@@ -339,9 +339,8 @@ class Engine:
         """
         assert self.send_buf is not None
         k, size = len(chunks), self.max_datagram
-        buf = self.send_buf.fill(template, chunks, rows, self.sealer)
         try:
-            self.sock.sendmsg([buf], batch.SendBatch.segment_cmsg(size), 0, self.peers[peer])
+            self.send_buf.send(self.sock, template, chunks, rows, self.sealer, self.peers[peer])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
@@ -698,6 +697,14 @@ class Engine:
                 active.pop(self._rr)
                 continue
             k = self._batch_allowance(s.peer, full, now)
+            if k < self.batch_max:
+                # A partial batch: wait for the tokens of a whole one (or of what the
+                # pass has left) instead of sending a datagram or two per loop turn,
+                # which costs the same Python and system call as 44.
+                wait = self._batch_wait(s, full, now)
+                if wait > 0:
+                    return now + wait
+                k = self._batch_allowance(s.peer, full, now)
             n = s.send_batch(now, k) if k > 1 else (1 if s.send_next(now) else 0)
             if n == 0:
                 return now + 0.0002  # socket buffer full (or GSO just refused): retry soon
@@ -728,6 +735,14 @@ class Engine:
                 return min(waits)
             self._rr = next((i for i in ready if i >= self._rr), ready[0])
         return 0.0
+
+    def _batch_wait(self, s: OutTransfer, full: int, now: float) -> float:
+        """Seconds until ``s`` may send a whole batch (``batch_max``, or what its pass has left)."""
+        want = min(self.batch_max, s.pending())
+        wait = self.bucket.wait_time(full, now, count=want)
+        if self.peer_rate_bps is not None:
+            wait = max(wait, self.peer_bucket(s.peer).wait_time(full, now, count=want))
+        return wait
 
     def _batch_allowance(self, peer: int, full: int, now: float) -> int:
         """Datagrams of ``full`` paced bytes the next send may carry: 1 without batching."""

@@ -46,13 +46,13 @@ class TokenBucket:
             self.tokens = min(self.depth, self.tokens + (now - self.last) * self.rate)
             self.last = now
 
-    def wait_time(self, nbytes: int, now: float | None = None) -> float:
-        """Seconds until a datagram of ``nbytes`` payload may leave (0 = now)."""
+    def wait_time(self, nbytes: int, now: float | None = None, count: int = 1) -> float:
+        """Seconds until ``count`` datagrams of ``nbytes`` payload may leave back to back (0 = now)."""
         if self.rate is None:
             return 0.0
         now = self.clock() if now is None else now
         self._refill(now)
-        need = nbytes + self.overhead
+        need = count * (nbytes + self.overhead)
         return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
 
     def allowance(self, nbytes: int, now: float | None = None) -> int:

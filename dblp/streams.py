@@ -128,6 +128,10 @@ class OutTransfer:
     def has_pending(self) -> bool:
         return self.state == SENDING and self.pos < len(self.queue)
 
+    def pending(self) -> int:
+        """Chunks of the pass still to send."""
+        return len(self.queue) - self.pos if self.state == SENDING else 0
+
     def send_next(self, now: float) -> int:
         """Send the next chunk of the pass; returns bytes sent (0 if socket full)."""
         c = int(self.queue[self.pos])

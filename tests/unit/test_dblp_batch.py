@@ -27,6 +27,42 @@ SESSION = 0x1234_5678_9ABC
 ROUND = 3
 
 
+@pytest.fixture(params=["c-core", "numpy"])
+def core(request, monkeypatch):
+    """Each receive test twice: with the C core (``dblp._fastpath``) taking runs, and without."""
+    if request.param == "numpy":
+        monkeypatch.setattr(batch, "NATIVE", None)
+        return None
+    if batch.NATIVE is None:
+        pytest.fail("dblp._fastpath is not built: run ./setup.sh (it needs gcc and the Python "
+                    "headers)")
+    return _Counting(batch.NATIVE, monkeypatch)
+
+
+class _Counting:
+    """The C core, counting the rows ``take_run`` took and the sends ``send_gso`` made.
+
+    A test must see it do work: a path that silently fell back would compare
+    the pure-Python path with itself.
+    """
+
+    def __init__(self, native, monkeypatch):
+        self.native, self.rows, self.sends = native, 0, 0
+        monkeypatch.setattr(batch, "NATIVE", self)
+
+    def send_gso(self, *args):
+        self.sends += 1
+        return self.native.send_gso(*args)
+
+    def take_run(self, *args):
+        out = self.native.take_run(*args)
+        self.rows += out[0] - args[4]
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.native, name)
+
+
 def _rx():
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
@@ -59,7 +95,7 @@ def _send_stream(batched: bool, numel: int, key, passes: int = 1, rate_bps=None)
 
 @pytest.mark.parametrize("key", [None, KEY], ids=["open", "keyed"])
 @pytest.mark.parametrize("numel", [200 * wire.CHUNK_ELEMS, 200 * wire.CHUNK_ELEMS + 77, 5])
-def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel):
+def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel, core):
     if not batch.batching_supported():
         pytest.skip("no recvmmsg here")
     old, s_old, n_old, k_old = _send_stream(False, numel, key)
@@ -72,6 +108,8 @@ def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel):
     assert s_new.chunks_sent == s_old.chunks_sent == s_old.count
     assert np.array_equal(np.isfinite(s_new.sent_at), np.isfinite(s_old.sent_at))
     assert wire.unpack(new[-1])[0].type == MsgType.PROBE
+    if core is not None and s_old.count > 2:  # a batch: two full chunks or more
+        assert (core.sends > 0) == (key is None)  # the C core sends for a job without a secret
 
 
 def test_the_scapy_layer_decodes_what_a_batch_sent():
@@ -155,34 +193,6 @@ def test_paced_batches_keep_the_rate():
 
 
 # -- receiving --------------------------------------------------------------------------
-@pytest.fixture(params=["c-core", "numpy"])
-def core(request, monkeypatch):
-    """Each receive test twice: with the C core (``dblp._fastpath``) taking runs, and without."""
-    if request.param == "numpy":
-        monkeypatch.setattr(batch, "NATIVE", None)
-        return None
-    if batch.NATIVE is None:
-        pytest.fail("dblp._fastpath is not built: run ./setup.sh (it needs gcc and the Python "
-                    "headers)")
-    return _Counting(batch.NATIVE, monkeypatch)
-
-
-class _Counting:
-    """The C core, counting the rows ``take_run`` took (a test must see it do work)."""
-
-    def __init__(self, native, monkeypatch):
-        self.native, self.rows = native, 0
-        monkeypatch.setattr(batch, "NATIVE", self)
-
-    def take_run(self, *args):
-        out = self.native.take_run(*args)
-        self.rows += out[0] - args[4]
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.native, name)
-
-
 def test_the_c_core_is_built_and_takes_runs():
     """The install builds it here; a silent fallback would leave the line-rate path untested."""
     assert batch.NATIVE is not None, "dblp._fastpath is not built: run ./setup.sh"
