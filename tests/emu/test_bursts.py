@@ -23,8 +23,21 @@ def tolerance(p: float, n: int, floor: float = 0.05) -> float:
 
 @pytest.fixture(scope="module")
 def fab(tmp_path_factory, emulator):
+    """A fresh k=4 fabric, its burst mechanism warmed by one burst nobody measures.
+
+    The first burst after the fabric starts pays one-time costs on its way on
+    (8.5 and 10.4 ms of mechanism lag in two of this module's failures here,
+    against its 8 ms bound), and this module's first test was whichever
+    measured it. Every run records each burst's actual times, and the analysis
+    places windows by them, so what these tests bound is the lag of a
+    mechanism that has run before. The warm-up hits the core links, not the
+    server's downlink the tests measure, so it adds no burst on the port they
+    measure.
+    """
     with Fabric(FatTreeTopo(4), run_dir=str(tmp_path_factory.mktemp("bursts")),
                 bw_mbps=20, queue_pkts=100) as f:
+        burstbench.measure_window(f, "loss", {"p": 0.5}, target="core-uplinks", duration_ms=100,
+                                  tag="warm-up")
         yield f
 
 
