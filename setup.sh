@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps)
+# gcc, libc6-dev and python3-dev build the transport's one C file (dblp/_fastpath.c).
+DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps
+              gcc libc6-dev python3-dev)
 # Optional groups, installed only by what uses them: `./setup.sh vagrant`
 # (the Vagrantfile check: Vagrant is a Ruby stack nothing else needs).
 declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark")
