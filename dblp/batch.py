@@ -76,7 +76,7 @@ def _load_native():
     off = {name: wire.FIELD_OFFSETS[name][0] for name in wire.FIELD_NAMES}
     _fastpath.set_layout((HEADER_SIZE, TAG_SIZE, off["flags"], off["src"], off["part"],
                           off["index"], off["count"], off["length"], off["bound"], off["aux"],
-                          PPM, int(wire.Flag.PULL), 0, 4, 10, 22, 0xDB1B))
+                          PPM, int(wire.Flag.PULL), *_FIXED_SPANS[0], *_FIXED_SPANS[1], 0xDB1B))
     return _fastpath
 
 
@@ -350,11 +350,19 @@ def _port_and_ip(addr) -> bytes | None:
         return None
 
 
-#: Header bytes every DATA datagram of one round of one job shares: magic, version,
-#: type (0-3) and session, round (10-21).
-_FIXED_COLS = np.r_[0:4, 10:22]
+def _span(first: str, last: str) -> tuple[int, int]:
+    """[start, stop) of the header bytes from field ``first`` through field ``last``."""
+    start, _ = wire.FIELD_OFFSETS[first]
+    off, size = wire.FIELD_OFFSETS[last]
+    return start, off + size
+
+
+#: Header bytes every DATA datagram of one round of one job shares, as two spans:
+#: magic, version, type (0-3), and session, round (10-21). The C core gets the same spans.
+_FIXED_SPANS = (_span("magic", "type"), _span("session", "round"))
+_FIXED_COLS = np.r_[tuple(slice(a, b) for a, b in _FIXED_SPANS)]
 #: Header bytes that name a stream with the PULL flag bit: src and part (6-9).
-_STREAM_COLS = np.r_[6:10]
+_STREAM_COLS = np.r_[slice(*_span("src", "part"))]
 
 
 def fixed_bytes(session: int, round: int) -> np.ndarray:
