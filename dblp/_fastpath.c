@@ -223,13 +223,20 @@ done:
  * without a secret (the tag is ``tag`` zero bytes): one datagram per entry of
  * ``chunks`` (int64 chunk indices), each ``template`` with its index field set,
  * then the chunk's row of ``rows`` (the stream's full chunks, contiguous),
- * then the tag, written into ``buf`` and sent in ONE sendmsg with a
- * UDP_SEGMENT control message, so the kernel cuts it into those datagrams.
+ * then the tag, sent in ONE sendmsg with a UDP_SEGMENT control message, so
+ * the kernel cuts it into those datagrams. Only the headers are written (into
+ * ``buf``'s rows); the payload goes to the kernel straight from ``rows`` and
+ * the tag from a block of zeros, three iovecs per datagram: the kernel copies
+ * every byte into its buffer anyway, so a copy into ``buf`` first would only
+ * touch the gradient twice (it was 6 % of a rank's CPU at 10 Gbit/s).
  * ``addr``: the destination as a struct sockaddr_in (16 bytes).
  */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
+/* The kernel's cap on the segments of one GSO send (UDP_MAX_SEGMENTS). */
+#define GSO_MAX_SEGS 128
+static const uint8_t zero_tag[64];
 static PyObject *send_gso(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer buf, tmpl, rows, chunks, addr;
@@ -261,8 +268,14 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
             goto done;
         }
     }
+    if (k > GSO_MAX_SEGS || tag > (Py_ssize_t)sizeof(zero_tag)) {
+        PyErr_SetString(PyExc_ValueError, "send_gso: too many datagrams or too long a tag");
+        goto done;
+    }
     uint8_t *out = buf.buf;
     const uint8_t *src = rows.buf;
+    struct iovec iovs[3 * GSO_MAX_SEGS];
+    size_t niov = 0;
     for (Py_ssize_t i = 0; i < k; i++) {
         uint8_t *d = out + i * dgram;
         uint32_t c = (uint32_t)idx[i];
@@ -271,10 +284,11 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
         d[index_off + 1] = (uint8_t)(c >> 16);
         d[index_off + 2] = (uint8_t)(c >> 8);
         d[index_off + 3] = (uint8_t)c;
-        memcpy(d + hdr, src + (size_t)c * (size_t)cb, (size_t)cb);
-        memset(d + hdr + cb, 0, (size_t)tag);
+        iovs[niov++] = (struct iovec){d, (size_t)hdr};
+        iovs[niov++] = (struct iovec){(void *)(src + (size_t)c * (size_t)cb), (size_t)cb};
+        if (tag)
+            iovs[niov++] = (struct iovec){(void *)zero_tag, (size_t)tag};
     }
-    struct iovec iov = {out, (size_t)(k * dgram)};
     union {
         char raw[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
@@ -283,8 +297,8 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     struct msghdr msg = {0};
     msg.msg_name = addr.buf;
     msg.msg_namelen = sizeof(struct sockaddr_in);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
+    msg.msg_iov = iovs;
+    msg.msg_iovlen = niov;
     if (k > 1) {  /* one datagram needs no segmentation */
         msg.msg_control = ctl.raw;
         msg.msg_controllen = sizeof ctl.raw;

@@ -11,9 +11,10 @@ in ONE ``sendmsg`` with a ``UDP_SEGMENT`` control message (UDP GSO: the kernel
 cuts the buffer into datagrams of one size after the qdisc, so the shaper
 still sees, and counts, every segment's bytes). The headers are one template
 broadcast over the rows with the ``index`` column filled per row; payload rows
-are gathered from the tensor with one numpy copy (the kernel copies the buffer
-anyway; an iovec per payload would cost a Python object per datagram); with a
-job secret each row still gets its own MAC tag.
+are gathered from the tensor with one numpy copy (an iovec per payload would
+cost a Python object per datagram; the C core, which pays no such cost, hands
+the kernel the tensor's rows themselves); with a job secret each row still gets
+its own MAC tag.
 
 Receiving (``RecvRing``): ``recvmmsg`` (ctypes) fills a preallocated ring of
 datagram slots; ``data_rows`` checks every header field ``wire.unpack_header``

@@ -674,7 +674,7 @@ class Engine:
         return nxt
 
     def _send_some(self, now: float) -> float:
-        """Send what the buckets allow now, round-robin over the streams; return when to try again.
+        """Send what the buckets allow now, pushes first, round-robin; return when to try again.
 
         Without batching a stream's turn is one datagram and a call sends at most
         32. With it (``batch_max`` > 1) each send carries as many datagrams as
@@ -721,18 +721,27 @@ class Engine:
         """Seconds until a full datagram may leave (0: now, ``_rr`` then names a stream).
 
         Round-robin over the senders whose destination has tokens, when each
-        destination has its own bucket.
+        destination has its own bucket, and over the pushes while any has data.
         """
         wait = self.bucket.wait_time(full, now)
         if wait > 0:
             return wait
         active = self.active
         self._rr %= len(active)
+        ready: list[int] | range = range(len(active))
         if self.peer_rate_bps is not None:
             waits = [self.peer_bucket(x.peer).wait_time(full, now) for x in active]
             ready = [i for i, w in enumerate(waits) if w <= 0]
             if not ready:
                 return min(waits)
+        # Pushes before pulls: a pull can only carry what the other side's push has
+        # delivered, so link time given to a pull while a push waits delays the
+        # peers' pulls and leaves their links idle at the end of the round (sharded
+        # at 1 Gbit/s: rounds of 0.33-0.42 s against 0.32-0.35 s with this).
+        pushes = [i for i in ready if active[i].kind == PUSH and active[i].has_pending()]
+        if pushes:
+            ready = pushes
+        if self._rr not in ready:
             self._rr = next((i for i in ready if i >= self._rr), ready[0])
         return 0.0
 

@@ -41,6 +41,8 @@ DEFAULT_RATE = 100e6
 #: once per round trip (push + pull, or the two halves of a ring all-reduce each way),
 #: so each moves ``2 x bytes`` of payload: the denominator of ``cpu_s_per_gb_*``.
 SIDES = ("worker", "server")
+#: The DBLP agents' barrier group listens this far above the row's port.
+BARRIER_PORT_OFFSET = 1000
 
 
 def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
@@ -173,21 +175,35 @@ def _agent_dblp(args: dict) -> None:
         idle_timeout=args["round_timeout"] + 30, session_id=args["session"],
         mode="sharded" if role == "peer" else "ps",
         secret=os.environ.get(dblp.config.SECRET_ENV) or None, **args.get("knobs", {}))
+    # A second, one-element group on its own port lines both sides up before each timed
+    # round, as gloo's agent does with a small all_reduce: without it, a round's time
+    # would include how late the other agent read its command and copied its gradient.
+    bar_port = args["port"] + BARRIER_PORT_OFFSET
     if role == "server":
         obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, config=cfg)
+        bar = dblp.ParameterServer("0.0.0.0", bar_port, 1, config=cfg)
     elif role == "peer":  # sharded mode, two ranks: each aggregates half
         obj = dblp.TransportGroup(args["rank"], 2, args["server"], args["port"], config=cfg)
+        bar = dblp.TransportGroup(args["rank"], 2, args["server"], bar_port, config=cfg)
         grad = np.random.default_rng(args["rank"]).standard_normal(args["numel"]).astype(np.float32)
     else:
         obj = dblp.TransportGroup(0, 1, args["server"], args["port"], config=cfg)
+        bar = dblp.TransportGroup(0, 1, args["server"], bar_port, config=cfg)
         grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
 
-    def rounds(n: int) -> list[dict]:
+    def one_round() -> dict:
         if role == "server":
-            return [s.as_dict() for s in obj.serve(n)]
-        return [obj.allreduce_(grad.copy()).as_dict() for _ in range(n)]
+            bar.serve(1)
+            return obj.serve(1)[0].as_dict()
+        x = grad.copy()
+        bar.allreduce_(np.zeros(1, np.float32))
+        return obj.allreduce_(x).as_dict()
+
+    def rounds(n: int) -> list[dict]:
+        return [one_round() for _ in range(n)]
 
     _serve_commands(rounds)
+    bar.close()
     obj.close()
 
 
