@@ -8,4 +8,4 @@ check it against bit for bit.
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("dblp._fastpath", ["dblp/_fastpath.c"], optional=True,
-                             extra_compile_args=["-O2", "-fno-fast-math"])])
+                             extra_compile_args=["-O2", "-fno-fast-math", "-ffp-contract=off"])])

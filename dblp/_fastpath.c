@@ -2,13 +2,16 @@
  *
  * Why: above ~1 Gbit/s a Python receiver spends most of its CPU on glue, a
  * handful of numpy calls per batch and a loop turn per read, not on moving
- * bytes (py-spy, README "The transport at line rate"). This module does three
+ * bytes (py-spy, README "The transport at line rate"). This module does four
  * things and nothing else:
  *
  *   send_gso    a batch of one stream's full chunks built and sent in one
  *               UDP GSO sendmsg (dblp.batch.SendBatch.fill + the engine's send);
  *   recv_ring   one recvmmsg into the ring's preallocated slots (what
  *               dblp.batch.RecvRing.receive does through ctypes);
+ *   sum_squares the float64 sum of squares of a float32 gradient, in the fixed
+ *               order dblp.rounds.sum_squares also takes (the detector's norm,
+ *               which every replica must compute alike);
  *   take_run    the leading run of DATA datagrams of ONE stream that
  *               dblp.batch.deliver would hand to InTransfer.on_data_batch,
  *               applied exactly as it applies them, stopping at the first
@@ -323,11 +326,49 @@ done:
     return res;
 }
 
+/* sum_squares(x) -> float: the sum of x[i]**2 over a float32 buffer, in float64.
+ *
+ * The order is part of the contract: element i goes to lane i % 8, each lane
+ * adds sequentially, and the lanes are combined as ((0+1)+(2+3))+((4+5)+(6+7)).
+ * dblp.rounds.sum_squares takes the same order in numpy, so a rank without the
+ * core gets the very same bits and decides its phase as its peers do. Eight
+ * independent lanes keep the adder busy without reassociating anything
+ * (built with -fno-fast-math -ffp-contract=off).
+ */
+static PyObject *sum_squares(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    if (!PyArg_ParseTuple(args, "y*", &x))
+        return NULL;
+    if (x.len % (Py_ssize_t)sizeof(float)) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "sum_squares: not a float32 buffer");
+        return NULL;
+    }
+    const float *v = x.buf;
+    Py_ssize_t n = x.len / (Py_ssize_t)sizeof(float), i = 0;
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    Py_BEGIN_ALLOW_THREADS
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; j++) {
+            double d = (double)v[i + j];
+            a[j] += d * d;
+        }
+    }
+    for (int j = 0; i + j < n; j++) {
+        double d = (double)v[i + j];
+        a[j] += d * d;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    return PyFloat_FromDouble(((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])));
+}
+
 static PyMethodDef methods[] = {
     {"send_gso", send_gso, METH_VARARGS, "Build k datagrams and send them in one GSO sendmsg."},
     {"set_layout", set_layout, METH_VARARGS, "Header field offsets, from dblp.wire."},
     {"recv_ring", recv_ring, METH_VARARGS, "One recvmmsg into a ring: datagrams read, or -errno."},
     {"take_run", take_run, METH_VARARGS, "Apply the leading run of one stream's plain DATA."},
+    {"sum_squares", sum_squares, METH_VARARGS, "Float64 sum of squares of float32s, fixed order."},
     {NULL, NULL, 0, NULL},
 };
 

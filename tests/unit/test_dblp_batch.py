@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from dblp import batch, wire
+from dblp import batch, rounds, wire
 from dblp.engine import PULL, PUSH, Engine, InTransfer, OutTransfer
 from dblp.pacing import TokenBucket
 from dblp.wire import MsgType
@@ -197,6 +197,21 @@ def test_the_c_core_is_built_and_takes_runs():
     """The install builds it here; a silent fallback would leave the line-rate path untested."""
     assert batch.NATIVE is not None, "dblp._fastpath is not built: run ./setup.sh"
     assert batch.NATIVE.__file__.startswith(str(__import__("pathlib").Path(batch.__file__).parent))
+
+
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 65_536 + 3, 3 * 65_536 + 8, 1_000_003])
+def test_sum_squares_is_the_same_bits_with_and_without_the_c_core(numel, monkeypatch):
+    """Every replica computes the detector's norm and must decide its phase alike:
+    a rank without the core takes the core's order in numpy, bit for bit."""
+    rng = np.random.default_rng(numel)
+    x = (rng.standard_normal(numel) * rng.uniform(0, 50, numel)).astype(np.float32)
+    assert batch.NATIVE is not None, "dblp._fastpath is not built: run ./setup.sh"
+    with_core = rounds.sum_squares(x)
+    monkeypatch.setattr(batch, "NATIVE", None)
+    without = rounds.sum_squares(x)
+    assert with_core.hex() == without.hex()
+    exact = float(np.dot(x.astype(np.float64), x.astype(np.float64)))
+    assert abs(with_core - exact) <= 1e-12 * exact
 
 
 def _datagrams(numel: int, key, kind=PUSH, src=2, round=ROUND, session=SESSION):
