@@ -5,8 +5,8 @@
  * bytes (py-spy, README "The transport at line rate"). This module does four
  * things and nothing else:
  *
- *   send_gso    a batch of one stream's full chunks built and sent in one
- *               UDP GSO sendmsg (dblp.batch.SendBatch.fill + the engine's send);
+ *   send_gso    a batch of one stream's full chunks built and sent as UDP GSO
+ *               messages in one sendmmsg (dblp.batch.SendBatch.fill + sendmsg);
  *   recv_ring   one recvmmsg into the ring's preallocated slots (what
  *               dblp.batch.RecvRing.receive does through ctypes);
  *   sum_squares the float64 sum of squares of a float32 gradient, in the fixed
@@ -220,32 +220,38 @@ done:
     return res;
 }
 
-/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag) -> bytes sent, or -errno
+/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag, per_msg)
+ *     -> datagrams sent, or -errno
  *
- * dblp.batch.SendBatch.fill followed by the engine's GSO sendmsg, for a job
+ * dblp.batch.SendBatch.fill followed by the engine's GSO sends, for a job
  * without a secret (the tag is ``tag`` zero bytes): one datagram per entry of
  * ``chunks`` (int64 chunk indices), each ``template`` with its index field set,
  * then the chunk's row of ``rows`` (the stream's full chunks, contiguous),
- * then the tag, sent in ONE sendmsg with a UDP_SEGMENT control message, so
- * the kernel cuts it into those datagrams. Only the headers are written (into
- * ``buf``'s rows); the payload goes to the kernel straight from ``rows`` and
- * the tag from a block of zeros, three iovecs per datagram: the kernel copies
- * every byte into its buffer anyway, so a copy into ``buf`` first would only
- * touch the gradient twice (it was 6 % of a rank's CPU at 10 Gbit/s).
+ * then the tag. They leave as GSO messages of ``per_msg`` datagrams (the last
+ * may hold fewer), each with a UDP_SEGMENT control message so the kernel cuts
+ * it into those datagrams, all in ONE sendmmsg. Only the headers are written
+ * (into ``buf``'s rows); the payload goes to the kernel straight from ``rows``
+ * and the tag from a block of zeros, three iovecs per datagram: the kernel
+ * copies every byte into its buffer anyway, so a copy into ``buf`` first would
+ * only touch the gradient twice (it was 6 % of a rank's CPU at 10 Gbit/s).
+ * A UDP message leaves whole or not at all: the count returned is that of the
+ * datagrams in the messages that left (a full socket buffer stops the rest).
  * ``addr``: the destination as a struct sockaddr_in (16 bytes).
  */
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
-/* The kernel's cap on the segments of one GSO send (UDP_MAX_SEGMENTS). */
-#define GSO_MAX_SEGS 128
+/* The kernel's cap on the segments of one GSO message (UDP_MAX_SEGMENTS, 64 on older kernels). */
+#define GSO_MAX_SEGS 64
+/* Messages one call may send (dblp.batch.GSO_MESSAGES). */
+#define GSO_MAX_MSGS 8
 static const uint8_t zero_tag[64];
 static PyObject *send_gso(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer buf, tmpl, rows, chunks, addr;
-    Py_ssize_t index_off, tag;
-    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*n", &fd, &buf, &tmpl, &index_off, &rows, &chunks,
-                          &addr, &tag))
+    Py_ssize_t index_off, tag, per_msg;
+    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*nn", &fd, &buf, &tmpl, &index_off, &rows, &chunks,
+                          &addr, &tag, &per_msg))
         return NULL;
     PyObject *res = NULL;
     Py_ssize_t k = chunks.len / (Py_ssize_t)sizeof(int64_t);
@@ -261,8 +267,13 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     Py_ssize_t dgram = hdr + cb + tag;
     Py_ssize_t full = cb ? rows.len / cb : 0;
     if (k <= 0 || cb <= 0 || tag < 0 || buf.len < k * dgram || addr.len != sizeof(struct sockaddr_in)
-        || index_off < 0 || index_off + 4 > hdr || dgram > 65507) {
+        || index_off < 0 || index_off + 4 > hdr || per_msg < 1 || per_msg * dgram > 65507) {
         PyErr_SetString(PyExc_ValueError, "send_gso: inconsistent arguments");
+        goto done;
+    }
+    if (per_msg > GSO_MAX_SEGS || k > per_msg * GSO_MAX_MSGS
+        || tag > (Py_ssize_t)sizeof(zero_tag)) {
+        PyErr_SetString(PyExc_ValueError, "send_gso: too many datagrams or too long a tag");
         goto done;
     }
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -271,52 +282,59 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    if (k > GSO_MAX_SEGS || tag > (Py_ssize_t)sizeof(zero_tag)) {
-        PyErr_SetString(PyExc_ValueError, "send_gso: too many datagrams or too long a tag");
-        goto done;
-    }
     uint8_t *out = buf.buf;
     const uint8_t *src = rows.buf;
-    struct iovec iovs[3 * GSO_MAX_SEGS];
-    size_t niov = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        uint8_t *d = out + i * dgram;
-        uint32_t c = (uint32_t)idx[i];
-        memcpy(d, tmpl.buf, (size_t)hdr);
-        d[index_off] = (uint8_t)(c >> 24);
-        d[index_off + 1] = (uint8_t)(c >> 16);
-        d[index_off + 2] = (uint8_t)(c >> 8);
-        d[index_off + 3] = (uint8_t)c;
-        iovs[niov++] = (struct iovec){d, (size_t)hdr};
-        iovs[niov++] = (struct iovec){(void *)(src + (size_t)c * (size_t)cb), (size_t)cb};
-        if (tag)
-            iovs[niov++] = (struct iovec){(void *)zero_tag, (size_t)tag};
-    }
+    struct iovec iovs[3 * GSO_MAX_SEGS * GSO_MAX_MSGS];
+    struct mmsghdr msgs[GSO_MAX_MSGS];
     union {
         char raw[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
-    } ctl;
-    memset(&ctl, 0, sizeof ctl);
-    struct msghdr msg = {0};
-    msg.msg_name = addr.buf;
-    msg.msg_namelen = sizeof(struct sockaddr_in);
-    msg.msg_iov = iovs;
-    msg.msg_iovlen = niov;
-    if (k > 1) {  /* one datagram needs no segmentation */
-        msg.msg_control = ctl.raw;
-        msg.msg_controllen = sizeof ctl.raw;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = IPPROTO_UDP;
-        cm->cmsg_type = UDP_SEGMENT;
-        cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t seg = (uint16_t)dgram;
-        memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+    } ctl[GSO_MAX_MSGS];
+    memset(msgs, 0, sizeof msgs);
+    memset(ctl, 0, sizeof ctl);
+    size_t niov = 0;
+    unsigned int nmsg = 0;
+    for (Py_ssize_t first = 0; first < k; first += per_msg, nmsg++) {
+        Py_ssize_t segs = k - first < per_msg ? k - first : per_msg;
+        struct msghdr *m = &msgs[nmsg].msg_hdr;
+        m->msg_name = addr.buf;
+        m->msg_namelen = sizeof(struct sockaddr_in);
+        m->msg_iov = &iovs[niov];
+        for (Py_ssize_t i = first; i < first + segs; i++) {
+            uint8_t *d = out + i * dgram;
+            uint32_t c = (uint32_t)idx[i];
+            memcpy(d, tmpl.buf, (size_t)hdr);
+            d[index_off] = (uint8_t)(c >> 24);
+            d[index_off + 1] = (uint8_t)(c >> 16);
+            d[index_off + 2] = (uint8_t)(c >> 8);
+            d[index_off + 3] = (uint8_t)c;
+            iovs[niov++] = (struct iovec){d, (size_t)hdr};
+            iovs[niov++] = (struct iovec){(void *)(src + (size_t)c * (size_t)cb), (size_t)cb};
+            if (tag)
+                iovs[niov++] = (struct iovec){(void *)zero_tag, (size_t)tag};
+        }
+        m->msg_iovlen = (size_t)(&iovs[niov] - m->msg_iov);
+        if (segs > 1) {  /* one datagram needs no segmentation */
+            m->msg_control = ctl[nmsg].raw;
+            m->msg_controllen = sizeof ctl[nmsg].raw;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(m);
+            cm->cmsg_level = IPPROTO_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t seg = (uint16_t)dgram;
+            memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+        }
     }
-    ssize_t n;
+    int n;
     Py_BEGIN_ALLOW_THREADS
-    n = sendmsg(fd, &msg, 0);
+    n = sendmmsg(fd, msgs, nmsg, 0);
     Py_END_ALLOW_THREADS
-    res = PyLong_FromSsize_t(n < 0 ? -(Py_ssize_t)errno : (Py_ssize_t)n);
+    if (n < 0) {
+        res = PyLong_FromSsize_t(-(Py_ssize_t)errno);
+    } else {
+        Py_ssize_t sent = (Py_ssize_t)n * per_msg;
+        res = PyLong_FromSsize_t(sent < k ? sent : k);
+    }
 done:
     PyBuffer_Release(&buf);
     PyBuffer_Release(&tmpl);
@@ -364,7 +382,7 @@ static PyObject *sum_squares(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"send_gso", send_gso, METH_VARARGS, "Build k datagrams and send them in one GSO sendmsg."},
+    {"send_gso", send_gso, METH_VARARGS, "Build k datagrams and send them as GSO messages in one sendmmsg."},
     {"set_layout", set_layout, METH_VARARGS, "Header field offsets, from dblp.wire."},
     {"recv_ring", recv_ring, METH_VARARGS, "One recvmmsg into a ring: datagrams read, or -errno."},
     {"take_run", take_run, METH_VARARGS, "Apply the leading run of one stream's plain DATA."},

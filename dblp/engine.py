@@ -181,8 +181,12 @@ class Engine:
         self.peer_rate_bps = peer_rate_bps
         self.peer_buckets: dict[int, TokenBucket] = {}
         # batched I/O
+        # Several GSO messages per call where the C core sends (no secret: the MACs
+        # are Python's); one per call where Python fills the rows.
+        messages = batch.GSO_MESSAGES if batch.NATIVE is not None and key is None else 1
         self.batch_max = batch.batch_limit(rate_bps, self.max_datagram,
-                                           self.wire_size(self.max_datagram)) if batched else 1
+                                           self.wire_size(self.max_datagram),
+                                           messages) if batched else 1
         self.send_buf = batch.SendBatch(self.batch_max, chunk_bytes) if self.batch_max > 1 else None
         self.ring = batch.RecvRing(self.sock) if batched else None
         self.last_read = 0
@@ -332,7 +336,8 @@ class Engine:
                         peer: int) -> int:
         """Send full ``chunks`` (rows of ``rows``) under ``template`` in one GSO call.
 
-        Returns datagrams sent: 0 when the socket buffer is full, or when the
+        Returns datagrams sent, the first of ``chunks``: fewer when the socket
+        buffer filled after some GSO messages, 0 when it was full, or when the
         kernel refuses GSO here, which turns batched sending off for good (the
         caller retries one datagram per call). Any other error counts the batch
         as lost, as ``send_data`` counts one datagram.
@@ -340,7 +345,8 @@ class Engine:
         assert self.send_buf is not None
         k, size = len(chunks), self.max_datagram
         try:
-            self.send_buf.send(self.sock, template, chunks, rows, self.sealer, self.peers[peer])
+            k = self.send_buf.send(self.sock, template, chunks, rows, self.sealer,
+                                   self.peers[peer])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:

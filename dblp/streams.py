@@ -151,6 +151,9 @@ class OutTransfer:
     def send_batch(self, now: float, k: int) -> int:
         """Send up to ``k`` chunks of the pass in one call; returns datagrams sent (0: none).
 
+        Fewer than ``k`` leave when the socket buffer fills part way; the rest
+        stay the pass's next.
+
         Every datagram is the one ``send_next`` would send (same header, payload,
         tag), and the accounting is per datagram as there. A batch holds full
         chunks only: the stream's last chunk, when shorter, leaves alone through
@@ -171,10 +174,10 @@ class OutTransfer:
                 index=0, count=self.count, length=self.chunk_bytes, bound=self.bound_ppm,
                 aux=self.passes, flags=self.flags, copies=key[1]))
         template = self._template[1]
-        if not eng.send_data_batch(template, batch, self.rows, self.peer):
-            return 0
-        self._sent(batch, now)
-        return len(batch)
+        n = eng.send_data_batch(template, batch, self.rows, self.peer)
+        if n:
+            self._sent(batch[:n], now)
+        return n
 
     def _sent(self, chunks: np.ndarray, now: float) -> None:
         """Account ``chunks`` (the next ones of the pass) as sent; PROBE after the pass."""

@@ -31,6 +31,7 @@ import uuid
 import click
 
 from testbed import REPO_ROOT, output
+from testbed.errors import ExperimentFailed
 from testbed.output import json_option, results
 
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
@@ -281,8 +282,11 @@ class Agent:
             env=env, cwd=root)
 
     def send(self, obj) -> None:
-        self.proc.stdin.write(json.dumps(obj) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the agent is gone: the next read() says why, with its stderr
 
     def read(self, timeout: float) -> dict:
         import select
@@ -450,9 +454,15 @@ def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -
         if not r.get("ready"):
             for b in agents:
                 b.stop()
-            raise RuntimeError(f"{cfg.label}: agent failed to start: {r.get('error')}")
+            raise ExperimentFailed(f"bench transport: {cfg.label}: an agent failed to start: "
+                                   f"{r.get('error')}")
     if cfg.impl == "dblp":  # join + one warm-up round on a clean link
-        _rounds(agents, 1, round_timeout, cfg)
+        _, err, _ = _rounds(agents, 1, round_timeout, cfg)
+        if err:
+            for a in agents:
+                a.stop()
+            raise ExperimentFailed(f"bench transport: {cfg.label}: the warm-up round on a clean "
+                                   f"link failed (rows above are complete): {err}")
     return agents
 
 

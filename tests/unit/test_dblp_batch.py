@@ -100,7 +100,9 @@ def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel, core):
         pytest.skip("no recvmmsg here")
     old, s_old, n_old, k_old = _send_stream(False, numel, key)
     new, s_new, n_new, k_new = _send_stream(True, numel, key)
-    assert k_old == 1 and k_new == batch.GSO_MAX_SEGMENTS  # unpaced: the largest batch
+    # unpaced: the largest batch, several GSO messages where the C core sends
+    messages = batch.GSO_MESSAGES if core is not None and key is None else 1
+    assert k_old == 1 and k_new == messages * batch.GSO_MAX_SEGMENTS
     assert len(new) == len(old) == s_old.count + 1
     for i, (a, b) in enumerate(zip(old, new, strict=True)):
         assert a == b, f"datagram {i} differs"
@@ -136,6 +138,29 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_per_call(monkeypatch):
     assert new == old and n_new == s_old.count and s_new.chunks_sent == s_old.chunks_sent
 
 
+def test_a_send_cut_short_by_a_full_socket_buffer_sends_the_rest_next(monkeypatch):
+    """sendmmsg stops after whole GSO messages when the buffer fills: the stream accounts
+    exactly the datagrams that left, and the next call starts with the first that did not."""
+    if batch.NATIVE is None:
+        pytest.fail("dblp._fastpath is not built: run ./setup.sh")
+    old, s_old, n_old, _ = _send_stream(False, 300 * wire.CHUNK_ELEMS + 5, None)
+    real, calls = batch.NATIVE, []
+
+    class OneMessageLeaves:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def send_gso(self, fd, buf, template, off, rows, chunks, addr, tag, per):
+            calls.append(len(chunks))
+            return real.send_gso(fd, buf, template, off, rows, chunks[:per], addr, tag, per)
+
+    monkeypatch.setattr(batch, "NATIVE", OneMessageLeaves())
+    new, s_new, n_new, k_new = _send_stream(True, 300 * wire.CHUNK_ELEMS + 5, None)
+    assert k_new == batch.GSO_MESSAGES * batch.GSO_MAX_SEGMENTS and max(calls) > k_new // 2
+    assert new == old
+    assert n_new == n_old == s_new.chunks_sent == s_old.count
+
+
 def test_a_resend_pass_is_counted_per_datagram():
     if not batch.batching_supported():
         pytest.skip("no recvmmsg here")
@@ -152,6 +177,10 @@ def test_batch_size_follows_the_pacing_rate():
     assert batch.batch_limit(1e9, wire.MAX_DATAGRAM, wire_bytes) == 41
     assert batch.batch_limit(10e9, wire.MAX_DATAGRAM, wire_bytes) == 44
     assert batch.batch_limit(None, wire.MAX_DATAGRAM, wire_bytes) == 44
+    # several GSO messages per call (the C core): only where the rate asks for them
+    assert batch.batch_limit(1e9, wire.MAX_DATAGRAM, wire_bytes, messages=4) == 41
+    assert batch.batch_limit(3e9, wire.MAX_DATAGRAM, wire_bytes, messages=4) == 123
+    assert batch.batch_limit(10e9, wire.MAX_DATAGRAM, wire_bytes, messages=4) == 176
     # IP-fragmented chunks (the prototype's 8 KB) cannot be GSO segments
     assert batch.batch_limit(10e9, wire.datagram_size(8192), Engine.wire_size(8248)) == 1
 
