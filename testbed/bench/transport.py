@@ -299,8 +299,15 @@ class Agent:
             if r:
                 line = self.proc.stdout.readline()
                 if not line:
-                    err = self.proc.stderr.read()[-800:] if self.proc.poll() is not None else ""
-                    return {"ok": False, "error": f"agent exited: {err.strip()}"}
+                    try:
+                        self.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        self.proc.kill()  # closed its stdout but lives on: end it
+                    # its last line: the exception that ended it (the traceback above it
+                    # would make the one-line error many)
+                    err = [x for x in self.proc.stderr.read().splitlines() if x.strip()]
+                    return {"ok": False, "error": "agent exited: "
+                            + (err[-1].strip() if err else f"code {self.proc.returncode}")}
                 try:
                     return json.loads(line)
                 except json.JSONDecodeError:

@@ -36,3 +36,21 @@ def test_bench_transport_quick(tmp_path):
     assert rows[("static", 0.408, 0.5)]["passes"] < rows[("reliable", 0.0, 0.5)]["passes"]
     assert rows[("static", 0.408, 0.5)]["round_trip_s"] < rows[("reliable", 0.0, 0.5)]["round_trip_s"]
     assert "round_trip_s" in p.stdout and "floor_s" in p.stdout
+
+
+def test_a_failing_agent_is_an_experiment_error_not_a_broken_pipe():
+    """An agent that dies (here: a bound its config refuses) is reported with its own
+    error as one `ExperimentFailed` line, and writing to it again raises nothing: the
+    bench used to exit 1 in silence through click's BrokenPipeError handling."""
+    from testbed.bench.transport import Agent, Config, NetnsPair, _start
+    from testbed.errors import ExperimentFailed
+    with NetnsPair(100e6) as pair:
+        with pytest.raises(ExperimentFailed, match=r"failed to start: .*\bp\b") as exc:
+            _start(pair, Config("dblp", "static", 1.5, "udp"), 1000, 100e6, 5.0, 47555)
+        assert "\n" not in str(exc.value)
+        dead = Agent(pair, 0, {"kind": "dblp"})  # no role: it exits at once
+        first = dead.read(30)
+        assert first["ok"] is False and "KeyError" in first["error"]
+        dead.send({"cmd": "rounds", "rounds": 1})
+        assert dead.read(5)["ok"] is False
+        dead.stop()
