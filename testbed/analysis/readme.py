@@ -417,7 +417,8 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     text = "\n".join(out) + "\n\n"
     text += (f"Medians of {docs[0]['reps']} round trips in seconds (time / `bound_s`), one "
              f"`bench transport` per link, UDP control, no secret. CPU s/GB: CPU seconds of "
-             f"each side's process (rank 0 / rank 1) per GB it sent and received. ")
+             f"each side's process (rank 0 / rank 1) in the collective alone, per GB it sent and "
+             f"received. ")
     text += (f"Sharded within 1.2x of gloo without loss at (Gbit/s): "
              f"{', '.join(near) or 'none'}; further at: {', '.join(slower) or 'none'}. ")
     text += (f"Sharded faster than gloo under loss at: {', '.join(beats) or 'none'}."

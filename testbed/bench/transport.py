@@ -192,25 +192,28 @@ def _agent_dblp(args: dict) -> None:
         bar = dblp.TransportGroup(0, 1, args["server"], bar_port, config=cfg)
         grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
 
-    def one_round() -> dict:
+    def one_round() -> tuple[dict, float]:
         if role == "server":
             bar.serve(1)
-            return obj.serve(1)[0].as_dict()
+            c0 = time.process_time()
+            return obj.serve(1)[0].as_dict(), time.process_time() - c0
         x = grad.copy()
         bar.allreduce_(np.zeros(1, np.float32))
-        return obj.allreduce_(x).as_dict()
+        c0 = time.process_time()
+        return obj.allreduce_(x).as_dict(), time.process_time() - c0
 
-    def rounds(n: int) -> list[dict]:
-        return [one_round() for _ in range(n)]
-
-    _serve_commands(rounds)
+    _serve_commands(one_round)
     bar.close()
     obj.close()
 
 
-def _serve_commands(rounds) -> None:
-    """Say ready, then run `rounds(n)` per command line until "quit" or the first failure.
+def _serve_commands(one_round) -> None:
+    """Say ready, then run ``one_round()`` n times per command line until "quit" or a failure.
 
+    ``one_round`` returns the round's stats and the CPU seconds of this process
+    (all threads, user + system) over the collective alone: waiting in
+    select/recv costs none, and the copy of the gradient and the barrier before
+    it are left out, for gloo as for DBLP, so it is the transport's own work.
     A failure is reported to the driver, which restarts the agents."""
     _reply({"ready": True})
     for line in sys.stdin:
@@ -218,11 +221,9 @@ def _serve_commands(rounds) -> None:
         if cmd["cmd"] == "quit":
             break
         try:
-            # CPU of this process (all threads, user + system) over exactly the rounds:
-            # waiting in select/recv costs none, so it is the transport's own work.
-            t0 = time.process_time()
-            stats = rounds(cmd["rounds"])
-            _reply({"ok": True, "stats": stats, "cpu_s": time.process_time() - t0})
+            done = [one_round() for _ in range(cmd["rounds"])]
+            _reply({"ok": True, "stats": [st for st, _ in done],
+                    "cpu_s": sum(cpu for _, cpu in done)})
         except Exception as exc:
             _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             break
@@ -242,18 +243,15 @@ def _agent_gloo(args: dict) -> None:
     dist.all_reduce(small)
     dist.all_reduce(t.clone())  # warm-up: connections and buffers
 
-    def rounds(n: int) -> list[dict]:
-        stats = []
-        for _ in range(n):
-            x = t.clone()
-            dist.all_reduce(small)  # line both ranks up before timing
-            t0 = time.monotonic()
-            dist.all_reduce(x)
-            x /= 2
-            stats.append({"latency_s": time.monotonic() - t0})
-        return stats
+    def one_round() -> tuple[dict, float]:
+        x = t.clone()
+        dist.all_reduce(small)  # line both ranks up before timing
+        c0, t0 = time.process_time(), time.monotonic()
+        dist.all_reduce(x)
+        x /= 2
+        return {"latency_s": time.monotonic() - t0}, time.process_time() - c0
 
-    _serve_commands(rounds)
+    _serve_commands(one_round)
     os._exit(0)  # a gloo group after a timeout can hang in its destructor
 
 
