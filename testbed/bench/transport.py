@@ -17,6 +17,7 @@ Everything the bench creates is named ``dbt-*``/``dbt*`` and removed in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -42,8 +43,6 @@ DEFAULT_RATE = 100e6
 #: once per round trip (push + pull, or the two halves of a ring all-reduce each way),
 #: so each moves ``2 x bytes`` of payload: the denominator of ``cpu_s_per_gb_*``.
 SIDES = ("worker", "server")
-#: The DBLP agents' barrier group listens this far above the row's port.
-BARRIER_PORT_OFFSET = 1000
 
 
 def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
@@ -176,54 +175,53 @@ def _agent_dblp(args: dict) -> None:
         idle_timeout=args["round_timeout"] + 30, session_id=args["session"],
         mode="sharded" if role == "peer" else "ps",
         secret=os.environ.get(dblp.config.SECRET_ENV) or None, **args.get("knobs", {}))
-    # A second, one-element group on its own port lines both sides up before each timed
-    # round, as gloo's agent does with a small all_reduce: without it, a round's time
-    # would include how late the other agent read its command and copied its gradient.
-    bar_port = args["port"] + BARRIER_PORT_OFFSET
     if role == "server":
         obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, config=cfg)
-        bar = dblp.ParameterServer("0.0.0.0", bar_port, 1, config=cfg)
     elif role == "peer":  # sharded mode, two ranks: each aggregates half
         obj = dblp.TransportGroup(args["rank"], 2, args["server"], args["port"], config=cfg)
-        bar = dblp.TransportGroup(args["rank"], 2, args["server"], bar_port, config=cfg)
         grad = np.random.default_rng(args["rank"]).standard_normal(args["numel"]).astype(np.float32)
     else:
         obj = dblp.TransportGroup(0, 1, args["server"], args["port"], config=cfg)
-        bar = dblp.TransportGroup(0, 1, args["server"], bar_port, config=cfg)
         grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
+    work: list = []
 
-    def one_round() -> tuple[dict, float]:
+    def prepare() -> None:
+        if role != "server":
+            work[:] = [grad.copy()]
+
+    def collective() -> dict:
         if role == "server":
-            bar.serve(1)
-            c0 = time.process_time()
-            return obj.serve(1)[0].as_dict(), time.process_time() - c0
-        x = grad.copy()
-        bar.allreduce_(np.zeros(1, np.float32))
-        c0 = time.process_time()
-        return obj.allreduce_(x).as_dict(), time.process_time() - c0
+            return obj.serve(1)[0].as_dict()
+        return obj.allreduce_(work.pop()).as_dict()
 
-    _serve_commands(one_round)
-    bar.close()
+    _serve_commands(prepare, collective)
     obj.close()
 
 
-def _serve_commands(one_round) -> None:
-    """Say ready, then run ``one_round()`` n times per command line until "quit" or a failure.
+def _serve_commands(prepare, collective) -> None:
+    """Say ready, then answer "prepare" and "go" command lines until "quit" or a failure.
 
-    ``one_round`` returns the round's stats and the CPU seconds of this process
-    (all threads, user + system) over the collective alone: waiting in
-    select/recv costs none, and the copy of the gradient and the barrier before
-    it are left out, for gloo as for DBLP, so it is the transport's own work.
-    A failure is reported to the driver, which restarts the agents."""
+    "prepare" makes the round's copy of the gradient; "go" runs the collective and
+    replies its stats and the CPU seconds of this process (all threads, user +
+    system) over the collective alone: waiting in select/recv costs none, and the
+    copy is left out, for gloo as for DBLP. The driver sends "go" to both agents
+    once both are prepared, so a round's time never includes how late the other
+    agent read its command or copied its gradient, and it sets the row's loss in
+    between, so the preparation runs on a clean link. A failure is reported to
+    the driver, which restarts the agents."""
     _reply({"ready": True})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "quit":
             break
         try:
-            done = [one_round() for _ in range(cmd["rounds"])]
-            _reply({"ok": True, "stats": [st for st, _ in done],
-                    "cpu_s": sum(cpu for _, cpu in done)})
+            if cmd["cmd"] == "prepare":
+                prepare()
+                _reply({"ok": True})
+                continue
+            c0 = time.process_time()
+            stats = collective()
+            _reply({"ok": True, "stats": [stats], "cpu_s": time.process_time() - c0})
         except Exception as exc:
             _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
             break
@@ -239,19 +237,21 @@ def _agent_gloo(args: dict) -> None:
                             rank=args["rank"], world_size=2,
                             timeout=datetime.timedelta(seconds=args["round_timeout"]))
     t = torch.randn(args["numel"], generator=torch.Generator().manual_seed(args["rank"]))
-    small = torch.zeros(1)
-    dist.all_reduce(small)
+    dist.all_reduce(torch.zeros(1))
     dist.all_reduce(t.clone())  # warm-up: connections and buffers
+    work: list = []
 
-    def one_round() -> tuple[dict, float]:
-        x = t.clone()
-        dist.all_reduce(small)  # line both ranks up before timing
-        c0, t0 = time.process_time(), time.monotonic()
+    def prepare() -> None:
+        work[:] = [t.clone()]
+
+    def collective() -> dict:
+        x = work.pop()
+        t0 = time.monotonic()
         dist.all_reduce(x)
         x /= 2
-        return {"latency_s": time.monotonic() - t0}, time.process_time() - c0
+        return {"latency_s": time.monotonic() - t0}
 
-    _serve_commands(one_round)
+    _serve_commands(prepare, collective)
     os._exit(0)  # a gloo group after a timeout can hang in its destructor
 
 
@@ -402,8 +402,8 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                         if not agents:
                             pair.set_loss(0.0)  # join and warm up on a clean link
                             agents = start(cfg)
-                        pair.set_loss(loss)
-                        got, err, got_cpu = _rounds(agents, 1, round_timeout, cfg)
+                        got, err, got_cpu = _rounds(agents, 1, round_timeout, cfg,
+                                                    before_go=functools.partial(pair.set_loss, loss))
                         pair.set_loss(0.0)
                         if err or not got:
                             # A round that misses its deadline counts as +inf in the median;
@@ -471,20 +471,37 @@ def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -
     return agents
 
 
-def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config):
+def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config, before_go=None):
     """Run ``n`` rounds; return (the worker's stats, error or None, CPU seconds per side).
 
-    The CPU dict maps ``SIDES`` names to each agent's CPU over the rounds (absent on failure).
+    Each round: both agents prepare (copy their gradient), then ``before_go()``
+    (the row's loss goes on), then both get "go" back to back, as close to one
+    start as two pipes allow. The CPU dict maps ``SIDES`` names to each agent's
+    CPU over the collectives (absent on failure).
     """
-    for a in agents:
-        a.send({"cmd": "rounds", "rounds": n})
-    replies = [a.read(n * round_timeout + 30) for a in agents]
-    # whose clock: gloo rank 0, the PS worker, sharded rank 0 (all in namespace a)
-    worker = replies[1] if (cfg.impl == "dblp" and cfg.mode == "ps") else replies[0]
-    err = "; ".join(r["error"] for r in replies if not r.get("ok")) or None
-    cpu = {SIDES[a.side]: r["cpu_s"] for a, r in zip(agents, replies, strict=True)
-           if r.get("ok") and r.get("cpu_s") is not None}
-    return worker.get("stats", []), err, cpu
+    stats: list[dict] = []
+    cpu: dict[str, float] = {}
+    for _ in range(n):
+        for a in agents:
+            a.send({"cmd": "prepare"})
+        ready = [a.read(round_timeout + 30) for a in agents]
+        err = "; ".join(r["error"] for r in ready if not r.get("ok")) or None
+        if err:
+            return stats, err, cpu
+        if before_go is not None:
+            before_go()
+        for a in agents:
+            a.send({"cmd": "go"})
+        replies = [a.read(round_timeout + 30) for a in agents]
+        # whose clock: gloo rank 0, the PS worker, sharded rank 0 (all in namespace a)
+        worker = replies[1] if (cfg.impl == "dblp" and cfg.mode == "ps") else replies[0]
+        err = "; ".join(r["error"] for r in replies if not r.get("ok")) or None
+        if err:
+            return stats, err, cpu
+        stats += worker.get("stats", [])
+        for a, r in zip(agents, replies, strict=True):
+            cpu[SIDES[a.side]] = cpu.get(SIDES[a.side], 0.0) + r["cpu_s"]
+    return stats, None, cpu
 
 
 def _cpu_per_gb(cpu: dict[str, list[float]] | None, moved_bytes: int | None) -> dict:
