@@ -51,6 +51,6 @@ def test_a_failing_agent_is_an_experiment_error_not_a_broken_pipe():
         dead = Agent(pair, 0, {"kind": "dblp"})  # no role: it exits at once
         first = dead.read(30)
         assert first["ok"] is False and "KeyError" in first["error"]
-        dead.send({"cmd": "rounds", "rounds": 1})
+        dead.send({"cmd": "go"})
         assert dead.read(5)["ok"] is False
         dead.stop()

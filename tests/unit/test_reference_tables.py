@@ -180,7 +180,9 @@ def fake_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(tr.signal, "signal", lambda *a: None)
     monkeypatch.setattr(tr, "_start", lambda p, cfg, *a: [types.SimpleNamespace(stop=lambda: None)])
 
-    def rounds(agents, n, timeout, cfg):  # -> (worker stats, error, CPU s by side)
+    def rounds(agents, n, timeout, cfg, before_go=None):  # -> (stats, error, CPU s by side)
+        if before_go is not None:
+            before_go()  # the row's loss goes on between "prepare" and "go"
         floor = 4 * (1 << 20) * 8 / 100e6
         if cfg.impl == "gloo":
             if pair.loss > 0.1:
