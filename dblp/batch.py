@@ -7,7 +7,8 @@ path in batches and leaves the protocol alone: every datagram on the wire is
 byte for byte the one the per-datagram path sends (``tests/unit/test_dblp_batch.py``).
 
 Sending (``SendBatch``): up to ``batch_limit`` full chunks of one stream leave
-in ONE ``sendmsg`` with a ``UDP_SEGMENT`` control message (UDP GSO: the kernel
+in one call, as GSO messages of up to ``GSO_MAX_SEGMENTS`` datagrams, each with
+a ``UDP_SEGMENT`` control message (UDP GSO: the kernel
 cuts the buffer into datagrams of one size after the qdisc, so the shaper
 still sees, and counts, every segment's bytes). The headers are one template
 broadcast over the rows with the ``index`` column filled per row; payload rows

@@ -232,8 +232,9 @@ class TransportConfig:
     # -- the data path -----------------------------------------------------------------
     # One system call and one Python call per datagram cap the transport near
     # 1 Gbit/s on a small machine; batches move the same datagrams (dblp.batch).
-    batched_io: bool = _setting(True, "bool", "move DATA datagrams in batches: UDP GSO sends "
-                                "of up to 44 datagrams (0.5 ms of the pacing rate) and recvmmsg "
+    batched_io: bool = _setting(True, "bool", "move DATA datagrams in batches: UDP GSO messages "
+                                "of up to 44 datagrams, up to 4 per call with the C core (0.5 ms "
+                                "of the pacing rate in all) and recvmmsg "
                                 "reads handled as arrays, the same bytes on the wire; false = "
                                 "one system call per datagram")
     # -- identity of the job -----------------------------------------------------------
