@@ -376,14 +376,17 @@ def _median(xs):
 
 def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
               rate_bps: float = DEFAULT_RATE, configs=None, round_timeout: float = 30.0,
-              log=print) -> dict:
-    """Run every config at every loss on one shaped veth pair; return the JSON document."""
-    from dblp.wire import CHUNK_ELEMS
+              log=print, rows: list[dict] | None = None) -> dict:
+    """Run every config at every loss on one shaped veth pair; return the JSON document.
+
+    Each finished row is appended to ``rows`` (the caller's list, if given) as it
+    is measured, so a bench that fails part way still has what it measured:
+    ``transport_cmd`` writes those rows, with the error, before it reports it.
+    """
     configs = configs or default_configs()
-    nbytes = numel * 4
-    floor_s = nbytes * 8 / rate_bps
-    chunks = -(-numel // CHUNK_ELEMS)
-    rows = []
+    rows = [] if rows is None else rows
+    doc = bench_doc(losses, reps, numel, rate_bps, rows)
+    nbytes, floor_s, chunks = doc["bytes"], doc["floor_s"], doc["chunks"]
     port = [47000]
 
     def start(cfg):
@@ -429,8 +432,16 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
             finally:
                 for a in agents:
                     a.stop()
-    return {"floor_s": floor_s, "bytes": nbytes, "rate_bps": rate_bps, "chunks": chunks,
-            "reps": reps, "losses": list(losses), "rows": rows,
+    return doc
+
+
+def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) -> dict:
+    """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
+    from dblp.wire import CHUNK_ELEMS
+    nbytes = numel * 4
+    return {"floor_s": nbytes * 8 / rate_bps, "bytes": nbytes, "rate_bps": rate_bps,
+            "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
+            "rows": rows,
             "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)"}
 
 
@@ -680,7 +691,16 @@ def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, n
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     output.say(HEADER)
-    doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout, log=output.say)
+    rows: list[dict] = []
+    try:
+        doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
+                        log=output.say, rows=rows)
+    except ExperimentFailed as e:
+        # Keep what was measured: the rows before the failure, and the failure itself.
+        if json_out:
+            partial = bench_doc(loss_list, reps, numel, rate_mbit * 1e6, rows)
+            results({**partial, "failed": str(e)}, json_out, lambda: None)
+        raise
     results(doc, json_out, lambda: click.echo(format_table(doc)))
 
 

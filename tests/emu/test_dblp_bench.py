@@ -54,3 +54,23 @@ def test_a_failing_agent_is_an_experiment_error_not_a_broken_pipe():
         dead.send({"cmd": "go"})
         assert dead.read(5)["ok"] is False
         dead.stop()
+
+
+def test_a_bench_that_fails_part_way_keeps_its_rows(tmp_path, monkeypatch):
+    """The rows measured before a failure are written with the error: a failed bench
+    loses nothing it measured (it used to write no JSON at all)."""
+    from click.testing import CliRunner
+
+    from testbed.bench import transport
+    from testbed.errors import ExperimentFailed
+    good, bad = transport.Config("dblp", "reliable", 0.0, "udp"), \
+        transport.Config("dblp", "static", 1.5, "udp")  # a bound the agent refuses
+    monkeypatch.setattr(transport, "default_configs", lambda *a, **k: [good, bad])
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(transport.transport_cmd,
+                             ["--losses", "0", "--mbytes", "0.25", "--reps", "1", "--json", str(out)])
+    assert isinstance(res.exception, ExperimentFailed), res.output
+    doc = json.loads(out.read_text())
+    assert [(r["policy"], r["loss"]) for r in doc["rows"]] == [("reliable", 0.0)]
+    assert doc["rows"][0]["round_trip_s"] > 0
+    assert "static P=150.0% udp ps" in doc["failed"] and "failed to start" in doc["failed"]
