@@ -196,16 +196,24 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
     if any(p.chunk_elems * 4 != eng.chunk_bytes for p in parts):
         raise ValueError(f"the layout's chunks differ from the engine's chunk_bytes="
                          f"{eng.chunk_bytes}: build it with make_layout(..., chunk_bytes=...)")
+    if result.dtype != np.float32 or not result.flags.c_contiguous:
+        raise ValueError("result must be a contiguous float32 array: the parts this rank owns "
+                         "are summed in it")
     push_senders, pull_receivers, push_receivers = [], [], []
     owned: dict[int, dict[str, Any]] = {}
     for part in parts:
         sl = slice(part.start, part.stop)
         if part.owner == me:
-            acc = np.zeros(part.stop - part.start, np.float32)
+            # The part is summed where its aggregate ends up, in ``result``: no
+            # accumulator to zero, fill and copy back on the way from push to pull
+            # (at 10 Gbit/s those were two 32 MiB passes between the two).
+            acc = result[sl]
             counts = np.zeros(part.chunks, np.int32)
             if contribution is not None and me in members:
-                acc += contribution[sl]
+                np.copyto(acc, contribution[sl])
                 counts += 1
+            else:
+                acc.fill(0)
             recvs = []
             for m in members:
                 if m == me:
@@ -255,7 +263,6 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                     res = owner_residual.get(part.index)
                     if res is not None:
                         acc += res
-                result[part.start:part.stop] = acc
                 info["pull"] = PullGroup(eng, part, [m for m in members if m != me],
                                          result[part.start:part.stop], bound_ppm,
                                          {r.peer: r.have.copy() for r in info["recvs"]})
