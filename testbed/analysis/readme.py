@@ -485,11 +485,12 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     runs = (f"{n_runs[0]} run" + ("s" if n_runs[0] > 1 else "") if len(n_runs) == 1
             else f"{n_runs[0]}-{n_runs[-1]} runs")
     text = "\n".join(out) + "\n\n"
+    reps = f"{first['reps']} round trip" + ("s" if first["reps"] > 1 else "")
     text += (f"{runs.capitalize()} of one `bench transport` per link (UDP control, no secret), "
-             f"each giving medians of {first['reps']} round trips; a cell is the median over "
-             f"the runs, in seconds (time / `bound_s`); sharded / gloo is taken within each "
-             f"run. CPU s/GB: CPU seconds of each side's process (rank 0 / rank 1) in the "
-             f"collective alone, per GB it sent and received. ")
+             f"each giving medians of {reps}; a cell is the median over the runs, in seconds "
+             f"(time / `bound_s`); sharded / gloo is taken within each run. CPU s/GB: CPU "
+             f"seconds of each side's process (rank 0 / rank 1) in the collective alone, per "
+             f"GB it sent and received. ")
     text += f"Sharded within 1.2x of gloo without loss: {'; '.join(vs_gloo) or 'none'}. "
     if vs_bound:
         text += f"Where gloo is within 1.2x of its bound, sharded is: {'; '.join(vs_bound)}. "
