@@ -598,7 +598,13 @@ def wall_times_table(reference_dir: pathlib.Path) -> str:
         rec = read_record(reference_dir / name)
         argvs = [c["argv"] for c in rec["commands"]] if "commands" in rec else [rec["argv"]]
         total += rec["wall_s"]
-        cmds = "<br>".join(f"`dblp-testbed {' '.join(a)}`" for a in argvs)
+        # Commands repeated for several runs (the same argv but the file it writes) once.
+        runs: dict[tuple, list[list[str]]] = {}
+        for a in argvs:
+            runs.setdefault(tuple(a[:-1]) if a[-2:-1] == ["--json"] else tuple(a), []).append(a)
+        cmds = "<br>".join(f"`dblp-testbed {' '.join(g[0])}`"
+                           + (f" and {len(g) - 1} more runs of it" if len(g) > 1 else "")
+                           for g in runs.values())
         out.append(f"| {name} | {cmds} | {rec['wall_s'] / 60:.1f} min |")
     out.append(f"| all, one after another | `dblp-testbed reproduce` | {total / 60:.1f} min |")
     return "\n".join(out) + "\n"
