@@ -188,7 +188,8 @@ class Engine:
                                            self.wire_size(self.max_datagram),
                                            messages) if batched else 1
         self.send_buf = batch.SendBatch(self.batch_max, chunk_bytes) if self.batch_max > 1 else None
-        self.ring = batch.RecvRing(self.sock) if batched else None
+        self.ring = batch.RecvRing(self.sock, largest=wire.largest_datagram(chunk_bytes)) \
+            if batched else None
         self.last_read = 0
         # peers
         self.peers: dict[int, tuple[str, int]] = {}

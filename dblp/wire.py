@@ -130,6 +130,12 @@ def datagram_size(chunk_bytes: int = CHUNK_BYTES) -> int:
     return HEADER_SIZE + chunk_bytes + TAG_SIZE
 
 
+def largest_datagram(chunk_bytes: int = CHUNK_BYTES) -> int:
+    """The longest datagram a job with ``chunk_bytes`` chunks accepts: one chunk's DATA, or
+    any message up to ``MAX_DATAGRAM``. ``unpack_header`` refuses anything longer."""
+    return max(MAX_DATAGRAM, datagram_size(chunk_bytes))
+
+
 def fragments(datagram: int, mtu: int = MTU) -> int:
     """IP packets a UDP datagram of ``datagram`` payload bytes becomes at ``mtu``.
 
@@ -260,7 +266,7 @@ def unpack_header(buf, nbytes: int | None = None, chunk_bytes: int = CHUNK_BYTES
     n = len(buf) if nbytes is None else nbytes
     if n < HEADER_SIZE + TAG_SIZE:
         raise MalformedDatagram(f"truncated: {n} bytes < header {HEADER_SIZE} + tag {TAG_SIZE}")
-    largest = max(MAX_DATAGRAM, datagram_size(chunk_bytes))
+    largest = largest_datagram(chunk_bytes)
     if n > largest:
         raise MalformedDatagram(f"{n} bytes exceed one datagram ({largest})")
     h = Header(*_HEADER.unpack_from(buf, 0))

@@ -275,6 +275,7 @@ def _mix(numel: int, key, seed: int):
         b"\x00" * 30,  # truncated
         good[5][:-4],  # declared length != payload
         good[6] + b"\x00" * 70000,  # oversized
+        good[8] + b"\x00" * 3000,  # longer than any datagram the job takes, shorter than 64 KB
     ]
     bad_count = bytearray(good[7][:-wire.TAG_SIZE])
     struct.pack_into("!I", bad_count, wire.FIELD_OFFSETS["count"][0], len(good) + 1)
@@ -303,7 +304,8 @@ def _feed_one_by_one(eng, seq, addr, now):
 
 def _feed_batched(eng, seq, addr, now):
     ring = eng.ring
-    seq = [d for d in seq if len(d) <= ring.SLOT]
+    # as the kernel fills a slot: a datagram longer than the slot arrives cut to its size
+    seq = [d[:ring.slot] for d in seq if len(d) <= 65536]
     name = struct.pack("=H", socket.AF_INET) + struct.pack("!H", addr[1]) + \
         socket.inet_aton(addr[0]) + bytes(8)
     for start in range(0, len(seq), ring.slots):
