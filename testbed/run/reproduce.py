@@ -290,7 +290,7 @@ register(CommandReference(
 #: of 7: a round trip of 0.2-0.4 s varied by up to 25 % between repetitions here.
 LINE_RATES = ((100, 4), (1000, 32), (3000, 32), (10000, 64))
 #: Runs of the whole set, one after the other: the ratio of one run's medians moves by
-#: a third between runs here (sharded / gloo at 10 Gbit/s: 1.14 to 1.56x), so each
+#: a fifth between runs here (sharded / gloo at 10 Gbit/s: 1.19 to 1.44x), so each
 #: line-rate claim is read from its range over these runs, never from one.
 LINE_RUNS = 5
 register(CommandReference(
