@@ -108,3 +108,21 @@ def test_sharded_rounds_under_bench_loss_never_reach_the_deadline(policy, knobs,
     assert not errors, errors[0]
     assert len(out[0]) == len(out[1]) == 40
     assert max(out[0] + out[1]) < 2.5, sorted(out[0] + out[1])[-3:]
+
+
+def test_a_round_refuses_a_result_it_cannot_sum_an_owned_part_in():
+    """An owner sums its part in ``result`` itself: a float64 or strided result is refused
+    at once, with what it must be, before anything is sent."""
+    from dblp.engine import Engine
+    from dblp.rounds import make_layout, run_round
+    eng = Engine(0, bind=("127.0.0.1", 0))
+    try:
+        eng.begin_round(0)
+        parts = make_layout(100, "sharded", 2)
+        grad = np.ones(100, np.float32)
+        for bad in (np.zeros(100, np.float64), np.zeros(200, np.float32)[::2]):
+            with pytest.raises(ValueError, match="contiguous float32"):
+                run_round(eng, parts, [0, 1], grad, bad, 0, "zero", 1.0)
+        assert eng.bytes_sent == 0
+    finally:
+        eng.close()
