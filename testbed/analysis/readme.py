@@ -497,8 +497,27 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     if lossy:
         text += f"Sharded faster than gloo under loss: {'; '.join(beats) or 'none'}. "
     if tight:
-        text += f"The 0.1 Gbit/s rows within 1.1x of their bound: {'; '.join(tight)}."
+        text += f"The 0.1 Gbit/s rows within 1.1x of their bound: {'; '.join(tight)}. "
+    text += _steal_sentence(groups)
     return text.rstrip() + "\n"
+
+
+def _steal_sentence(groups: list[list[dict]]) -> str:
+    """CPU steal over every row of every run, and where it was highest (empty before it was recorded).
+
+    Why: on a shared host a neighbour's load looks, in a round's wall time, exactly like
+    a slower transport; a reader can only tell the two apart from this.
+    """
+    steals = [(r["cpu_steal_frac"], f"{d['rate_bps'] / 1e9:g} Gbit/s run {i}, {r['impl']} "
+               f"{r.get('mode')} at {_pct(r['loss'])}")
+              for docs in groups for i, d in enumerate(docs, 1) for r in d["rows"]
+              if r.get("cpu_steal_frac") is not None]
+    if not steals:
+        return ""
+    top = max(steals)
+    return (f"CPU steal (time the host gave other guests) over the rows: median "
+            f"{_pct(statistics.median(s for s, _ in steals))}, highest {_pct(top[0])} "
+            f"({top[1]}).")
 
 
 def _core(doc: dict) -> str:

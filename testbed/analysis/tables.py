@@ -597,6 +597,10 @@ def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
 # shaped rate, or OVS itself dropped packets.
 CPU_BUSY_FLAG = 0.90
 RATE_SHORTFALL_FLAG = 0.80
+# Steal: the hypervisor ran another guest while ours was ready. At 5 % of two cores a
+# DBLP round at 0.1 Gbit/s already ran 13-21 % over its usual time in the line-rate
+# reference (its pacer wakes every half millisecond and has little slack for a late wake).
+CPU_STEAL_FLAG = 0.05
 
 
 def fidelity_flags(f: dict) -> list[str]:
@@ -606,6 +610,10 @@ def fidelity_flags(f: dict) -> list[str]:
     if cpu is not None and cpu >= CPU_BUSY_FLAG:
         out.append(f"CPU {100 * cpu:.0f} % busy: the emulator, not the network, may have set "
                    "the latencies")
+    steal = f.get("cpu_steal_frac")
+    if steal is not None and steal >= CPU_STEAL_FLAG:
+        out.append(f"CPU steal {100 * steal:.0f} %: the host ran other guests on these cores, "
+                   "so a neighbour may have set the latencies")
     ach, shp = f.get("achieved_mbps"), f.get("shaped_mbps")
     if ach is not None and shp and ach < RATE_SHORTFALL_FLAG * shp:
         out.append(f"bottleneck reached {ach:.3g} of {shp:.3g} Mbit/s shaped: emulator-bound")

@@ -32,6 +32,7 @@ import uuid
 import click
 
 from testbed import REPO_ROOT, output
+from testbed.cpustat import CpuSampler
 from testbed.errors import ExperimentFailed
 from testbed.output import json_option, results
 
@@ -401,6 +402,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                     stats, errors, timeouts = [], [], 0
                     cpu: dict[str, list[float]] = {side: [] for side in SIDES}
                     tcp0 = pair.tcp_counters() if cfg.control == "tcp" else None
+                    machine = CpuSampler()
                     for _ in range(reps):
                         if not agents:
                             pair.set_loss(0.0)  # join and warm up on a clean link
@@ -422,8 +424,13 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                             stats += got
                             for side, c in got_cpu.items():
                                 cpu[side].append(c)
+                    machine.sample()
                     row = _row(cfg, loss, stats, errors, timeouts, floor_s, chunks, reps,
                                round_timeout, cpu=cpu, moved_bytes=2 * nbytes)
+                    # The whole row (agent restarts included): a busy or stolen CPU is a
+                    # confound of every figure in it, and a reader cannot see it otherwise.
+                    row["cpu_busy_frac"] = machine.busy_fraction()
+                    row["cpu_steal_frac"] = machine.steal_fraction()
                     if tcp0 is not None:  # includes agent start-up/warm-up on a clean link
                         tcp1 = pair.tcp_counters()
                         row["tcp"] = {k: tcp1[k] - tcp0[k] for k in tcp1}
@@ -576,7 +583,7 @@ def _fmt(x, spec):
 
 HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'auth':4} {'loss':>5} "
           f"{'round_trip_s':>12} {'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5} "
-          f"{'cpu_s/GB w':>10} {'cpu_s/GB s':>10}")
+          f"{'cpu_s/GB w':>10} {'cpu_s/GB s':>10} {'steal':>5}")
 
 
 def _format_row(r: dict) -> str:
@@ -586,7 +593,8 @@ def _format_row(r: dict) -> str:
          f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
          f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')} "
          f"{_fmt(r.get('cpu_s_per_gb_worker'), '10.2f')} "
-         f"{_fmt(r.get('cpu_s_per_gb_server'), '10.2f')}")
+         f"{_fmt(r.get('cpu_s_per_gb_server'), '10.2f')} "
+         f"{_fmt(r.get('cpu_steal_frac'), '5.1%')}")
     if r.get("tcp"):
         s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
     if r.get("timeouts"):
@@ -598,7 +606,8 @@ def _format_row(r: dict) -> str:
 def format_table(doc: dict) -> str:
     lines = [f"floor_s = {doc['floor_s']:.3f} s ({doc['bytes']} B at {doc['rate_bps'] / 1e6:g} "
              f"Mbit/s), medians of {doc['reps']} round trips; cpu_s/GB: CPU seconds per GB "
-             "each side moved (w = worker / rank 0, s = aggregator / rank 1)", HEADER]
+             "each side moved (w = worker / rank 0, s = aggregator / rank 1); steal: CPU "
+             "time the hypervisor gave other guests during the row", HEADER]
     lines += [_format_row(r) for r in doc["rows"]]
     lines += ["", "cost of authentication (round trip with a secret / without, same row):"]
     for r in doc["rows"]:

@@ -176,8 +176,11 @@ def debian_packages() -> dict[str, str] | None:
 #      read as one seed: its raw/<arm>/ layout is one this code no longer
 #      reads, so an old run directory cannot be re-analysed by this version
 #      (re-run its spec.toml, or analyse it with the revision that wrote it).
-MANIFEST_SCHEMA = 2
-KNOWN_MANIFEST_SCHEMAS = frozenset({2})
+#   3: fidelity "cpu_steal_frac" (optional): CPU time the hypervisor gave to
+#      other guests during the unit. Version 2 reads as is (it lacks the field);
+#      a reader of version 2 refuses version 3 by its number, not by the field.
+MANIFEST_SCHEMA = 3
+KNOWN_MANIFEST_SCHEMAS = frozenset({2, 3})
 
 _F = runlog.Field
 MANIFEST_FIELDS = (
@@ -216,6 +219,8 @@ UNIT_FIELDS = (
 )
 FIDELITY_FIELDS = (
     _F("cpu_busy_frac", "num", required=False, doc="machine-wide CPU busy fraction"),
+    _F("cpu_steal_frac", "num", required=False,
+       doc="machine-wide fraction of CPU time stolen by the hypervisor (schema 3)"),
     _F("bottleneck", "str", required=False, doc="interface watched as the bottleneck"),
     _F("shaped_mbps", "num", required=False, doc="its shaped rate"),
     _F("achieved_mbps", "num", required=False, doc="best rate it carried over a window"),
@@ -252,11 +257,13 @@ def check_manifest(data, where: str = "manifest.json") -> dict:
                 f"{where}: schema version 1 is from before repeated seeds (raw/<arm>/, not "
                 "raw/<arm>/seed-<seed>/) and this dblp-testbed cannot re-analyse it: run its "
                 "spec.toml again, or use the revision in its environment.git_revision")
-        runlog.check_fields(data, MANIFEST_FIELDS, where)
-        if data["schema"] not in KNOWN_MANIFEST_SCHEMAS:
+        # The version before the fields too: a later version's new field is not "undeclared".
+        if isinstance(data, dict) and isinstance(data.get("schema"), int) \
+                and data["schema"] not in KNOWN_MANIFEST_SCHEMAS:
             raise runlog.MalformedEvent(
                 f"{where}: schema version {data['schema']} is unknown (this dblp-testbed "
                 f"reads {', '.join(map(str, sorted(KNOWN_MANIFEST_SCHEMAS)))})")
+        runlog.check_fields(data, MANIFEST_FIELDS, where)
         if data["raw_log_schema"] not in runlog.KNOWN_VERSIONS:
             raise runlog.MalformedEvent(
                 f"{where}: raw-log schema version {data['raw_log_schema']} is unknown (this "

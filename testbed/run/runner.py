@@ -31,6 +31,7 @@ from dblp.wire import DEFAULT_PORT
 from testbed import output
 from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
+from testbed.cpustat import CpuSampler
 from testbed.errors import MachineError
 from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
@@ -288,7 +289,8 @@ class ArmRun:
                 self._supervise(cpu)
             finally:
                 link.stop()   # a failed arm's sampler would fork tc on through the next arms
-            return {"cpu_busy_frac": cpu.busy_fraction(), **link.summary()}
+            return {"cpu_busy_frac": cpu.busy_fraction(), "cpu_steal_frac": cpu.steal_fraction(),
+                    **link.summary()}
         finally:
             self.procs.stop()
             self.captures.stop(sig=signal.SIGINT)
@@ -414,28 +416,3 @@ class OvsWatch:
             except ProcessLookupError:
                 out.append(pathlib.Path(f).stem)
         return out
-
-
-class CpuSampler:
-    """Machine-wide CPU busy fraction during an arm: the emulator shares the
-    cores with the workloads, so a saturated CPU means the numbers may be the
-    emulator's, not the network's."""
-
-    def __init__(self):
-        self.first = self._read()
-        self.last = self.first
-
-    @staticmethod
-    def _read():
-        with open("/proc/stat") as fh:
-            vals = [int(x) for x in fh.readline().split()[1:]]
-        idle = vals[3] + vals[4]
-        return sum(vals), idle
-
-    def sample(self):
-        self.last = self._read()
-
-    def busy_fraction(self) -> float:
-        total = self.last[0] - self.first[0]
-        idle = self.last[1] - self.first[1]
-        return round(1 - idle / total, 3) if total else 0.0

@@ -31,6 +31,8 @@ def test_bench_transport_quick(tmp_path):
         assert r["bound_s"] == pytest.approx(
             doc["floor_s"] * 2 * (1 - r["bound"]) / (1 - r["loss"]))
         assert r["passes"] >= 1 and r["ideal_passes"] >= 1
+        # the machine's CPU over the row: the bench's own agents kept it busy
+        assert 0 < r["cpu_busy_frac"] <= 1 and 0 <= r["cpu_steal_frac"] < r["cpu_busy_frac"]
     # loss costs passes; a loose bound costs fewer
     assert rows[("reliable", 0.0, 0.5)]["passes"] > rows[("reliable", 0.0, 0.0)]["passes"]
     assert rows[("static", 0.408, 0.5)]["passes"] < rows[("reliable", 0.0, 0.5)]["passes"]

@@ -94,7 +94,8 @@ def test_manifest_round_trip_and_declaration(tmp_path):
              fabric_startup_s=1.5)
     # The fidelity record the runner stores per arm (CpuSampler + BottleneckMonitor.summary).
     m.unit("dblp", 1, status="ok", started_ns=1, ended_ns=2,
-          fidelity={"cpu_busy_frac": 0.5, "bottleneck": "s1-eth1", "shaped_mbps": 20.0,
+          fidelity={"cpu_busy_frac": 0.5, "cpu_steal_frac": 0.0, "bottleneck": "s1-eth1",
+                    "shaped_mbps": 20.0,
                     "achieved_mbps": 19.0, "queue_drops": None, "ovs_drops": 0})
     m.finish("ok")
     data = rundir.read_manifest(tmp_path)
@@ -139,6 +140,8 @@ def test_manifest_of_schema_1_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("change,needle", [
     ({"schema": 7}, "schema version 7 is unknown"),
+    # a later version's new field: refused by the version, which says what to do about it
+    ({"schema": 7, "new_field": 1}, "schema version 7 is unknown"),
     ({"units": [{"arm": "dblp", "seed": 1, "status": "ok"}] * 2}, "arm dblp seed 1 is listed twice"),
     ({"units": [{"arm": "dblp", "status": "ok"}]}, "units[0]: field 'seed' missing"),
     ({"raw_log_schema": 9}, "raw-log schema version 9 is unknown"),
@@ -151,6 +154,17 @@ def test_manifest_reader_refuses(tmp_path, change, needle):
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(rundir.ManifestError, match=re.escape(needle)):
         rundir.read_manifest(tmp_path)
+
+
+def test_manifest_of_schema_2_still_reads(tmp_path):
+    """Version 3 only added the optional fidelity "cpu_steal_frac": a version 2 run reads."""
+    m = rundir.Manifest(tmp_path, _spec())
+    m.unit("dblp", 1, status="ok", fidelity={"cpu_busy_frac": 0.5})
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    data["schema"] = 2
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    units = rundir.read_manifest(tmp_path)["units"]
+    assert [u["fidelity"] for u in units if u["arm"] == "dblp"] == [{"cpu_busy_frac": 0.5}]
 
 
 def test_summary_writer_refuses_an_undeclared_key(tmp_path):

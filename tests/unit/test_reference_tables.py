@@ -195,6 +195,24 @@ def fake_machine(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tr, "_rounds", rounds)
 
+    class Sampler:  # the machine's CPU over a row: steal grows by 0.1 % a row, in run order
+        rows = 0
+
+        def __init__(self):
+            Sampler.rows += 1
+            self.steal = Sampler.rows / 1000
+
+        def sample(self):
+            pass
+
+        def busy_fraction(self):
+            return 0.5
+
+        def steal_fraction(self):
+            return self.steal
+
+    monkeypatch.setattr(tr, "CpuSampler", Sampler)
+
     def run(argv, log):
         res = CliRunner().invoke(main, argv, catch_exceptions=False)
         log.write_text(res.output)
@@ -488,6 +506,9 @@ def test_line_rate_table_puts_sharded_beside_gloo_per_link(tmp_path, fake_machin
     assert "Sharded faster than gloo under loss: 0.1 Gbit/s at 10 % in no run; " \
            "1 Gbit/s at 10 % in no run." in prose
     assert "The 0.1 Gbit/s rows within 1.1x of their bound: PS at 0 % in " in prose
+    # 24 rows, the last measured (run 2 at 0.1 Gbit/s, gloo at 10 %) with the most steal
+    assert prose.endswith("CPU steal (time the host gave other guests) over the rows: median "
+                          "1.2 %, highest 2.4 % (0.1 Gbit/s run 2, gloo allreduce at 10 %).")
 
 
 def test_the_line_rate_runs_of_a_row_meet_in_medians_and_counts():

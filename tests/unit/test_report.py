@@ -73,9 +73,13 @@ def test_fidelity_flags_reach_the_report(tmp_path):
     run = make_run(tmp_path / "run")
     _set_fidelity(run, {("static", 1): {"cpu_busy_frac": 0.97, "achieved_mbps": 9.0,
                                         "shaped_mbps": 20.0},
-                        ("dblp", 1): {"cpu_busy_frac": 0.5, "ovs_drops": 0}})
+                        ("dblp", 1): {"cpu_busy_frac": 0.5, "ovs_drops": 0,
+                                      "cpu_steal_frac": 0.01},
+                        ("gloo", 1): {"cpu_busy_frac": 0.6, "cpu_steal_frac": 0.08}})
     s = build_outputs(run)
     assert s["fidelity_flags"]["dblp"] == []
+    assert s["fidelity_flags"]["gloo"] == ["CPU steal 8 %: the host ran other guests on these "
+                                           "cores, so a neighbour may have set the latencies"]
     flags = s["fidelity_flags"]["static"]
     assert len(flags) == 2 and "CPU 97 % busy" in flags[0] and "9 of 20 Mbit/s" in flags[1]
     assert "arm static: CPU 97 % busy" in (run / "report.md").read_text()
@@ -158,7 +162,7 @@ def test_bad_capture_inside_run_keeps_the_summary(tmp_path):
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"schema": 3}, "schema version 3 is unknown"),
+    ({"schema": 4}, "schema version 4 is unknown"),
     ({"raw_log_schema": 9}, "raw-log schema version 9 is unknown"),
 ])
 def test_report_refuses_an_unknown_version(tmp_path, change, needle):
