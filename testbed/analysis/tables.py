@@ -597,9 +597,9 @@ def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
 # shaped rate, or OVS itself dropped packets.
 CPU_BUSY_FLAG = 0.90
 RATE_SHORTFALL_FLAG = 0.80
-# Steal: the hypervisor ran another guest while ours was ready. At 5 % of two cores a
-# DBLP round at 0.1 Gbit/s already ran 13-21 % over its usual time in the line-rate
-# reference (its pacer wakes every half millisecond and has little slack for a late wake).
+# Steal: the hypervisor ran another guest while ours was ready. On this project's 2-core
+# machine, 0.1 Gbit/s bench runs with 4-6.5 % steal had DBLP rows up to 11 % slower than
+# runs with under 3 % (its pacer wakes every half millisecond: little slack for a late wake).
 CPU_STEAL_FLAG = 0.05
 
 
