@@ -25,6 +25,8 @@ import re
 import statistics
 from collections.abc import Callable
 
+from testbed.cpustat import STEAL_FLAG
+
 BLOCK_RE = re.compile(r"(<!-- reference:(?P<ref>[\w.-]+) (?P<table>[\w.-]+) -->\n)(?P<body>.*?)"
                       r"(<!-- /reference -->)", re.S)
 
@@ -400,6 +402,22 @@ def _range(vals: list[float], fmt: str = "{:.2f}") -> str:
         f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
+def _stolen(row: dict) -> bool:
+    """Whether a bench row ran under enough CPU steal that a neighbour may have set its time."""
+    return (row.get("cpu_steal_frac") or 0.0) >= STEAL_FLAG
+
+
+def _claim(vals: list[float], limit: float, aside: int, below: bool = False,
+           fmt: str | None = "{:.2f}") -> str:
+    """"in every run (range)", "in k of n runs (range)"; runs set aside for steal are counted."""
+    if not vals:
+        return f"in no run left ({aside} set aside for CPU steal)"
+    k = sum((v < limit) if below else (v <= limit) for v in vals)
+    where = (f"in {k} of {len(vals)} runs left ({aside} set aside for CPU steal)" if aside
+             else f"in {_in_runs(vals, limit, below)}")
+    return where if fmt is None else f"{where} ({_range(vals, fmt)}x)"
+
+
 def line_rate_table(ref_dir: pathlib.Path) -> str:
     """`bench transport` at several link rates, over repeated runs: DBLP sharded beside gloo.
 
@@ -424,9 +442,13 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
                      and r.get("mode") == mode and r["policy"] == "reliable"
                      and not r.get("auth")), None)
 
-    def timed(doc, impl, mode, loss, key="round_trip_s"):
-        row = find(doc, impl, mode, loss)
-        return None if row is None else row.get(key)
+    def runs_of(docs, *rows):
+        """Per run, the ``rows`` (impl, mode, loss) a claim reads, and how many runs it sets
+        aside because one of them ran under CPU steal (a run lacking one is left out)."""
+        per = [tuple(find(d, *r) for r in rows) for d in docs]
+        per = [t for t in per if all(x is not None for x in t)]
+        kept = [t for t in per if not any(_stolen(x) for x in t)]
+        return kept, len(per) - len(kept)
 
     def cpu(row):
         if row is None:
@@ -444,42 +466,43 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     head += ["CPU s/GB sharded", "CPU s/GB gloo"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     vs_gloo, vs_bound, beats, tight = [], [], [], []
+    sharded, gloo = ("dblp", "sharded"), ("gloo", "allreduce")
     for docs in groups:
-        over = {(impl, mode, x): _over_runs([find(d, impl, mode, x) for d in docs])
-                for impl, mode in (("dblp", "ps"), ("dblp", "sharded"), ("gloo", "allreduce"))
-                for x in losses}
-        per_run = [a / b for d in docs
-                   if (a := timed(d, "dblp", "sharded", 0.0)) and (b := timed(d, "gloo", "allreduce", 0.0))]
+        link = f"{gbit(docs)} Gbit/s"
+        over = {(impl, mode, x): _over_runs([r for (r,) in runs_of(docs, (impl, mode, x))[0]])
+                for impl, mode in (("dblp", "ps"), sharded, gloo) for x in losses}
+        both, aside = runs_of(docs, (*sharded, 0.0), (*gloo, 0.0))
+        per_run = [a["round_trip_s"] / b["round_trip_s"] for a, b in both
+                   if a["round_trip_s"] and b["round_trip_s"]]
         ratio = (f"{statistics.median(per_run):.2f}x ({_range(per_run)})" if per_run else "–")
-        cells = [f"{gbit(docs)} Gbit/s, {docs[0]['bytes'] / (1 << 20):g} MiB",
-                 _trip(over["dblp", "ps", 0.0]), _trip(over["dblp", "sharded", 0.0]),
-                 _trip(over["gloo", "allreduce", 0.0]), ratio]
-        if per_run:
-            vs_gloo.append(f"{gbit(docs)} Gbit/s in {_in_runs(per_run, 1.2)} ({_range(per_run)}x)")
-        gloo_near = [v for d in docs if (v := timed(d, "gloo", "allreduce", 0.0, "ratio"))]
-        own = [v for d in docs if (v := timed(d, "dblp", "sharded", 0.0, "ratio"))]
+        cells = [f"{link}, {docs[0]['bytes'] / (1 << 20):g} MiB",
+                 _trip(over["dblp", "ps", 0.0]), _trip(over[(*sharded, 0.0)]),
+                 _trip(over[(*gloo, 0.0)]), ratio]
+        if per_run or aside:
+            vs_gloo.append(f"{link} {_claim(per_run, 1.2, aside)}")
+        gloo_near = [b["ratio"] for _, b in both if b["ratio"]]
+        own = [a["ratio"] for a, _ in both if a["ratio"]]
         if own and gloo_near and statistics.median(gloo_near) <= 1.2:
             limit = 1.1 if docs[0]["rate_bps"] <= 100e6 else 1.2
-            vs_bound.append(f"{gbit(docs)} Gbit/s within {limit:g}x in {_in_runs(own, limit)} "
+            vs_bound.append(f"{link} within {limit:g}x {_claim(own, limit, aside, fmt=None)} "
                             f"({_range(own, '{:.3f}')}x; gloo {_range(gloo_near)}x)")
         for x in lossy:
-            cells += [_trip(over["dblp", "sharded", x]), _trip(over["gloo", "allreduce", x])]
+            cells += [_trip(over[(*sharded, x)]), _trip(over[(*gloo, x)])]
             # Per run, sharded's time over gloo's (a gloo row past its deadline: 0).
-            won = []
-            for d in docs:
-                a, b = timed(d, "dblp", "sharded", x), timed(d, "gloo", "allreduce", x)
-                if a is not None:
-                    won.append(a / b if b else 0.0)
-            if won:
-                beats.append(f"{gbit(docs)} Gbit/s at {_pct(x)} in {_in_runs(won, 1.0, below=True)}")
+            pairs, aside_x = runs_of(docs, (*sharded, x), (*gloo, x))
+            won = [a["round_trip_s"] / b["round_trip_s"] if b["round_trip_s"] else 0.0
+                   for a, b in pairs if a["round_trip_s"] is not None]
+            if won or aside_x:
+                beats.append(f"{link} at {_pct(x)} {_claim(won, 1.0, aside_x, below=True, fmt=None)}")
         if docs[0]["rate_bps"] <= 100e6:
-            for impl, mode in (("dblp", "ps"), ("dblp", "sharded")):
+            for impl, mode in (("dblp", "ps"), sharded):
                 for x in losses:
-                    v = [r for d in docs if (r := timed(d, impl, mode, x, "ratio"))]
-                    if v:
-                        tight.append(f"{'PS' if mode == 'ps' else mode} at {_pct(x)} in "
-                                     f"{_in_runs(v, 1.1)} ({_range(v, '{:.3f}')}x)")
-        cells += [cpu(over["dblp", "sharded", 0.0]), cpu(over["gloo", "allreduce", 0.0])]
+                    rows, aside_t = runs_of(docs, (impl, mode, x))
+                    v = [r["ratio"] for (r,) in rows if r["ratio"]]
+                    if v or aside_t:
+                        tight.append(f"{'PS' if mode == 'ps' else mode} at {_pct(x)} "
+                                     f"{_claim(v, 1.1, aside_t, fmt='{:.3f}')}")
+        cells += [cpu(over[(*sharded, 0.0)]), cpu(over[(*gloo, 0.0)])]
         out.append("| " + " | ".join(cells) + " |")
     n_runs = sorted({len(docs) for docs in groups})
     runs = (f"{n_runs[0]} run" + ("s" if n_runs[0] > 1 else "") if len(n_runs) == 1
@@ -515,9 +538,11 @@ def _steal_sentence(groups: list[list[dict]]) -> str:
     if not steals:
         return ""
     top = max(steals)
+    aside = sum(s >= STEAL_FLAG for s, _ in steals)
     return (f"CPU steal (time the host gave other guests) over the rows: median "
             f"{_pct(statistics.median(s for s, _ in steals))}, highest {_pct(top[0])} "
-            f"({top[1]}).")
+            f"({top[1]}); the cells and claims above set aside the {aside} of {len(steals)} "
+            f"rows with {_pct(STEAL_FLAG)} or more, whose time a neighbour may have set.")
 
 
 def _core(doc: dict) -> str:

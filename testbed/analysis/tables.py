@@ -40,6 +40,7 @@ from testbed.analysis import datasets
 from testbed.analysis import physics as phys
 from testbed.analysis.formats import SUMMARY_SCHEMA
 from testbed.config import spec as specmod
+from testbed.cpustat import STEAL_FLAG
 from testbed.errors import InputError
 from testbed.run.rundir import read_manifest, unit_dir, unit_records
 from workloads.runlog import MalformedEvent, check_event, seed_of_dir
@@ -597,10 +598,6 @@ def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
 # shaped rate, or OVS itself dropped packets.
 CPU_BUSY_FLAG = 0.90
 RATE_SHORTFALL_FLAG = 0.80
-# Steal: the hypervisor ran another guest while ours was ready. On this project's 2-core
-# machine, 0.1 Gbit/s bench runs with 4-6.5 % steal had DBLP rows up to 11 % slower than
-# runs with under 3 % (its pacer wakes every half millisecond: little slack for a late wake).
-CPU_STEAL_FLAG = 0.05
 
 
 def fidelity_flags(f: dict) -> list[str]:
@@ -611,7 +608,7 @@ def fidelity_flags(f: dict) -> list[str]:
         out.append(f"CPU {100 * cpu:.0f} % busy: the emulator, not the network, may have set "
                    "the latencies")
     steal = f.get("cpu_steal_frac")
-    if steal is not None and steal >= CPU_STEAL_FLAG:
+    if steal is not None and steal >= STEAL_FLAG:
         out.append(f"CPU steal {100 * steal:.0f} %: the host ran other guests on these cores, "
                    "so a neighbour may have set the latencies")
     ach, shp = f.get("achieved_mbps"), f.get("shaped_mbps")
