@@ -389,10 +389,13 @@ def _over_runs(rows: list[dict | None]) -> dict | None:
     return {**rows[0], **{k: med(k) for k in keys}}
 
 
-def _in_runs(vals: list[float], limit: float, below: bool = False) -> str:
+def _in_runs(vals: list[float], limit: float, below: bool = False, aside: int = 0) -> str:
     """How many of the runs' values are at most ``limit`` (under it: ``below``): every run,
-    no run, or k of n."""
+    no run, or k of n; with runs set aside for CPU steal, always k of the n left and how
+    many were set aside."""
     k = sum((v < limit) if below else (v <= limit) for v in vals)
+    if aside:
+        return f"{k} of {len(vals)} runs left ({aside} set aside for CPU steal)"
     return "every run" if k == len(vals) else "no run" if k == 0 else f"{k} of {len(vals)} runs"
 
 
@@ -409,13 +412,9 @@ def _stolen(row: dict) -> bool:
 
 def _claim(vals: list[float], limit: float, aside: int, below: bool = False,
            fmt: str | None = "{:.2f}") -> str:
-    """"in every run (range)", "in k of n runs (range)"; runs set aside for steal are counted."""
-    if not vals:
-        return f"in no run left ({aside} set aside for CPU steal)"
-    k = sum((v < limit) if below else (v <= limit) for v in vals)
-    where = (f"in {k} of {len(vals)} runs left ({aside} set aside for CPU steal)" if aside
-             else f"in {_in_runs(vals, limit, below)}")
-    return where if fmt is None else f"{where} ({_range(vals, fmt)}x)"
+    """"in every run (range)", "in k of n runs left (m set aside ...) (range)"."""
+    where = f"in {_in_runs(vals, limit, below, aside)}"
+    return where if fmt is None or not vals else f"{where} ({_range(vals, fmt)}x)"
 
 
 def line_rate_table(ref_dir: pathlib.Path) -> str:

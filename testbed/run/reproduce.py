@@ -290,8 +290,9 @@ register(CommandReference(
 #: of 7: a round trip of 0.2-0.4 s varied by up to 25 % between repetitions here.
 LINE_RATES = ((100, 4), (1000, 32), (3000, 32), (10000, 64))
 #: Runs of the whole set, one after the other: the ratio of one run's medians moves by
-#: a fifth between runs here (sharded / gloo at 10 Gbit/s: 1.19 to 1.44x), so each
-#: line-rate claim is read from its range over these runs, never from one.
+#: a fifth or more between runs here (sharded / gloo at 10 Gbit/s: 1.19 to 1.44x in one
+#: reference, 1.21 to 1.65x in another), so each line-rate claim is read from its range
+#: over these runs, never from one.
 LINE_RUNS = 5
 register(CommandReference(
     "linerate", "the transport bench on faster links: reliable PS and sharded, UDP control, "

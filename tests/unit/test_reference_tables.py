@@ -530,4 +530,6 @@ def test_the_line_rate_runs_of_a_row_meet_in_medians_and_counts():
     assert rd._in_runs([1.1, 1.0], 1.2) == "every run"
     assert rd._in_runs([0.9, 1.0], 1.0, below=True) == "1 of 2 runs"
     assert rd._in_runs([1.3], 1.2) == "no run"
+    assert rd._in_runs([1.1, 1.3], 1.2, aside=2) == "1 of 2 runs left (2 set aside for CPU steal)"
+    assert rd._in_runs([], 1.2, aside=3) == "0 of 0 runs left (3 set aside for CPU steal)"
     assert rd._range([1.104, 1.2]) == "1.10-1.20" and rd._range([1.1, 1.1]) == "1.10"
