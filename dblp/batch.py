@@ -21,7 +21,11 @@ Receiving (``RecvRing``): ``recvmmsg`` (ctypes) fills a preallocated ring of
 datagram slots; ``data_rows`` checks every header field ``wire.unpack_header``
 checks for DATA, for all rows at once, so the engine can hand runs of plain
 DATA datagrams of one stream to ``InTransfer.on_data_batch`` and everything
-else, one by one, to the per-datagram ``Engine.handle``.
+else, one by one, to the per-datagram ``Engine.handle``. Where the C core is
+built the socket also asks for UDP receive offload (``UDP_GRO``): a NIC or
+veth that coalesces then hands over a run of one sender's datagrams as one
+message, which the core cuts back into the same datagrams before anything
+looks at them (``NATIVE.recv_gro``), so every check sees what it saw before.
 """
 from __future__ import annotations
 
@@ -223,6 +227,13 @@ _MMSG_DTYPE = _np_layout(_MMsgHdr)
 _IOVEC_DTYPE = np.dtype([("base", np.uintp), ("len", np.uintp)])
 _SOCKADDR_IN = 16
 _MSG_DONTWAIT = 0x40
+#: UDP receive offload (Linux 5.0): with it on, a socket may be handed a run of one
+#: sender's equal-sized datagrams as ONE message with their size beside it (GRO on
+#: a real NIC, a veth in NAPI mode, and loopback coalesce; a plain veth does not).
+UDP_GRO = 104
+#: Messages one read takes with it on, each into its own 64 KB (``NATIVE.recv_gro``).
+GRO_MESSAGES = 16
+GRO_BUFFER = 65536
 
 
 def _load_recvmmsg():
@@ -254,11 +265,13 @@ class RecvRing:
     """
 
     __slots__ = ("data", "names", "lens", "mmsg", "iov", "slots", "slot", "stride", "_fd",
+                 # receive offload: on or not, the core that reads, its messages not yet cut
+                 "gro", "_core", "bounce", "bnames", "blens", "bsegs", "bstate",
                  # caches: the fixed header bytes of a round, the senders' addresses by rank
                  "_fixed", "_peers", "_pinned")
 
     def __init__(self, sock: socket.socket, slots: int = 128,
-                 largest: int = wire.MAX_UDP_PAYLOAD):
+                 largest: int = wire.MAX_UDP_PAYLOAD, gro: bool = True):
         self.slots = slots
         self.slot = largest + 1
         self.stride = -(-self.slot // 64) * 64  # rows start on cache lines
@@ -274,6 +287,16 @@ class RecvRing:
         hdr["name"] = self.names.ctypes.data + np.arange(slots) * _SOCKADDR_IN
         hdr["iov"] = self.iov.ctypes.data + np.arange(slots) * _IOVEC_DTYPE.itemsize
         hdr["iovlen"] = 1
+        # Receive offload only where the C core reads: it alone cuts a coalesced message
+        # back into datagrams, and a socket that has it on must never be read otherwise.
+        self._core = NATIVE
+        self.gro = gro and NATIVE is not None and _enable_gro(sock)
+        n = GRO_MESSAGES if self.gro else 0
+        self.bounce = np.zeros((n, GRO_BUFFER), np.uint8)
+        self.bnames = np.zeros((n, _SOCKADDR_IN), np.uint8)
+        self.blens = np.zeros(n, np.int64)
+        self.bsegs = np.zeros(n, np.int64)
+        self.bstate = np.zeros(4, np.int64)  # messages held, next one, offset in it, drained
         self._fixed: tuple[tuple[int, int], np.ndarray] | None = None
         self._peers: tuple[tuple, np.ndarray, np.ndarray] | None = None
         self._pinned: dict[tuple, bytes | None] = {}
@@ -283,7 +306,18 @@ class RecvRing:
         return _recvmmsg is not None
 
     def receive(self) -> int:
-        """Datagrams read into slots ``0..m-1`` (0: none waiting, -1: an error to skip)."""
+        """Datagrams read into slots ``0..m-1`` (0: none waiting, -1: an error to skip).
+
+        Fewer than ``slots`` means nothing more is waiting; a full ring may leave
+        coalesced datagrams behind for the next call (``held``).
+        """
+        if self.gro:
+            m = self._core.recv_gro(self._fd, self.data, self.stride, self.slot, self.names,
+                                    self.lens, self.slots, self.bounce, GRO_BUFFER, self.bnames,
+                                    self.blens, self.bsegs, self.bstate)
+            if m < 0:
+                return 0 if -m in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
+            return m
         if NATIVE is not None:
             m = NATIVE.recv_ring(self._fd, self.data, self.stride, self.slot, self.names,
                                  self.lens, self.slots)
@@ -298,6 +332,10 @@ class RecvRing:
             return 0 if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
         self.lens[:m] = self.mmsg["len"][:m]
         return m
+
+    def held(self) -> bool:
+        """Whether datagrams already read from the socket wait here (the socket may be idle)."""
+        return bool(self.gro and self.bstate[1] < self.bstate[0])
 
     def header_bytes(self, lo: int, m: int) -> np.ndarray:
         """The headers of slots ``lo..m-1`` as an (m - lo, 40) byte array (a copy)."""
@@ -358,6 +396,15 @@ class RecvRing:
     def view(self, i: int) -> memoryview:
         """Slot ``i`` as the per-datagram path's buffer (a memoryview of bytes)."""
         return self.data[i, :self.slot].data
+
+
+def _enable_gro(sock: socket.socket) -> bool:
+    """Turn UDP receive offload on for ``sock``; False where the kernel refuses it."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+    except OSError:
+        return False
+    return True
 
 
 def _port_and_ip(addr) -> bytes | None:

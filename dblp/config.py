@@ -235,7 +235,8 @@ class TransportConfig:
     batched_io: bool = _setting(True, "bool", "move DATA datagrams in batches: UDP GSO messages "
                                 "of up to 44 datagrams, up to 4 per call with the C core (0.5 ms "
                                 "of the pacing rate in all) and recvmmsg "
-                                "reads handled as arrays, the same bytes on the wire; false = "
+                                "reads handled as arrays (with UDP receive offload where the C "
+                                "core is built), the same bytes on the wire; false = "
                                 "one system call per datagram")
     # -- identity of the job -----------------------------------------------------------
     session_id: int | None = _setting(None, "int", "64-bit job id (None = the aggregator "

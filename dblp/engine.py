@@ -14,7 +14,8 @@ once, whatever number of copies arrives; a STOP is repeated at most once per RTT
 
 Data path: with ``batched_io`` (``dblp.batch``) a stream's turn sends its chunks
 in UDP GSO batches sized by the pacing rate, and reads drain ``recvmmsg`` rings
-whose runs of DATA are handled as arrays; the datagrams, the pacing guarantee
+(coalesced by UDP receive offload where the link does it, cut back into
+datagrams) whose runs of DATA are handled as arrays; the datagrams, the pacing guarantee
 and every outcome of ``handle`` are those of the one-datagram-per-call path,
 which stays for ``batched_io=False``, for fragmented chunks and where GSO is
 refused.
@@ -650,9 +651,13 @@ class Engine:
         every RTT sample short by the time spent waiting, hence RTOs too small
         and probe timers firing before the reply could arrive.
         """
-        events = self.sel.select(max(0.0, timeout))
+        # A ring cut short may hold coalesced datagrams the socket no longer signals.
+        held = self.ring is not None and self.ring.held()
+        events = self.sel.select(0.0 if held else max(0.0, timeout))
         now = time.monotonic()
         self.last_read = 0
+        if held and not any(key.data is None for key, _ in events):
+            self._read_udp(now)
         for key, _ in events:
             if key.data is None:
                 self._read_udp(now)

@@ -58,6 +58,13 @@ class NetnsPair:
 
     ``set_loss(p, protocols)`` installs (or replaces) an nftables drop of a
     fraction ``p`` of incoming packets of those protocols in both namespaces.
+
+    ``set_gro(on)`` turns receive offload (GRO) on or off at both ends. A veth
+    with it on runs in NAPI mode and coalesces a run of one flow's packets
+    before the stack sees them, as a real NIC does: TCP always, UDP for a
+    socket that asks (``dblp.batch.UDP_GRO``). The loss hook sits behind GRO
+    (nftables input), where it would drop a whole coalesced run at once, so a
+    lossy link has it off: ``set_loss`` with ``p > 0`` turns it off first.
     """
 
     def __init__(self, rate_bps: float | None = DEFAULT_RATE, tag: str | None = None,
@@ -70,6 +77,7 @@ class NetnsPair:
         self.rate_bps = rate_bps
         self.queue_packets = queue_packets
         self.loss = 0.0
+        self.gro = False
         self._created = False
 
     def __enter__(self) -> NetnsPair:
@@ -109,8 +117,20 @@ class NetnsPair:
                 self.exec(side, "tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle",
                           "10:", "pfifo", "limit", str(self.queue_packets))
 
+    def set_gro(self, on: bool) -> None:
+        """Receive offload on or off at both ends (off whenever a loss is set)."""
+        if on and self.loss > 0:
+            raise ValueError("GRO would coalesce packets before the loss hook drops them; "
+                             "set the loss to 0 first")
+        if on != self.gro:
+            for side in (0, 1):
+                self.exec(side, "ethtool", "-K", self.dev[side], "gro", "on" if on else "off")
+            self.gro = on
+
     def set_loss(self, p: float, protocols: str = "udp, tcp") -> None:
         """Drop a fraction ``p`` of incoming ``protocols`` packets in both namespaces."""
+        if p > 0:
+            self.set_gro(False)
         self.loss = p
         for side in (0, 1):
             self.exec(side, "nft", "delete", "table", "inet", "dbt", check=False)
@@ -399,6 +419,9 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
             agents: list[Agent] = []
             try:
                 for loss in losses:
+                    # Receive offload wherever the loss hook allows it (see NetnsPair).
+                    pair.set_loss(0.0)
+                    pair.set_gro(loss <= 0)
                     stats, errors, timeouts = [], [], 0
                     cpu: dict[str, list[float]] = {side: [] for side in SIDES}
                     tcp0 = pair.tcp_counters() if cfg.control == "tcp" else None
@@ -431,6 +454,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                     # confound of every figure in it, and a reader cannot see it otherwise.
                     row["cpu_busy_frac"] = machine.busy_fraction()
                     row["cpu_steal_frac"] = machine.steal_fraction()
+                    row["gro"] = pair.gro
                     if tcp0 is not None:  # includes agent start-up/warm-up on a clean link
                         tcp1 = pair.tcp_counters()
                         row["tcp"] = {k: tcp1[k] - tcp0[k] for k in tcp1}

@@ -33,11 +33,35 @@ def test_bench_transport_quick(tmp_path):
         assert r["passes"] >= 1 and r["ideal_passes"] >= 1
         # the machine's CPU over the row: the bench's own agents kept it busy
         assert 0 < r["cpu_busy_frac"] <= 1 and 0 <= r["cpu_steal_frac"] < r["cpu_busy_frac"]
+        # receive offload wherever the loss hook allows it
+        assert r["gro"] is (r["loss"] == 0)
     # loss costs passes; a loose bound costs fewer
     assert rows[("reliable", 0.0, 0.5)]["passes"] > rows[("reliable", 0.0, 0.0)]["passes"]
     assert rows[("static", 0.408, 0.5)]["passes"] < rows[("reliable", 0.0, 0.5)]["passes"]
     assert rows[("static", 0.408, 0.5)]["round_trip_s"] < rows[("reliable", 0.0, 0.5)]["round_trip_s"]
     assert "round_trip_s" in p.stdout and "floor_s" in p.stdout
+
+
+def test_receive_offload_is_never_on_under_a_loss():
+    """GRO on a veth coalesces a run before the nftables loss hook sees it: one drop would
+    take the whole run. The pair turns it off for a loss and refuses it under one."""
+    from testbed.bench.transport import NetnsPair
+
+    def gro(pair, side):
+        out = pair.exec(side, "ethtool", "-k", pair.dev[side]).stdout
+        return "generic-receive-offload: on" in out
+
+    with NetnsPair(100e6) as pair:
+        assert not pair.gro and not gro(pair, 0) and not gro(pair, 1)
+        pair.set_gro(True)
+        assert pair.gro and gro(pair, 0) and gro(pair, 1)
+        pair.set_loss(0.1)
+        assert not pair.gro and not gro(pair, 0) and not gro(pair, 1)
+        with pytest.raises(ValueError, match="loss"):
+            pair.set_gro(True)
+        pair.set_loss(0.0)
+        pair.set_gro(True)
+        assert gro(pair, 1)
 
 
 def test_a_failing_agent_is_an_experiment_error_not_a_broken_pipe():

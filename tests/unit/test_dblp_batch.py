@@ -449,3 +449,100 @@ def test_a_trickle_is_read_in_batches_not_a_datagram_per_wake():
         assert sent / reads >= 2.0, (sent, reads)  # 1.0 without coalescing
     finally:
         eng.close()
+
+
+# -- receive offload: a coalesced run cut back into the datagrams it was ---------------------
+def _gro_pair(slots: int, gro: bool):
+    """A receiving socket with a ring (offload on or off) and a sender, on loopback.
+
+    On loopback a GSO send reaches a socket that asked for offload as ONE
+    message with its segment size, and one that did not as the datagrams.
+    """
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    rx.bind(("127.0.0.1", 0))
+    ring = batch.RecvRing(rx, slots=slots, largest=wire.MAX_DATAGRAM, gro=gro)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    return rx, ring, tx
+
+
+def _gso(tx, dest, payload: bytes, seg: int) -> None:
+    tx.sendmsg([payload], [(socket.IPPROTO_UDP, batch.UDP_SEGMENT, struct.pack("=H", seg))], 0,
+               dest)
+
+
+def _sends(tx, dest) -> None:
+    """Runs the kernel coalesces, and datagrams it cannot: odd sizes, one too long, one empty."""
+    rng = np.random.default_rng(5)
+    blob = rng.integers(0, 256, 44 * wire.MAX_DATAGRAM, np.uint8).tobytes()
+    _gso(tx, dest, blob, wire.MAX_DATAGRAM)  # a full run of MTU datagrams
+    _gso(tx, dest, blob[:7 * 1000 + 321], 1000)  # a short last one
+    tx.sendto(b"one datagram alone", dest)
+    tx.sendto(blob[:3000], dest)  # longer than a slot: cut as recvmmsg cuts it
+    tx.sendto(b"", dest)
+    _gso(tx, dest, blob[:5 * 600], 600)
+
+
+def _drain(ring) -> list[tuple[bytes, bytes]]:
+    got, deadline = [], time.monotonic() + 2
+    while time.monotonic() < deadline:
+        m = ring.receive()
+        got += [(ring.data[i, :ring.lens[i]].tobytes(), ring.names[i].tobytes())
+                for i in range(m)]
+        if m == 0 and len(got) >= 44 + 8 + 3 + 5 and not ring.held():
+            break
+    return got
+
+
+@pytest.mark.parametrize("slots", [128, 5], ids=["ring", "ring-fuller-than-its-slots"])
+def test_a_coalesced_run_reaches_the_ring_as_the_datagrams_it_was(slots):
+    if batch.NATIVE is None:
+        pytest.fail("dblp._fastpath is not built: run ./setup.sh")
+    rings = []
+    for gro in (False, True):
+        rx, ring, tx = _gro_pair(slots, gro)
+        try:
+            assert ring.gro == gro, "the kernel refused UDP_GRO"
+            _sends(tx, rx.getsockname())
+            time.sleep(0.05)
+            got = _drain(ring)
+            if gro:  # the kernel did coalesce: the offload path was taken
+                assert ring.bsegs.max() == wire.MAX_DATAGRAM or ring.blens.max() > 1472
+            names = {n for _, n in got}
+            assert len(names) == 1  # every slot names the one sender
+            rings.append([d for d, _ in got])
+        finally:
+            rx.close()
+            tx.close()
+    plain, offload = rings
+    assert len(plain) == 44 + 8 + 3 + 5
+    assert offload == plain
+    assert plain[45 + 7] == b"one datagram alone" and len(plain[45 + 8]) == wire.MAX_DATAGRAM + 1
+    assert plain[45 + 9] == b""
+
+
+def test_an_engine_reads_what_its_ring_holds_though_the_socket_is_idle():
+    """More coalesced datagrams than one poll reads: the rest wait in the ring, not in the socket.
+
+    The socket signals nothing more, so a poll that only waited on it would
+    leave them until the next arrival (the last chunks of a round, a STOP).
+    """
+    eng = Engine(0, bind=("127.0.0.1", 0), session=SESSION, batched_io=True)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert eng.ring is not None and eng.ring.gro
+        junk = b"\x00" * 100 * 44  # not DBLP: each datagram is counted as malformed
+        for _ in range(batch.GRO_MESSAGES):
+            _gso(tx, eng.address, junk, 100)
+        time.sleep(0.05)
+        total = batch.GRO_MESSAGES * 44
+        eng.poll(0.5)
+        assert 0 < eng.counters.malformed < total and eng.ring.held()  # one poll's limit
+        t0 = time.monotonic()
+        while eng.counters.malformed < total and time.monotonic() - t0 < 1:
+            eng.poll(0.5)
+        assert eng.counters.malformed == total
+        assert time.monotonic() - t0 < 0.25  # no poll waited out its timeout
+    finally:
+        tx.close()
+        eng.close()
