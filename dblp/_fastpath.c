@@ -136,10 +136,15 @@ done:
  * same bytes, cut to ``slot`` as recvmmsg cuts a datagram too long for its
  * slot, the same sender in every slot. A message with no segment size is one
  * datagram. Messages left over when the ring is full stay in ``bounce`` for
- * the next call; ``state`` (int64[4]) carries {messages held, next message,
- * byte offset in it, whether the last read found the socket drained}. Once a
- * read has drained the socket the call returns what it has, so a ring that
- * is not full still means "nothing more waiting", as recv_ring's does.
+ * the next call; ``state`` (int64[5]) carries {messages held, next message,
+ * byte offset in it, whether the last read found the socket drained,
+ * datagrams per message in the last read}. A read asks for as many messages
+ * as the free slots would take at that last rate: as many datagrams per
+ * system call as recv_ring when nothing is coalesced, and no more 64 KB
+ * messages than the ring will hold when they are (more would leave megabytes
+ * to copy from memory instead of cache). Once a read has drained the socket
+ * the call returns what it has, so a ring that is not full still means
+ * "nothing more waiting", as recv_ring's does.
  */
 #ifndef UDP_GRO
 #define UDP_GRO 104
@@ -160,7 +165,7 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
         || bstride < 65535 || bounce.len < nmax * bstride
         || bnames.len < nmax * (Py_ssize_t)sizeof(struct sockaddr_in)
         || bsegs.len < nmax * (Py_ssize_t)sizeof(int64_t)
-        || state.len < 4 * (Py_ssize_t)sizeof(int64_t)) {
+        || state.len < 5 * (Py_ssize_t)sizeof(int64_t)) {
         PyErr_SetString(PyExc_ValueError, "recv_gro: buffers smaller than the ring");
         goto done;
     }
@@ -183,8 +188,12 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
                 char raw[CMSG_SPACE(sizeof(int))];
                 struct cmsghdr align;
             } ctl[GRO_MAX_MSGS];
-            memset(msgs, 0, (size_t)nmax * sizeof msgs[0]);
-            for (Py_ssize_t j = 0; j < nmax; j++) {
+            Py_ssize_t per = st[4] > 0 ? (Py_ssize_t)st[4] : 1;
+            Py_ssize_t want = (slots - i + per - 1) / per;
+            if (want > nmax)
+                want = nmax;
+            memset(msgs, 0, (size_t)want * sizeof msgs[0]);
+            for (Py_ssize_t j = 0; j < want; j++) {
                 iov[j].iov_base = bb + j * bstride;
                 iov[j].iov_len = (size_t)bstride;
                 msgs[j].msg_hdr.msg_name = &bn[j];
@@ -196,7 +205,7 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
             }
             int n;
             Py_BEGIN_ALLOW_THREADS
-            n = recvmmsg(fd, msgs, (unsigned)nmax, MSG_DONTWAIT, NULL);
+            n = recvmmsg(fd, msgs, (unsigned)want, MSG_DONTWAIT, NULL);
             Py_END_ALLOW_THREADS
             if (n <= 0) {
                 if (n < 0 && i == 0)
@@ -205,6 +214,7 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
                 st[3] = 1;
                 break;
             }
+            int64_t datagrams = 0;
             for (int j = 0; j < n; j++) {
                 bl[j] = msgs[j].msg_len;
                 bs[j] = 0;
@@ -216,10 +226,12 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
                         bs[j] = g > 0 ? g : 0;
                     }
                 }
+                datagrams += bs[j] > 0 ? (bl[j] + bs[j] - 1) / bs[j] : 1;
             }
             st[0] = n;
             st[1] = st[2] = 0;
-            st[3] = n < nmax;
+            st[3] = n < want;
+            st[4] = datagrams / n > 0 ? datagrams / n : 1;
         }
         Py_ssize_t j = (Py_ssize_t)st[1];
         int64_t len = bl[j], seg = bs[j] > 0 ? bs[j] : len;

@@ -231,8 +231,9 @@ _MSG_DONTWAIT = 0x40
 #: sender's equal-sized datagrams as ONE message with their size beside it (GRO on
 #: a real NIC, a veth in NAPI mode, and loopback coalesce; a plain veth does not).
 UDP_GRO = 104
-#: Messages one read takes with it on, each into its own 64 KB (``NATIVE.recv_gro``).
-GRO_MESSAGES = 16
+#: Messages one read may take with it on, each into its own 64 KB (``NATIVE.recv_gro``
+#: asks for fewer when they come coalesced: as many as the ring has slots for).
+GRO_MESSAGES = 64
 GRO_BUFFER = 65536
 
 
@@ -296,7 +297,8 @@ class RecvRing:
         self.bnames = np.zeros((n, _SOCKADDR_IN), np.uint8)
         self.blens = np.zeros(n, np.int64)
         self.bsegs = np.zeros(n, np.int64)
-        self.bstate = np.zeros(4, np.int64)  # messages held, next one, offset in it, drained
+        # messages held, the next one, the offset in it, drained, datagrams per message
+        self.bstate = np.zeros(5, np.int64)
         self._fixed: tuple[tuple[int, int], np.ndarray] | None = None
         self._peers: tuple[tuple, np.ndarray, np.ndarray] | None = None
         self._pinned: dict[tuple, bytes | None] = {}
