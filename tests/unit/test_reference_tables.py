@@ -161,6 +161,7 @@ def fake_machine(monkeypatch, tmp_path):
     class Pair:
         def __init__(self, rate_bps):
             self.loss = 0.0
+            self.gro = False
 
         def __enter__(self):
             return self
@@ -170,6 +171,11 @@ def fake_machine(monkeypatch, tmp_path):
 
         def set_loss(self, p, protocols="udp, tcp"):
             self.loss = p
+            self.gro = self.gro and p <= 0
+
+        def set_gro(self, on):
+            assert not (on and self.loss > 0), "GRO under a loss"
+            self.gro = on
 
         def tcp_counters(self):
             return dict.fromkeys(TCP_COUNTERS, 0)
