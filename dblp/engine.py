@@ -298,6 +298,11 @@ class Engine:
     def loss_timeout(self, peer: int) -> None:
         self.loss[peer] = min(0.95, self.loss.get(peer, 0.0) + 0.25)
 
+    def undo_loss_timeouts(self, peer: int, before: float) -> None:
+        """Probe timeouts that were late answers: the estimate goes back to ``before`` them."""
+        if self.loss.get(peer, 0.0) > before:
+            self.loss[peer] = before
+
     def stop_repeat_interval(self, peer: int) -> float:
         """Least time between two repeats of a STOP: one smoothed RTT (or the RTO)."""
         est = self.rtt(peer)
