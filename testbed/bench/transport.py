@@ -7,7 +7,9 @@ offload is off on both ends (gloo's TCP needs it with some datapaths, and it
 keeps TSO super-packets away from the shaper). Random loss is an nftables
 ``numgen random`` drop on the input hook of both namespaces, applied to every
 UDP and TCP packet (data, control, gloo alike), so "loss p" means p in each
-direction for everything. One round trip = push of the gradient to the
+direction for everything. Receive offload (GRO) is on at both ends for a
+loss-free row and off for a lossy one, whose drops must see every packet
+(``NetnsPair.set_gro``); each row records which (``gro``). One round trip = push of the gradient to the
 aggregator + pull of the aggregate (one DBLP round, measured at the worker);
 gloo's row is one ``all_reduce`` of the same tensor between the same hosts.
 
