@@ -53,6 +53,10 @@ def test_receive_offload_is_never_on_under_a_loss():
 
     with NetnsPair(100e6) as pair:
         assert not pair.gro and not gro(pair, 0) and not gro(pair, 1)
+        for side in (0, 1):  # a NIC's checksums, no segmentation before the shaper
+            out = pair.exec(side, "ethtool", "-k", pair.dev[side]).stdout
+            assert "tx-checksumming: on" in out and "tcp-segmentation-offload: off" in out
+            assert "generic-segmentation-offload: off" in out
         pair.set_gro(True)
         assert pair.gro and gro(pair, 0) and gro(pair, 1)
         pair.set_loss(0.1)
