@@ -268,11 +268,12 @@ class OutTransfer:
         (its STOP always comes first), and on a fast link whose receiver queues
         tens of milliseconds the RTO stays the idle link's 2 ms: every wait for
         a reply timed out several times, each timeout raised the loss estimate,
-        and probes and replies went out 16 times over (about 900 control
+        and probes and replies went out 16 times over (about 850 control
         datagrams per 64 MiB round at 10 Gbit/s, each through the Python path).
         Either answer, unless it is to the newest probe, also shows that the
         timeouts were late answers, not losses (Eifel, RFC 3522): the estimate
-        goes back to what it was before them.
+        goes back to what it was before them. An answer to a probe of an earlier
+        wait shows nothing about this one's.
         """
         sent_at = self.probe_times.get(h.index)
         if sent_at is not None and h.index >= self.probe_first:
@@ -283,7 +284,9 @@ class OutTransfer:
             if waited:
                 self.eng.rtt_sample(self.peer, now - min(waited))
                 self.probe_times.clear()
-        if self.loss_undo is not None and h.index != self.probe_id and self.state == PROBING:
+        late = (h.type == MsgType.STOP and h.index == 0) or \
+            self.probe_first <= h.index < self.probe_id  # an answer from this wait, not its last
+        if self.loss_undo is not None and late and self.state == PROBING:
             self.eng.undo_loss_timeouts(self.peer, self.loss_undo)
         if self.state == PROBING:
             self.loss_undo = None

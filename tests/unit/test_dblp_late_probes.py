@@ -68,6 +68,17 @@ def test_an_answer_to_the_newest_probe_keeps_them(waiting):
     assert eng.loss[PEER] == pytest.approx(0.125)  # 0.5, then one loss-free sample (x 0.25)
 
 
+def test_an_answer_to_a_probe_of_an_earlier_wait_keeps_them(waiting):
+    """Probe 1 belongs to a wait before this one (a resend pass since): its answer, however
+    late, says nothing of whether this wait's probes were lost."""
+    eng, s, t_probe = waiting
+    s.probe_first = 2
+    body = wire.pack(MsgType.BITMAP, pack_bitmap(np.ones(s.count, bool)), src=PEER, part=0,
+                     session=SESSION, round=ROUND, index=1, count=s.count)
+    s._late_probes(wire.unpack(body)[0], t_probe + 0.030)
+    assert eng.loss[PEER] == 0.5
+
+
 def test_a_stop_sent_unasked_is_a_round_trip_sample_and_undoes_them(waiting):
     """The STOP left when the last chunk of the pass arrived, before the first probe
     could: the time since that probe is a round trip it needed at least."""
