@@ -317,22 +317,19 @@ class RecvRing:
             m = self._core.recv_gro(self._fd, self.data, self.stride, self.slot, self.names,
                                     self.lens, self.slots, self.bounce, GRO_BUFFER, self.bnames,
                                     self.blens, self.bsegs, self.bstate)
-            if m < 0:
-                return 0 if -m in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
-            return m
-        if NATIVE is not None:
+        elif NATIVE is not None:
             m = NATIVE.recv_ring(self._fd, self.data, self.stride, self.slot, self.names,
                                  self.lens, self.slots)
+        else:
+            assert _recvmmsg is not None
+            self.mmsg["hdr"]["namelen"] = _SOCKADDR_IN
+            m = _recvmmsg(self._fd, self.mmsg.ctypes.data, self.slots, _MSG_DONTWAIT, None)
             if m < 0:
-                return 0 if -m in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
-            return m
-        assert _recvmmsg is not None
-        self.mmsg["hdr"]["namelen"] = _SOCKADDR_IN
-        m = _recvmmsg(self._fd, self.mmsg.ctypes.data, self.slots, _MSG_DONTWAIT, None)
-        if m < 0:
-            err = ctypes.get_errno()
-            return 0 if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
-        self.lens[:m] = self.mmsg["len"][:m]
+                m = -ctypes.get_errno()
+            else:
+                self.lens[:m] = self.mmsg["len"][:m]
+        if m < 0:  # -errno
+            return 0 if -m in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
         return m
 
     def held(self) -> bool:

@@ -425,8 +425,8 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
             agents: list[Agent] = []
             try:
                 for loss in losses:
-                    # Receive offload wherever the loss hook allows it (see NetnsPair).
-                    pair.set_loss(0.0)
+                    # Receive offload wherever the loss hook allows it (see NetnsPair); every
+                    # round trip below puts the link back to no loss when it ends.
                     pair.set_gro(loss <= 0)
                     stats, errors, timeouts = [], [], 0
                     cpu: dict[str, list[float]] = {side: [] for side in SIDES}
