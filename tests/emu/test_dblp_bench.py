@@ -58,6 +58,7 @@ def test_receive_offload_is_never_on_under_a_loss():
             assert "tcp-segmentation-offload: off" in out
             assert "generic-segmentation-offload: off" in out
             assert "tx-udp-segmentation: off" in out
+            assert "tx-checksumming: on" in out  # as on a NIC; the veth keeps the rest off
         pair.set_gro(True)
         assert pair.gro and gro(pair, 0) and gro(pair, 1)
         pair.set_loss(0.1)
