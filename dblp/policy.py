@@ -18,6 +18,8 @@ class ReliablePolicy:
 
     name = "reliable"
     KNOBS: tuple[str, ...] = ()  # TransportConfig fields this policy takes
+    #: Whether ``observe`` uses the norm: a sharded round computes it only then.
+    READS_NORM = False
 
     def __init__(self):
         self.phase = "reliable"
@@ -37,6 +39,7 @@ class StaticBound:
 
     name = "static"
     KNOBS = ("p",)
+    READS_NORM = False
 
     def __init__(self, p: float = default_of("p")):
         self.p = check_setting("p", p)
@@ -74,6 +77,7 @@ class PhaseAwareBound:
 
     name = "dblp"
     KNOBS = ("p_low", "p_high", "threshold", "check_every", "rounds_per_epoch", "norm")
+    READS_NORM = True
 
     def __init__(self, p_low: float = default_of("p_low"),
                  p_high: float | None = default_of("p_high"),

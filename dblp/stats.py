@@ -50,7 +50,8 @@ class RoundStats:
     pull_first_s: float | None = None  # worker: start -> first chunk of the pull
     pull_stop_s: float | None = None  # worker: start -> pull satisfied (STOP sent)
     rtt_s: float | None = None  # smoothed probe RTT
-    grad_norm: float | None = None  # norm of the applied aggregate
+    # norm of the applied aggregate; None in a sharded round whose policy ignores it
+    grad_norm: float | None = None
     counters: dict = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict:

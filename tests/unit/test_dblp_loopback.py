@@ -33,6 +33,22 @@ def test_exact_result_without_loss(mode, policy):
     assert st.missing_at_stop <= st.bound + 1e-9 and st.pull_missing <= st.bound + 1e-9
 
 
+@pytest.mark.parametrize("policy", ["reliable", "static", "dblp"])
+def test_a_sharded_round_measures_the_norm_only_for_a_policy_that_reads_it(policy, monkeypatch):
+    """The detector's pass over the whole model is on a sharded round's path: a
+    policy that ignores the norm must not pay for it (``Policy.READS_NORM``)."""
+    calls = []
+    real = rounds_mod.detector_norm
+    monkeypatch.setattr(rounds_mod, "detector_norm",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    results, _, _ = run_job(2, "sharded", policy)
+    norms = [results[w][r][1].grad_norm for w in range(2) for r in range(2)]
+    reads = dblp.policy.POLICIES[policy].READS_NORM
+    assert reads == (policy == "dblp")
+    assert len(calls) == (4 if reads else 0)
+    assert all((x is not None and x > 0) if reads else x is None for x in norms), norms
+
+
 def test_reliable_delivers_everything_at_50_percent_loss():
     n = 2
     results, srv_stats, grads = run_job(n, "ps", "reliable", fault=0.5, numel=30_000)
