@@ -801,7 +801,8 @@ class Engine:
             self.progress = False
             wake = min(t_timer, t_send, deadline)
             wait = 0.0 if wake <= now else min(wake - time.monotonic(), 0.05)
-            if wait > 0 and self.ring is not None and 0 < self.last_read < self.ring.slots:
+            if wait > 0 and self.ring is not None and 0 < self.last_read < self.ring.slots \
+                    and not self._in_repair():
                 # Receive coalescing, as a NIC's interrupt moderation: the last read
                 # drained the queue with a few datagrams, so more are on their way;
                 # waking for each of them costs a loop turn of Python per datagram
@@ -811,6 +812,17 @@ class Engine:
                 time.sleep(min(wait, batch.COALESCE_SECONDS))
                 wait = 0.0
             self.poll(wait)
+
+    def _in_repair(self) -> bool:
+        """Whether a reply or a repair is under way, so every arrival is on the round's path.
+
+        A sender waiting for a probe's answer, or a receiver that has answered a
+        probe and still lacks chunks, idles its link until the next message is
+        handled: there a coalescing sleep is a round trip longer, not a batch
+        bigger (at 0.1 Gbit/s under 10 % loss a round has eight such waits).
+        """
+        return any(s.state == PROBING for s in self.senders.values()) or \
+            any(r.last_probe and not r.stopped for r in self.receivers.values())
 
     def linger(self, seconds: float) -> None:
         """Keep answering (late probes, lost DONEs) for a while, e.g. before closing."""
