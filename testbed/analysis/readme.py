@@ -526,19 +526,25 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
 
 
 def _gro_sentence(groups: list[list[dict]]) -> str:
-    """Which rows ran with receive offload (empty before the bench recorded it).
+    """The veths' offloads, and which rows ran with receive offload (empty before recorded).
 
     Why: GRO takes most of the receiving stack's per-datagram work off both
     transports, so a loss-free row and a lossy one differ by more than the loss.
     """
+    offloads = sorted({d["offloads"] for docs in groups for d in docs if "offloads" in d})
+    text = ""
+    if len(offloads) == 1:
+        text = f"The veths' offloads: {offloads[0]}. "
+    elif offloads:
+        text = f"The runs' veths differ in offloads ({'; '.join(offloads)}). "
     rows = [r for docs in groups for d in docs for r in d["rows"] if "gro" in r]
     if not rows:
-        return ""
+        return text
     free = [r["gro"] for r in rows if r["loss"] == 0]
     lossy = [r["gro"] for r in rows if r["loss"] > 0]
-    return (f"Receive offload (GRO) was on at both ends in {sum(free)} of the {len(free)} "
-            f"loss-free rows and in {sum(lossy)} of the {len(lossy)} lossy ones (the bench's "
-            f"loss hook sits behind it). ")
+    return text + (f"Receive offload (GRO) was on at both ends in {sum(free)} of the {len(free)} "
+                   f"loss-free rows and in {sum(lossy)} of the {len(lossy)} lossy ones (the "
+                   f"bench's loss hook sits behind it). ")
 
 
 def _steal_sentence(groups: list[list[dict]]) -> str:
