@@ -87,6 +87,7 @@ class NetnsPair:
         self.queue_packets = queue_packets
         self.loss = 0.0
         self.gro = False
+        self.checksum_offload = True  # False: this kernel kept UDP segmentation with it
         self._created = False
 
     def __enter__(self) -> NetnsPair:
@@ -147,6 +148,7 @@ class NetnsPair:
         if on & {"tx-udp-segmentation", "tcp-segmentation-offload",
                  "generic-segmentation-offload"}:
             self.exec(side, "ethtool", "-K", dev, *self.SOFTWARE_CHECKSUMS, check=False)
+            self.checksum_offload = False
             click.echo(f"bench: {dev} keeps a segmentation offload on with TX checksum "
                        "offload; checksums in software instead", err=True)
 
@@ -448,6 +450,8 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
         return _start(pair, cfg, numel, rate_bps, round_timeout, port[0])
 
     with NetnsPair(rate_bps) as pair:
+        if not pair.checksum_offload:
+            doc["offloads"] = OFFLOADS_SOFTWARE
         for cfg in configs:
             agents: list[Agent] = []
             try:
@@ -499,6 +503,13 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
     return doc
 
 
+#: The veths' offloads as a bench document states them (``NetnsPair._set_offloads``).
+OFFLOADS = "TX checksum on, every segmentation offload off (TSO, GSO, UDP); GRO on in " \
+    "loss-free rows (row 'gro')"
+OFFLOADS_SOFTWARE = "TX checksum and every segmentation offload off (this kernel kept UDP " \
+    "segmentation with checksum offload); GRO on in loss-free rows (row 'gro')"
+
+
 def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) -> dict:
     """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
     from dblp.wire import CHUNK_ELEMS
@@ -507,8 +518,7 @@ def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) 
             "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
             "rows": rows,
             "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)",
-            "offloads": "TX checksum on, every segmentation offload off (TSO, GSO, UDP); "
-                        "GRO on in loss-free rows (row 'gro')"}
+            "offloads": OFFLOADS}
 
 
 def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:

@@ -53,3 +53,29 @@ def test_row_reports_cpu_seconds_per_gb_moved_by_side():
     doc = {"floor_s": 0.3, "bytes": 1, "rate_bps": 1e8, "reps": 1, "losses": [0.0], "rows": [row]}
     text = format_table(doc)
     assert "cpu_s/GB w" in text and "2.00" in text and "1.00" in text
+
+
+@pytest.mark.parametrize("kept", [None, "tx-udp-segmentation", "generic-segmentation-offload"])
+def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, capsys):
+    """Checksum offload is on only where every segmentation offload stayed off; otherwise
+    GSO messages would cross the veth whole, past the shaper and the loss hook."""
+    import types
+
+    from testbed.bench.transport import NetnsPair
+    pair = NetnsPair(100e6, tag="t")
+    calls = []
+
+    def exec(side, *cmd, check=True, input=None):
+        calls.append(cmd)
+        shown = "\n".join(f"{f}: {'on' if f == kept else 'off'}" for f in (
+            "tcp-segmentation-offload", "generic-segmentation-offload", "tx-udp-segmentation"))
+        return types.SimpleNamespace(stdout="tx-checksumming: on\n" + shown)
+
+    pair.exec = exec
+    pair._set_offloads(0)
+    assert calls[1][-2:] == ("tx", "on")
+    if kept is None:
+        assert pair.checksum_offload and len(calls) == 3
+    else:
+        assert not pair.checksum_offload and calls[-1][3:] == NetnsPair.SOFTWARE_CHECKSUMS
+        assert "checksums in software" in capsys.readouterr().err

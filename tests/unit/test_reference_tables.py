@@ -162,6 +162,7 @@ def fake_machine(monkeypatch, tmp_path):
         def __init__(self, rate_bps):
             self.loss = 0.0
             self.gro = False
+            self.checksum_offload = True
 
         def __enter__(self):
             return self
@@ -517,8 +518,9 @@ def test_line_rate_table_puts_sharded_beside_gloo_per_link(tmp_path, fake_machin
             "for CPU steal) (1.100x); sharded at 10 % in every run (1.100x).") in prose
     # the veths' offloads, as the bench recorded them; GRO on for every loss-free row only
     assert ("(1.100x). The veths' offloads: TX checksum on, every segmentation offload off "
-            "(TSO, GSO, UDP); GRO on in loss-free rows (row 'gro'). Receive offload (GRO) was on at both ends in 12 of the 12 loss-free rows and in 0 "
-            "of the 12 lossy ones (the bench's loss hook sits behind it). CPU steal") in prose
+            "(TSO, GSO, UDP); GRO on in loss-free rows (row 'gro'). Receive offload (GRO) was "
+            "on at both ends in 12 of the 12 loss-free rows and in 0 of the 12 lossy ones "
+            "(the bench's loss hook sits behind it). CPU steal") in prose
     assert prose.endswith("CPU steal (time the host gave other guests) over the rows: median "
                           "1.2 %, highest 9 % (0.1 Gbit/s run 2, dblp sharded at 0 %); the cells "
                           "and claims above set aside the 1 of 24 rows with 5 % or more, whose "
