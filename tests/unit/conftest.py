@@ -13,6 +13,18 @@ def sink():
     s.close()
 
 
+@pytest.fixture
+def loopback_engine(sink):
+    """A rank-1 engine on loopback in round 2 of session 0xBEEF; its one peer, rank 2, is ``sink``."""
+    from dblp.engine import Engine
+
+    eng = Engine(1, bind=("127.0.0.1", 0), session=0xBEEF)
+    eng.peers[2] = sink.getsockname()
+    eng.begin_round(2)
+    yield eng
+    eng.close()
+
+
 class ReachedTheFabric(Exception):
     """A unit test got as far as building an emulated fabric."""
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dblp import wire
-from dblp.engine import PUSH, Engine, OutTransfer
+from dblp.engine import PUSH, OutTransfer
 from dblp.streams import PROBING, pack_bitmap
 from dblp.wire import MsgType
 
@@ -22,15 +22,10 @@ SESSION, ROUND, PEER = 0xBEEF, 2, 2
 
 
 @pytest.fixture
-def waiting():
+def waiting(loopback_engine):
     """A sender whose pass is out and whose first probe has timed out twice."""
-    import socket
-
-    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sink.bind(("127.0.0.1", 0))
-    eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION)
-    eng.peers[PEER] = sink.getsockname()
-    eng.begin_round(ROUND)
+    eng = loopback_engine
+    assert (eng.session, eng.round, PEER in eng.peers) == (SESSION, ROUND, True)
     s = OutTransfer(eng, PUSH, 0, PEER, np.arange(20 * wire.CHUNK_ELEMS, dtype=np.float32), 0)
     eng.add_sender(s)
     end = time.monotonic() + 5
@@ -42,8 +37,6 @@ def waiting():
         s.on_timer(s.next_probe_t)
     assert s.probe_id == 3 and eng.loss[PEER] == 0.5 and eng.copies(PEER) > 1
     yield eng, s, t_probe
-    eng.close()
-    sink.close()
 
 
 def _stop(s: OutTransfer, probe_id: int):

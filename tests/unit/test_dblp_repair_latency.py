@@ -6,35 +6,23 @@ answered a probe waits for the resent chunks, the link idles until the next
 message is handled, so a sleep there lengthens the round instead of
 batching work.
 """
-import socket
 import time
 
 import numpy as np
 import pytest
 
 from dblp import wire
-from dblp.engine import PULL, PUSH, Engine, InTransfer, OutTransfer
+from dblp.engine import PULL, PUSH, InTransfer, OutTransfer
 from dblp.streams import PROBING, SENDING
 from dblp.wire import MsgType
 
 pytestmark = pytest.mark.unit
 
-SESSION, ROUND, PEER = 0xBEEF, 2, 2
+PEER = 2  # loopback_engine's one peer
 
 
-@pytest.fixture
-def eng():
-    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sink.bind(("127.0.0.1", 0))
-    e = Engine(1, bind=("127.0.0.1", 0), session=SESSION)
-    e.peers[PEER] = sink.getsockname()
-    e.begin_round(ROUND)
-    yield e
-    e.close()
-    sink.close()
-
-
-def test_a_sender_waiting_for_an_answer_is_in_repair(eng):
+def test_a_sender_waiting_for_an_answer_is_in_repair(loopback_engine):
+    eng = loopback_engine
     s = OutTransfer(eng, PUSH, 0, PEER, np.arange(20 * wire.CHUNK_ELEMS, dtype=np.float32), 0)
     eng.add_sender(s)
     assert s.state == SENDING and not eng._in_repair()
@@ -44,20 +32,21 @@ def test_a_sender_waiting_for_an_answer_is_in_repair(eng):
     assert s.state == PROBING and eng._in_repair()
 
 
-def test_a_receiver_is_in_repair_from_its_first_probe_until_it_stops(eng):
+def test_a_receiver_is_in_repair_from_its_first_probe_until_it_stops(loopback_engine):
+    eng = loopback_engine
     count = 4
     r = InTransfer(eng, PULL, 0, PEER, np.zeros(count * wire.CHUNK_ELEMS, np.float32), 0,
                    add=False, freeze=False)
     eng.add_receiver(r)
     assert not eng._in_repair()  # the first pass: nothing asked yet
-    probe = wire.unpack(wire.pack(MsgType.PROBE, b"", src=PEER, part=0, session=SESSION,
-                                  round=ROUND, index=1, count=count, flags=wire.Flag.PULL))[0]
+    ids = dict(src=PEER, part=0, session=eng.session, round=eng.round, count=count,
+               flags=wire.Flag.PULL)
+    probe = wire.unpack(wire.pack(MsgType.PROBE, b"", index=1, **ids))[0]
     r.on_probe(probe, time.monotonic())
     assert r.last_probe == 1 and not r.stopped and eng._in_repair()
     chunk = np.ones(wire.CHUNK_ELEMS, np.float32).tobytes()
     for c in range(count):
-        buf = wire.pack(MsgType.DATA, chunk, src=PEER, part=0, session=SESSION, round=ROUND,
-                        index=c, count=count, aux=2, flags=wire.Flag.PULL)
+        buf = wire.pack(MsgType.DATA, chunk, index=c, aux=2, **ids)
         h = wire.unpack_header(buf, len(buf), eng.chunk_bytes)
         r.on_data(h, buf, len(buf), time.monotonic())
     assert r.stopped and not eng._in_repair()
