@@ -183,9 +183,9 @@ class TransportGroup:
 
         Every replica decides the next bound from the round's norm, so a sharded
         round computes it before it returns: a pass over the whole model (64 MiB:
-        7 ms in C on an idle machine, of a 0.13-0.18 s round at 10 Gbit/s). A policy that ignores the
-        norm (reliable, static) does not pay for it; the round's ``grad_norm``
-        is then None.
+        7 ms in C on an idle machine, of a 0.13-0.18 s round at 10 Gbit/s). A
+        policy that ignores the norm (reliable, static) does not pay for it; the
+        round's ``grad_norm`` is then None.
         """
         if self.mode == "sharded" and self.policy.READS_NORM:
             return self.config.signal

@@ -56,9 +56,11 @@ def test_row_reports_cpu_seconds_per_gb_moved_by_side():
 
 
 @pytest.mark.parametrize("kept", [None, "tx-udp-segmentation", "generic-segmentation-offload"])
-def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, capsys):
+@pytest.mark.parametrize("tx_took", [True, False])
+def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, tx_took, capsys):
     """Checksum offload is on only where every segmentation offload stayed off; otherwise
-    GSO messages would cross the veth whole, past the shaper and the loss hook."""
+    GSO messages would cross the veth whole, past the shaper and the loss hook. The pair
+    (and so the bench document) says checksum offload only where ethtool shows it on."""
     import types
 
     from testbed.bench.transport import NetnsPair
@@ -69,13 +71,15 @@ def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, 
         calls.append(cmd)
         shown = "\n".join(f"{f}: {'on' if f == kept else 'off'}" for f in (
             "tcp-segmentation-offload", "generic-segmentation-offload", "tx-udp-segmentation"))
-        return types.SimpleNamespace(stdout="tx-checksumming: on\n" + shown)
+        return types.SimpleNamespace(stdout=f"tx-checksumming: {'on' if tx_took else 'off'}\n"
+                                            + shown)
 
     pair.exec = exec
     pair._set_offloads(0)
-    assert calls[1][-2:] == ("tx", "on")
+    assert calls[0][:3] == ("ethtool", "-K", pair.dev[0]) and calls[0][-2:] == ("tx", "on")
+    assert calls[1][:2] == ("ethtool", "-k")
     if kept is None:
-        assert pair.checksum_offload and len(calls) == 3
+        assert pair.checksum_offload == tx_took and len(calls) == 2
     else:
         assert not pair.checksum_offload and calls[-1][3:] == NetnsPair.SOFTWARE_CHECKSUMS
         assert "checksums in software" in capsys.readouterr().err
