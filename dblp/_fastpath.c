@@ -333,14 +333,15 @@ static PyObject *take_run(PyObject *self, PyObject *args) {
         const uint8_t *src_bytes = p + L.header;
         size_t at = (size_t)index * (size_t)chunk_bytes;
         if (add) {
+            /* One float32 addition per element, in element order, as numpy's ``+=``:
+             * the vectorizer (setup.py) does four at a time, each rounded alone, so
+             * the sums are bit for bit those of the pure-Python path. */
             float *acc = (float *)(dst + at);
-            float tmp[512];
             size_t n = length / 4;
-            for (size_t k = 0; k < n; k += 512) {
-                size_t c = n - k < 512 ? n - k : 512;
-                memcpy(tmp, src_bytes + 4 * k, 4 * c);  /* unaligned, little-endian floats */
-                for (size_t e = 0; e < c; e++)
-                    acc[k + e] += tmp[e];
+            for (size_t e = 0; e < n; e++) {
+                float v;
+                memcpy(&v, src_bytes + 4 * e, 4);  /* unaligned, little-endian floats */
+                acc[e] += v;
             }
         } else {
             memcpy(dst + at, src_bytes, length);
