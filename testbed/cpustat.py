@@ -40,14 +40,51 @@ class CpuSampler:
     def sample(self) -> None:
         self.last = self._read()
 
-    def _delta(self) -> tuple[int, list[int]]:
-        d = [b - a for a, b in zip(self.first, self.last, strict=False)]
-        return sum(d), d
+    def _delta(self) -> list[int]:
+        return [b - a for a, b in zip(self.first, self.last, strict=False)]
 
     def busy_fraction(self) -> float:
-        total, d = self._delta()
-        return round(1 - (d[_IDLE] + d[_IOWAIT]) / total, 3) if total else 0.0
+        return _busy(self._delta())
 
     def steal_fraction(self) -> float:
-        total, d = self._delta()
-        return round(d[_STEAL] / total, 3) if total and len(d) > _STEAL else 0.0
+        return _steal(self._delta())
+
+
+class CpuTally:
+    """CpuSampler's fractions over several intervals, each from ``start()`` to ``stop()``.
+
+    Why: a bench that interleaves its rows' round trips (so that two transports
+    compared within a run meet the same machine) must charge each row the CPU
+    time of its own round trips only, not of the time between its first and last.
+    """
+
+    def __init__(self, read=read_cpu_times):
+        self._read = read
+        self._since: list[int] | None = None
+        self._sum: list[int] = []
+
+    def start(self) -> None:
+        self._since = self._read()
+
+    def stop(self) -> None:
+        if self._since is None:
+            raise RuntimeError("CpuTally.stop() without start()")
+        d = [b - a for a, b in zip(self._since, self._read(), strict=False)]
+        self._sum = [a + b for a, b in zip(self._sum, d, strict=False)] if self._sum else d
+        self._since = None
+
+    def busy_fraction(self) -> float:
+        return _busy(self._sum)
+
+    def steal_fraction(self) -> float:
+        return _steal(self._sum)
+
+
+def _busy(d: list[int]) -> float:
+    total = sum(d)
+    return round(1 - (d[_IDLE] + d[_IOWAIT]) / total, 3) if total else 0.0
+
+
+def _steal(d: list[int]) -> float:
+    total = sum(d)
+    return round(d[_STEAL] / total, 3) if total and len(d) > _STEAL else 0.0

@@ -423,7 +423,8 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     One row per link rate, slowest first; each ``bench-transport-*.json`` is one
     run at one rate, and a cell is the median over the runs of that run's median
     round trip (its ratio to ``bound_s``). "sharded / gloo" is computed within
-    each run, both measured back to back on the same pair, and shown as the
+    each run, both measured on the same pair (their round trips interleaved, where
+    the document's ``order`` says so), and shown as the
     median and the range over the runs. After the table, each of the line-rate
     claims read from its range over the runs: within 1.2x of gloo without loss,
     within 1.2x (1.1x at 0.1 Gbit/s) of its bound, faster than gloo under loss.
@@ -508,8 +509,11 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
             else f"{n_runs[0]}-{n_runs[-1]} runs")
     text = "\n".join(out) + "\n\n"
     reps = f"{first['reps']} round trip" + ("s" if first["reps"] > 1 else "")
+    order = (", the rows' round trips interleaved (each row's k-th before any row's k+1-th)"
+             if all("order" in d and d["order"].startswith("interleaved")
+                    for docs in groups for d in docs) else "")
     text += (f"{runs.capitalize()} of one `bench transport` per link (UDP control, no secret), "
-             f"each giving medians of {reps}; a cell is the median over the runs, in seconds "
+             f"each giving medians of {reps}{order}; a cell is the median over the runs, in seconds "
              f"(time / `bound_s`); sharded / gloo is taken within each run. CPU s/GB: CPU "
              f"seconds of each side's process (rank 0 / rank 1) in the collective alone, per "
              f"GB it sent and received. ")

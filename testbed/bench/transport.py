@@ -41,7 +41,7 @@ import uuid
 import click
 
 from testbed import REPO_ROOT, output
-from testbed.cpustat import CpuSampler
+from testbed.cpustat import CpuTally
 from testbed.errors import ExperimentFailed
 from testbed.output import json_option, results
 
@@ -435,72 +435,134 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
               log=print, rows: list[dict] | None = None) -> dict:
     """Run every config at every loss on one shaped veth pair; return the JSON document.
 
-    Each finished row is appended to ``rows`` (the caller's list, if given) as it
-    is measured, so a bench that fails part way still has what it measured:
-    ``transport_cmd`` writes those rows, with the error, before it reports it.
+    The configs' round trips are interleaved: at each loss, repetition k of every
+    config runs before repetition k+1 of any. Transports compared within a run
+    (sharded against gloo, a bound against another) then meet the same machine:
+    on a shared 2-core host its state drifts over tens of seconds, and a row run
+    whole before the next could catch a slow spell the other did not (at
+    10 Gbit/s one row's seven round trips all at 0.16-0.17 s, the next's at
+    0.11-0.12 s). Each row is charged the CPU busy/steal of its own round trips.
+
+    Each finished row is appended to ``rows`` (the caller's list, if given) once
+    its loss is measured, and on a failure every row with a measured repetition,
+    so a bench that fails part way still has what it measured: ``transport_cmd``
+    writes those rows, with the error, before it reports it. A finished document
+    lists rows by config, then loss.
     """
     configs = configs or default_configs()
     rows = [] if rows is None else rows
     doc = bench_doc(losses, reps, numel, rate_bps, rows)
     nbytes, floor_s, chunks = doc["bytes"], doc["floor_s"], doc["chunks"]
     port = [47000]
+    # Made in the document's row order, before anything runs.
+    tallies = {(c, loss): CpuTally() for c in range(len(configs)) for loss in losses}
 
     def start(cfg):
         port[0] += 1
         return _start(pair, cfg, numel, rate_bps, round_timeout, port[0])
 
+    agents: dict[int, list[Agent]] = {}
     with NetnsPair(rate_bps) as pair:
         if not pair.checksum_offload:
             doc["offloads"] = OFFLOADS_SOFTWARE
-        for cfg in configs:
-            agents: list[Agent] = []
-            try:
-                for loss in losses:
-                    # Receive offload wherever the loss hook allows it (see NetnsPair); every
-                    # round trip below puts the link back to no loss when it ends.
-                    pair.set_gro(loss <= 0)
-                    stats, errors, timeouts = [], [], 0
-                    cpu: dict[str, list[float]] = {side: [] for side in SIDES}
-                    tcp0 = pair.tcp_counters() if cfg.control == "tcp" else None
-                    machine = CpuSampler()
-                    for _ in range(reps):
-                        if not agents:
-                            pair.set_loss(0.0)  # join and warm up on a clean link
-                            agents = start(cfg)
-                        got, err, got_cpu = _rounds(agents, 1, round_timeout, cfg,
-                                                    before_go=functools.partial(pair.set_loss, loss))
-                        pair.set_loss(0.0)
-                        if err or not got:
-                            # A round that misses its deadline counts as +inf in the median;
-                            # the agents are restarted for the next repetition.
-                            errors.append(err or "no stats")
-                            timeouts += 1
-                            for a in agents:
-                                a.stop()
-                            agents = []
-                            if timeouts >= 2 and timeouts > len(stats):
-                                break  # the row's median is a timeout anyway
-                        else:
-                            stats += got
-                            for side, c in got_cpu.items():
-                                cpu[side].append(c)
-                    machine.sample()
-                    row = _row(cfg, loss, stats, errors, timeouts, floor_s, chunks, reps,
-                               round_timeout, cpu=cpu, moved_bytes=2 * nbytes)
-                    # The whole row (agent restarts included): a busy or stolen CPU is a
-                    # confound of every figure in it, and a reader cannot see it otherwise.
-                    row["cpu_busy_frac"] = machine.busy_fraction()
-                    row["cpu_steal_frac"] = machine.steal_fraction()
+        try:
+            for loss in losses:
+                # Receive offload wherever the loss hook allows it (see NetnsPair); every
+                # round trip below puts the link back to no loss when it ends.
+                pair.set_gro(loss <= 0)
+                runs = [_RowRun(cfg) for cfg in configs]
+
+                def finish(c: int, run: _RowRun, loss: float = loss) -> None:
+                    row = _row(run.cfg, loss, run.stats, run.errors, run.timeouts, floor_s,
+                               chunks, reps, round_timeout, cpu=run.cpu, moved_bytes=2 * nbytes)
+                    # The row's round trips (agent restarts included): a busy or stolen CPU
+                    # is a confound of every figure in it, and a reader cannot see it otherwise.
+                    row["cpu_busy_frac"] = tallies[(c, loss)].busy_fraction()
+                    row["cpu_steal_frac"] = tallies[(c, loss)].steal_fraction()
                     row["gro"] = pair.gro
-                    if tcp0 is not None:  # includes agent start-up/warm-up on a clean link
-                        tcp1 = pair.tcp_counters()
-                        row["tcp"] = {k: tcp1[k] - tcp0[k] for k in tcp1}
+                    if run.cfg.control == "tcp":
+                        row["tcp"] = run.tcp
                     rows.append(row)
                     log(_format_row(row))
-            finally:
-                for a in agents:
+
+                try:
+                    for _ in range(reps):
+                        for c, run in enumerate(runs):
+                            if run.given_up:
+                                continue
+                            machine = tallies[(c, loss)]
+                            machine.start()
+                            tcp0 = pair.tcp_counters() if run.cfg.control == "tcp" else None
+                            try:
+                                agents[c] = _one_rep(pair, run, agents.get(c, []), loss,
+                                                     round_timeout, start)
+                            finally:
+                                if tcp0 is not None:  # agent start-up/warm-up included
+                                    tcp1 = pair.tcp_counters()
+                                    run.tcp = {k: run.tcp.get(k, 0) + tcp1[k] - tcp0[k]
+                                               for k in tcp1}
+                                machine.stop()
+                except BaseException:
+                    # Keep what this loss measured so far (rows with fewer repetitions).
+                    for c, run in enumerate(runs):
+                        if run.stats or run.errors:
+                            finish(c, run)
+                    raise
+                for c, run in enumerate(runs):
+                    finish(c, run)
+        finally:
+            for group in agents.values():
+                for a in group:
                     a.stop()
+    made = len(losses) * len(configs)  # measured loss by loss; listed config by config
+    rows[-made:] = [rows[-made + li * len(configs) + c]
+                    for c in range(len(configs)) for li in range(len(losses))]
     return doc
+
+
+class _RowRun:
+    """One config's repetitions at one loss, gathered between the other configs' turns."""
+
+    __slots__ = ("cfg", "stats", "errors", "timeouts", "cpu", "tcp")
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.stats: list[dict] = []
+        self.errors: list[str] = []
+        self.timeouts = 0
+        self.cpu: dict[str, list[float]] = {side: [] for side in SIDES}
+        self.tcp: dict[str, int] = {}
+
+    @property
+    def given_up(self) -> bool:
+        """Two deadlines missed, more than rounds completed: the median is a timeout anyway."""
+        return self.timeouts >= 2 and self.timeouts > len(self.stats)
+
+
+def _one_rep(pair: NetnsPair, run: _RowRun, agents: list[Agent], loss: float,
+             round_timeout: float, start) -> list[Agent]:
+    """One round trip of ``run``'s config under ``loss``; return its agents for the next.
+
+    A round that misses its deadline counts as +inf in the median; its agents are
+    stopped and the next repetition starts fresh ones (joined and warmed up on a
+    clean link).
+    """
+    if not agents:
+        pair.set_loss(0.0)
+        agents = start(run.cfg)
+    got, err, got_cpu = _rounds(agents, 1, round_timeout, run.cfg,
+                                before_go=functools.partial(pair.set_loss, loss))
+    pair.set_loss(0.0)
+    if err or not got:
+        run.errors.append(err or "no stats")
+        run.timeouts += 1
+        for a in agents:
+            a.stop()
+        return []
+    run.stats += got
+    for side, c in got_cpu.items():
+        run.cpu[side].append(c)
+    return agents
 
 
 #: The veths' offloads as a bench document states them (``NetnsPair._set_offloads``).
@@ -518,7 +580,11 @@ def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) 
             "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
             "rows": rows,
             "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)",
-            "offloads": OFFLOADS}
+            "offloads": OFFLOADS, "order": ORDER}
+
+
+#: How the rows' round trips were ordered (``run_bench``); documents without it ran each row whole.
+ORDER = "interleaved: repetition k of every row of a loss before repetition k+1 of any"
 
 
 def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+import testbed.bench.transport as tr
 from testbed.bench.transport import Config, _row, format_table, ideal_passes
 
 pytestmark = pytest.mark.unit
@@ -83,3 +84,62 @@ def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, 
     else:
         assert not pair.checksum_offload and calls[-1][3:] == NetnsPair.SOFTWARE_CHECKSUMS
         assert "checksums in software" in capsys.readouterr().err
+
+
+_TCP_COUNTERS = tr.NetnsPair.TCP_COUNTERS
+
+
+class _FakePair:
+    """The veth pair's knobs the bench turns, without namespaces."""
+
+    def __init__(self, rate_bps):
+        self.loss, self.gro, self.checksum_offload = 0.0, False, True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_loss(self, p, protocols="udp, tcp"):
+        self.loss = p
+
+    def set_gro(self, on):
+        self.gro = on
+
+    def tcp_counters(self):  # each counter +1 per call: a row counts its own calls only
+        self.calls = getattr(self, "calls", 0) + 1
+        return dict.fromkeys(_TCP_COUNTERS, self.calls)
+
+
+def test_the_bench_interleaves_its_rows_round_trips_and_lists_rows_by_config(monkeypatch):
+    """Repetition k of every config before k+1 of any: compared transports meet the same
+    machine. A config that misses two deadlines is given up at that loss, and restarted
+    once, after its first miss."""
+    import types
+
+    pair = _FakePair(0)
+    calls, starts = [], []
+    monkeypatch.setattr(tr, "NetnsPair", lambda rate_bps: pair)
+    monkeypatch.setattr(tr, "_start", lambda p, cfg, *a: starts.append(cfg.impl) or
+                        [types.SimpleNamespace(stop=lambda: None)])
+
+    def rounds(agents, n, timeout, cfg, before_go=None):
+        before_go()
+        calls.append((cfg.impl, pair.loss))
+        if cfg.impl == "gloo" and pair.loss > 0:
+            return [], "RuntimeError: Timed out", {}
+        return [_stats(1.0)], None, {"worker": 0.1, "server": 0.1}
+
+    monkeypatch.setattr(tr, "_rounds", rounds)
+    cfgs = [Config("dblp", "reliable", 0.0, "udp", "sharded"), Config("gloo", "reliable", 0.0, "tcp")]
+    doc = tr.run_bench(losses=(0.0, 0.1), reps=3, numel=354 * 10, rate_bps=1e8, configs=cfgs,
+                       log=lambda line: None)
+    assert calls == [("dblp", 0.0), ("gloo", 0.0)] * 3 + \
+        [("dblp", 0.1), ("gloo", 0.1), ("dblp", 0.1), ("gloo", 0.1), ("dblp", 0.1)]
+    assert starts == ["dblp", "gloo", "gloo"]
+    assert [(r["impl"], r["loss"]) for r in doc["rows"]] == \
+        [("dblp", 0.0), ("dblp", 0.1), ("gloo", 0.0), ("gloo", 0.1)]
+    assert [r["timeouts"] for r in doc["rows"]] == [0, 0, 0, 2]
+    assert all(0.0 <= r["cpu_steal_frac"] <= 1.0 for r in doc["rows"])
+    assert "tcp" not in doc["rows"][0] and set(doc["rows"][2]["tcp"].values()) == {3}

@@ -202,14 +202,17 @@ def fake_machine(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tr, "_rounds", rounds)
 
-    class Sampler:  # the machine's CPU over a row: steal grows by 0.1 % a row, in run order,
-        rows = 0    # but the 21st row measured (the 3rd of the 4th bench) had 9 %
+    class Sampler:  # the machine's CPU over a row: steal grows by 0.1 % a row, in row order,
+        rows = 0    # but the 21st row (the 3rd of the 4th bench) had 9 %
 
         def __init__(self):
             Sampler.rows += 1
             self.steal = 0.09 if Sampler.rows == 21 else Sampler.rows / 1000
 
-        def sample(self):
+        def start(self):
+            pass
+
+        def stop(self):
             pass
 
         def busy_fraction(self):
@@ -218,7 +221,7 @@ def fake_machine(monkeypatch, tmp_path):
         def steal_fraction(self):
             return self.steal
 
-    monkeypatch.setattr(tr, "CpuSampler", Sampler)
+    monkeypatch.setattr(tr, "CpuTally", Sampler)
 
     def run(argv, log):
         res = CliRunner().invoke(main, argv, catch_exceptions=False)
@@ -504,7 +507,8 @@ def test_line_rate_table_puts_sharded_beside_gloo_per_link(tmp_path, fake_machin
     assert "| 1.05x (1.05) |" in lines[2] and lines[2].endswith("| 11.9 / 11.9 | 1.2 / 1.2 |")
     prose = lines[5]
     assert prose.startswith("2 runs of one `bench transport` per link (UDP control, no secret), "
-                            "each giving medians of 1 round trip;")
+                            "each giving medians of 1 round trip, the rows' round trips "
+                            "interleaved (each row's k-th before any row's k+1-th);")
     # run 2's sharded row at 0.1 Gbit/s ran under 9 % steal: every claim reading it sets it aside
     assert ("Sharded within 1.2x of gloo without loss: 0.1 Gbit/s in 1 of 1 runs left (1 set "
             "aside for CPU steal) (1.05x); 1 Gbit/s in every run (1.05x).") in prose
