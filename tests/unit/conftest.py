@@ -25,6 +25,50 @@ def loopback_engine(sink):
     eng.close()
 
 
+class FakeVethPair:
+    """``bench transport``'s NetnsPair without namespaces: the loss, GRO and TCP counters it sets.
+
+    GRO under a loss is refused, as the real pair's loss hook sits behind it.
+    Every TCP counter grows by ``tcp_step`` per read, so a test can see whose
+    reads a row's counters span.
+    """
+
+    def __init__(self, tcp_step: int = 0):
+        from testbed.bench.transport import NetnsPair
+
+        self.loss, self.gro, self.checksum_offload = 0.0, False, True
+        self.tcp_step, self.tcp_reads = tcp_step, 0
+        self.counters = NetnsPair.TCP_COUNTERS
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_loss(self, p, protocols="udp, tcp"):
+        self.loss = p
+        self.gro = self.gro and p <= 0
+
+    def set_gro(self, on):
+        assert not (on and self.loss > 0), "GRO under a loss"
+        self.gro = on
+
+    def tcp_counters(self):
+        self.tcp_reads += 1
+        return dict.fromkeys(self.counters, self.tcp_step * self.tcp_reads)
+
+
+@pytest.fixture
+def fake_veth_pair(monkeypatch):
+    """A FakeVethPair that ``bench transport`` gets for its NetnsPair (TCP counters still)."""
+    from testbed.bench import transport
+
+    pair = FakeVethPair()
+    monkeypatch.setattr(transport, "NetnsPair", lambda rate_bps: pair)
+    return pair
+
+
 class ReachedTheFabric(Exception):
     """A unit test got as far as building an emulated fabric."""
 

@@ -86,41 +86,16 @@ def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, 
         assert "checksums in software" in capsys.readouterr().err
 
 
-_TCP_COUNTERS = tr.NetnsPair.TCP_COUNTERS
-
-
-class _FakePair:
-    """The veth pair's knobs the bench turns, without namespaces."""
-
-    def __init__(self, rate_bps):
-        self.loss, self.gro, self.checksum_offload = 0.0, False, True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def set_loss(self, p, protocols="udp, tcp"):
-        self.loss = p
-
-    def set_gro(self, on):
-        self.gro = on
-
-    def tcp_counters(self):  # each counter +1 per call: a row counts its own calls only
-        self.calls = getattr(self, "calls", 0) + 1
-        return dict.fromkeys(_TCP_COUNTERS, self.calls)
-
-
-def test_the_bench_interleaves_its_rows_round_trips_and_lists_rows_by_config(monkeypatch):
+def test_the_bench_interleaves_its_rows_round_trips_and_lists_rows_by_config(monkeypatch,
+                                                                             fake_veth_pair):
     """Repetition k of every config before k+1 of any: compared transports meet the same
     machine. A config that misses two deadlines is given up at that loss, and restarted
     once, after its first miss."""
     import types
 
-    pair = _FakePair(0)
+    pair = fake_veth_pair
+    pair.tcp_step = 1  # a row's counters grow by one per read it spans
     calls, starts = [], []
-    monkeypatch.setattr(tr, "NetnsPair", lambda rate_bps: pair)
     monkeypatch.setattr(tr, "_start", lambda p, cfg, *a: starts.append(cfg.impl) or
                         [types.SimpleNamespace(stop=lambda: None)])
 

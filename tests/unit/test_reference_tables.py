@@ -21,7 +21,6 @@ from testbed.run import reproduce as rp
 
 # -- fakes under the real commands ----------------------------------------------------------
 
-TCP_COUNTERS = tr.NetnsPair.TCP_COUNTERS
 
 
 class FakeClock:
@@ -121,7 +120,7 @@ def _round_stats(cfg, loss, bound_s):
 
 
 @pytest.fixture
-def fake_machine(monkeypatch, tmp_path):
+def fake_machine(monkeypatch, tmp_path, fake_veth_pair):
     """The real CLI with its fabric, probes and transport agents replaced; returns a runner."""
     import controllers.protocol
     import testbed.cli.fabric as fabric_cli
@@ -158,31 +157,7 @@ def fake_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(controllers.protocol, "ControlClient", FakeControl)
 
     # bench transport: root, namespaces and agents faked; gloo misses its deadline above 10 %.
-    class Pair:
-        def __init__(self, rate_bps):
-            self.loss = 0.0
-            self.gro = False
-            self.checksum_offload = True
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def set_loss(self, p, protocols="udp, tcp"):
-            self.loss = p
-            self.gro = self.gro and p <= 0
-
-        def set_gro(self, on):
-            assert not (on and self.loss > 0), "GRO under a loss"
-            self.gro = on
-
-        def tcp_counters(self):
-            return dict.fromkeys(TCP_COUNTERS, 0)
-
-    pair = Pair(0)
-    monkeypatch.setattr(tr, "NetnsPair", lambda rate_bps: pair)
+    pair = fake_veth_pair
     monkeypatch.setattr(tr.os, "geteuid", lambda: 0)
     monkeypatch.setattr(tr.signal, "signal", lambda *a: None)
     monkeypatch.setattr(tr, "_start", lambda p, cfg, *a: [types.SimpleNamespace(stop=lambda: None)])
