@@ -41,7 +41,7 @@ class CpuSampler:
         self.last = self._read()
 
     def _delta(self) -> list[int]:
-        return [b - a for a, b in zip(self.first, self.last, strict=False)]
+        return _ticks_between(self.first, self.last)
 
     def busy_fraction(self) -> float:
         return _busy(self._delta())
@@ -69,7 +69,7 @@ class CpuTally:
     def stop(self) -> None:
         if self._since is None:
             raise RuntimeError("CpuTally.stop() without start()")
-        d = [b - a for a, b in zip(self._since, self._read(), strict=False)]
+        d = _ticks_between(self._since, self._read())
         self._sum = [a + b for a, b in zip(self._sum, d, strict=False)] if self._sum else d
         self._since = None
 
@@ -78,6 +78,10 @@ class CpuTally:
 
     def steal_fraction(self) -> float:
         return _steal(self._sum)
+
+
+def _ticks_between(first: list[int], last: list[int]) -> list[int]:
+    return [b - a for a, b in zip(first, last, strict=False)]
 
 
 def _busy(d: list[int]) -> float:

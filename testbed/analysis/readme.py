@@ -510,8 +510,8 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     text = "\n".join(out) + "\n\n"
     reps = f"{first['reps']} round trip" + ("s" if first["reps"] > 1 else "")
     order = (", the rows' round trips interleaved (each row's k-th before any row's k+1-th)"
-             if all("order" in d and d["order"].startswith("interleaved")
-                    for docs in groups for d in docs) else "")
+             if all(d.get("order", "").startswith("interleaved") for docs in groups for d in docs)
+             else "")
     text += (f"{runs.capitalize()} of one `bench transport` per link (UDP control, no secret), "
              f"each giving medians of {reps}{order}; a cell is the median over the runs, in seconds "
              f"(time / `bound_s`); sharded / gloo is taken within each run. CPU s/GB: CPU "

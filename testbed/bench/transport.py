@@ -451,6 +451,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
     """
     configs = configs or default_configs()
     rows = [] if rows is None else rows
+    first_row = len(rows)  # this bench's rows start here: measured loss by loss
     doc = bench_doc(losses, reps, numel, rate_bps, rows)
     nbytes, floor_s, chunks = doc["bytes"], doc["floor_s"], doc["chunks"]
     port = [47000]
@@ -514,9 +515,9 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
             for group in agents.values():
                 for a in group:
                     a.stop()
-    made = len(losses) * len(configs)  # measured loss by loss; listed config by config
-    rows[-made:] = [rows[-made + li * len(configs) + c]
-                    for c in range(len(configs)) for li in range(len(losses))]
+    made = rows[first_row:]  # measured loss by loss; listed config by config
+    rows[first_row:] = [made[li * len(configs) + c]
+                        for c in range(len(configs)) for li in range(len(losses))]
     return doc
 
 
@@ -571,6 +572,9 @@ OFFLOADS = "TX checksum on, every segmentation offload off (TSO, GSO, UDP)" + _G
 OFFLOADS_SOFTWARE = "TX checksum and every segmentation offload off (the kernel did not keep " \
     "checksum offload on with UDP segmentation off)" + _GRO_ROWS
 
+#: How the rows' round trips were ordered (``run_bench``); documents without it ran each row whole.
+ORDER = "interleaved: repetition k of every row of a loss before repetition k+1 of any"
+
 
 def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) -> dict:
     """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
@@ -582,9 +586,6 @@ def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) 
             "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)",
             "offloads": OFFLOADS, "order": ORDER}
 
-
-#: How the rows' round trips were ordered (``run_bench``); documents without it ran each row whole.
-ORDER = "interleaved: repetition k of every row of a loss before repetition k+1 of any"
 
 
 def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:

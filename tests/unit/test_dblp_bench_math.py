@@ -108,8 +108,10 @@ def test_the_bench_interleaves_its_rows_round_trips_and_lists_rows_by_config(mon
 
     monkeypatch.setattr(tr, "_rounds", rounds)
     cfgs = [Config("dblp", "reliable", 0.0, "udp", "sharded"), Config("gloo", "reliable", 0.0, "tcp")]
+    earlier = {"impl": "a row the caller already had"}
     doc = tr.run_bench(losses=(0.0, 0.1), reps=3, numel=354 * 10, rate_bps=1e8, configs=cfgs,
-                       log=lambda line: None)
+                       log=lambda line: None, rows=[earlier])
+    assert doc["rows"].pop(0) is earlier  # kept first: only this bench's rows are reordered
     assert calls == [("dblp", 0.0), ("gloo", 0.0)] * 3 + \
         [("dblp", 0.1), ("gloo", 0.1), ("dblp", 0.1), ("gloo", 0.1), ("dblp", 0.1)]
     assert starts == ["dblp", "gloo", "gloo"]

@@ -22,7 +22,6 @@ from testbed.run import reproduce as rp
 # -- fakes under the real commands ----------------------------------------------------------
 
 
-
 class FakeClock:
     """time.time_ns / sleep for the burst bench: sleeping advances the clock, instantly."""
 
