@@ -587,7 +587,6 @@ def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) 
             "offloads": OFFLOADS, "order": ORDER}
 
 
-
 def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:
     if cfg.impl == "gloo":
         base = {"kind": "gloo", "master": pair.ip[0], "port": port, "numel": numel,
