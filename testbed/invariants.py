@@ -1,0 +1,84 @@
+"""The emulator's invariants: what a unit must have kept for its figures to count.
+
+Mininet-HiFi's principle: an emulated network is a network only while the
+machine running it keeps up, so a result counts only while the emulator kept
+its invariants. The runner measures them per unit (manifest
+``units[].fidelity``, written by `testbed.run.fidelity`); the analysis judges
+them here and leaves a unit that broke one out of every interval and verdict
+(its figures stay in the tables, marked). Both read this one declaration, so
+a limit is defined once and a stored run can be judged again under it.
+
+Why these four (each measured per unit):
+- CPU busy: the fabric's switches, the workers' training and the transport's
+  pacers share the machine's cores; a saturated CPU stretches every round
+  whatever the network did.
+- CPU steal: time the hypervisor gave another guest looks the same in a
+  round's wall time; a unit under it measured a neighbour.
+- The bottleneck's rate while busy: while its queue holds packets, a shaped
+  link sends at its shaped rate. Less means the queue was not served in time
+  (the kernel's shaper starved of CPU), so the link was slower than the spec.
+- Packet spacing: while the queue holds packets, consecutive packets leave
+  one transmission time apart. A gap longer than that by more than one
+  packet time is a link that stalled; Mininet-HiFi's packet-spacing check.
+- The transport's pacing error: how much later than its token bucket asked
+  the sender woke to send, as a share of the time it spent sending. A late
+  pacer sends slower than its configured rate, so a round measures the CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Invariant:
+    """One invariant: a field of the fidelity record and the limit it must keep.
+
+    ``most`` True: the value must be at most ``limit``; False: at least.
+    A record without the field (a run made before the field existed, or a unit
+    whose measurement failed) is not judged on it: `broken` says nothing.
+    """
+
+    name: str
+    field: str
+    limit: float
+    most: bool
+    doc: str
+
+    def broken(self, fidelity: dict) -> str | None:
+        """A one-line reason when ``fidelity`` breaks this invariant, else None."""
+        value = fidelity.get(self.field)
+        if value is None:
+            return None
+        if (value > self.limit) if self.most else (value < self.limit):
+            rel = "above" if self.most else "below"
+            return f"{self.name} {_pct(value)} {rel} {_pct(self.limit)}"
+        return None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+#: Every invariant a unit must keep, by name. The limits' reasons are in the
+#: module docstring; the presets are sized so an idle machine of the project's
+#: kind stays well inside them (README, "CPU budget").
+INVARIANTS: dict[str, Invariant] = {inv.name: inv for inv in (
+    Invariant("cpu busy", "cpu_busy_frac", 0.85, most=True,
+              doc="machine-wide CPU busy over the unit, steal included"),
+    Invariant("cpu steal", "cpu_steal_frac", 0.05, most=True,
+              doc="CPU time the hypervisor gave to other guests"),
+    Invariant("link rate while busy", "link_busy_rate_frac", 0.90, most=False,
+              doc="bytes the bottleneck sent while its queue held packets, over its shaped rate"),
+    Invariant("packet spacing", "link_spacing_ok_frac", 0.90, most=False,
+              doc="share of the bottleneck's back-to-back departures no more than one "
+                  "packet time later than the line rate allows"),
+    Invariant("pacing error", "pacing_late_frac", 0.10, most=True,
+              doc="the transport's pacer lateness over its sending time, worst rank"),
+)}
+
+
+def broken(fidelity: dict | None) -> list[str]:
+    """Every invariant ``fidelity`` (a unit's manifest record) breaks, as one-line reasons."""
+    if not fidelity:
+        return []
+    return [r for inv in INVARIANTS.values() if (r := inv.broken(fidelity)) is not None]
