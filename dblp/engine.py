@@ -49,7 +49,7 @@ from . import batch, wire
 from .config import check_setting, default_of
 from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
-from .pacing import FRAGMENT_OVERHEAD, WIRE_OVERHEAD, RttEstimator, TokenBucket
+from .pacing import FRAGMENT_OVERHEAD, WIRE_OVERHEAD, PaceAudit, RttEstimator, TokenBucket
 from .stats import Counters
 from .streams import (
     DONE,
@@ -96,11 +96,14 @@ class Engine:
         "sock", "sel", "buf", "mv",
         # pacing: one bucket for the link, optional buckets per destination
         "bucket", "peer_rate_bps", "peer_buckets",
+        # how far behind its bucket the sending loop fell this round (fidelity)
+        "pace",
         # batched I/O (``dblp.batch``): datagrams per send (1 = one call per datagram),
         # the send buffer, the recvmmsg ring (None = one recvfrom per datagram)
         "batch_max", "send_buf", "ring",
-        # datagrams the last poll read from the ring (receive coalescing in ``run_until``)
-        "last_read",
+        # datagrams the last poll read from the ring, and how long arrivals may
+        # gather before the next read (receive coalescing in ``run_until``)
+        "last_read", "coalesce_s",
         # what we know of each peer: address, TCP control, RTT and loss estimates
         "peers", "tcp", "closed_peers", "rtts", "loss", "_rtt_args",
         # control tunables
@@ -179,6 +182,7 @@ class Engine:
         self.mv = memoryview(self.buf)
         # pacing
         self.bucket = TokenBucket(rate_bps, largest=self.wire_size(self.max_datagram))
+        self.pace = PaceAudit(self.bucket)  # the pacing error of the round (fidelity)
         self.peer_rate_bps = peer_rate_bps
         self.peer_buckets: dict[int, TokenBucket] = {}
         # batched I/O
@@ -192,6 +196,8 @@ class Engine:
         self.ring = batch.RecvRing(self.sock, largest=wire.largest_datagram(chunk_bytes)) \
             if batched else None
         self.last_read = 0
+        self.coalesce_s = batch.coalesce_seconds(rate_bps, self.batch_max,
+                                                 self.wire_size(self.max_datagram))
         # peers
         self.peers: dict[int, tuple[str, int]] = {}
         self.tcp: dict[int, TcpControl] = {}
@@ -414,6 +420,7 @@ class Engine:
         self.senders = {}
         self.receivers = {}
         self.active = []
+        self.pace.reset()
 
     def add_sender(self, s: OutTransfer) -> None:
         self.senders[(s.kind, s.part, s.peer)] = s
@@ -796,8 +803,10 @@ class Engine:
                                      f"round {self.round}: {describe()}")
             if now >= deadline:
                 raise PeerTimeout(describe())
+            self.pace.woke(now)
             t_timer = self._fire_timers(now)
             t_send = self._send_some(now)
+            self.pace.planned(now, t_send)
             self.progress = False
             wake = min(t_timer, t_send, deadline)
             wait = 0.0 if wake <= now else min(wake - time.monotonic(), 0.05)
@@ -809,7 +818,7 @@ class Engine:
                 # (7 CPU s/GB at 1 Gbit/s). Let a batch gather first; the wait is
                 # bounded by the next timer or send, and the reads' timestamps are
                 # taken after it, so no RTT sample is short.
-                time.sleep(min(wait, batch.COALESCE_SECONDS))
+                time.sleep(min(wait, self.coalesce_s))
                 wait = 0.0
             self.poll(wait)
 

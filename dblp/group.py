@@ -269,6 +269,7 @@ class TransportGroup:
             push_s=_since(t0, [s.t_done for s in res.push_senders], max),
             pull_first_s=_since(t0, [x.t_first for x in res.pull_receivers], min),
             pull_stop_s=_since(t0, [x.t_stop for x in res.pull_receivers], max),
+            pace_late_s=eng.pace.late_s, pace_busy_s=eng.pace.busy_s,
             rtt_s=_mean_srtt(eng), grad_norm=norm, counters=eng.counters.diff(c0))
         self.history.append(st)
         return st

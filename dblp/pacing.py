@@ -8,6 +8,7 @@ the measured RTT instead of the prototype's fixed seconds.
 """
 from __future__ import annotations
 
+import math
 import time
 
 WIRE_OVERHEAD = 42  # Ethernet 14 + IPv4 20 + UDP 8: what a shaper counts per datagram
@@ -106,3 +107,42 @@ class RttEstimator:
     @property
     def rto(self) -> float:
         return self._rto
+
+
+class PaceAudit:
+    """How far behind its token bucket the sender's loop fell: the pacing error.
+
+    Why: the bucket lets a late wake-up catch up by sending its saved tokens
+    at once, up to the bucket's depth. A loop that wakes later than that
+    (its CPU busy elsewhere) loses the overflow for good, and the sender runs
+    below its configured rate: a round then measures the machine, not the
+    network. ``late_s`` sums how much later than its bucket's depth allows
+    the loop woke to send; ``busy_s`` the time it had data to send. The
+    harness's fidelity check reads late over busy (``testbed.invariants``).
+    """
+
+    __slots__ = ("slack_s", "due", "last", "late_s", "busy_s")
+
+    def __init__(self, bucket: TokenBucket):
+        # Waking up to the bucket's depth late costs nothing: the tokens wait.
+        self.slack_s = None if bucket.rate is None else bucket.depth / bucket.rate
+        self.due: float | None = None
+        self.last = 0.0
+        self.late_s = 0.0
+        self.busy_s = 0.0
+
+    def woke(self, now: float) -> None:
+        """The loop turned at ``now``; charge it if it had data to send and woke too late."""
+        if self.due is None or self.slack_s is None:
+            return
+        self.busy_s += max(0.0, now - self.last)
+        if now > self.due + self.slack_s:
+            self.late_s += now - self.due - self.slack_s
+
+    def planned(self, now: float, send_at: float) -> None:
+        """The loop means to send again at ``send_at`` (inf: nothing to send)."""
+        self.due = send_at if send_at < math.inf else None
+        self.last = now
+
+    def reset(self) -> None:
+        self.due, self.late_s, self.busy_s = None, 0.0, 0.0

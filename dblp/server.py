@@ -152,6 +152,7 @@ class ParameterServer:
                 probe_rounds=sum(s.probes for s in senders),
                 passes_push=max((x.max_pass for x in res.push_receivers), default=0),
                 passes_pull=max_passes(senders),
+                pace_late_s=eng.pace.late_s, pace_busy_s=eng.pace.busy_s,
                 rtt_s=_mean_srtt(eng), grad_norm=self._norm,
                 counters=eng.counters.diff(c0))
             self.history.append(st)

@@ -50,6 +50,10 @@ class RoundStats:
     pull_first_s: float | None = None  # worker: start -> first chunk of the pull
     pull_stop_s: float | None = None  # worker: start -> pull satisfied (STOP sent)
     rtt_s: float | None = None  # smoothed probe RTT
+    # pacing error: how much later than its bucket allowed the loop woke to send,
+    # and how long it had data to send (dblp.pacing.PaceAudit); 0 when unpaced
+    pace_late_s: float = 0.0
+    pace_busy_s: float = 0.0
     # norm of the applied aggregate; None in a sharded round whose policy ignores it
     grad_norm: float | None = None
     counters: dict = dataclasses.field(default_factory=dict)

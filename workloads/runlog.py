@@ -17,6 +17,9 @@ with a version it does not know. History:
   the workloads, ``burst`` from the controller; the controller's
   ``port_stats`` lines (``PORT_STATS_FIELDS``, fabric-wide, not an arm's
   event) were declared later as the controller already wrote them.
+* 4: ``round`` gains ``compute_cpu_s`` and ``comm_cpu_s`` (optional): the
+  process's CPU seconds in the round's compute and in its exchange, so a
+  run can say where its CPU went (the README's CPU budget).
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ import math
 import os
 import sys
 
-SCHEMA_VERSION = 3
-KNOWN_VERSIONS = frozenset({1, 2, 3})
+SCHEMA_VERSION = 4
+KNOWN_VERSIONS = frozenset({1, 2, 3, 4})
 
 #: The directory of one unit's logs under RUN/raw/<arm>/: ``seed-<seed>``.
 SEED_DIR_PREFIX = "seed-"
@@ -115,6 +118,8 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("t_end_ns", "int", "time.time_ns() when the round ended"),
         _f("compute_s", "num", "forward, backward and optimizer step, seconds"),
         _f("comm_s", "num", "gradient exchange, seconds (ends at t_end_ns minus the step)"),
+        _f("compute_cpu_s", "num", "process CPU seconds in the compute (schema 4)", required=False),
+        _f("comm_cpu_s", "num", "process CPU seconds in the exchange (schema 4)", required=False),
         _f("bound", "num", "loss bound the transport used (null: not a bounded transport)",
            nullable=True),
         _f("phase", "str", "critical | stable (null: no phase)", nullable=True),

@@ -96,9 +96,11 @@ def main(argv=None) -> int:
               missing=cfg.missing, rate_bps=cfg.rate_bps, transport=cfg.public_dict())
     announcer = RoundAnnouncer(ex.arm_label(args), seed=args.seed)
     starts: dict[int, int] = {}
+    cpu: dict[int, float] = {}   # process CPU seconds at each round's start
 
     def on_start(r: int) -> None:
         starts[r] = time.time_ns()
+        cpu[r] = time.process_time()
         announcer.round("start", r)
 
     def on_end(r: int, st) -> None:
@@ -106,7 +108,9 @@ def main(argv=None) -> int:
         announcer.round("end", r)
         d = st.as_dict()
         log.write("round", round=r, epoch=r // rpe, t_start_ns=starts.pop(r, t_end), t_end_ns=t_end,
-                  compute_s=0.0, comm_s=d["latency_s"], bound=d["bound"], phase=d["phase"] or None,
+                  compute_s=0.0, comm_s=d["latency_s"], compute_cpu_s=0.0,
+                  comm_cpu_s=time.process_time() - cpu.pop(r, time.process_time()),
+                  bound=d["bound"], phase=d["phase"] or None,
                   loss=None, stats=d)
 
     t_serve = time.perf_counter()

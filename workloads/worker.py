@@ -192,26 +192,27 @@ def train(args, log: RunLog) -> dict:
             t_start = time.time_ns()
             if announcer:
                 announcer.round("start", r)
-            c0 = time.perf_counter()
+            c0, p0 = time.perf_counter(), time.process_time()
             x, y = task.batches.batch(r)
             opt.zero_grad(set_to_none=False)
             loss = task.loss_fn(model(x), y)
             loss.backward()
             g = flat.gather()
-            c1 = time.perf_counter()
+            c1, p1 = time.perf_counter(), time.process_time()
             res = xch.allreduce_(g)
-            c2 = time.perf_counter()
+            c2, p2 = time.perf_counter(), time.process_time()
             flat.scatter()
             opt.step()
             if sched is not None:
                 sched.step()
-            c3 = time.perf_counter()
+            c3, p3 = time.perf_counter(), time.process_time()
             t_end = time.time_ns()
             if announcer:
                 announcer.round("end", r)
             epoch = task.batches.epoch_of(r)
             log.write("round", round=r, epoch=epoch, t_start_ns=t_start, t_end_ns=t_end,
-                      compute_s=(c1 - c0) + (c3 - c2), comm_s=c2 - c1, bound=res.bound,
+                      compute_s=(c1 - c0) + (c3 - c2), comm_s=c2 - c1,
+                      compute_cpu_s=(p1 - p0) + (p3 - p2), comm_cpu_s=p2 - p1, bound=res.bound,
                       phase=res.phase, loss=loss.item(), stats=res.stats)
             last_round = r == args.rounds - 1
             if evaluates and (last_round or (args.eval_every and (r + 1) % args.eval_every == 0)):

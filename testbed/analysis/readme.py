@@ -74,6 +74,51 @@ def arms_table(summary: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+#: The CPU budget's rows, in the order a reader follows a packet and a round:
+#: (fidelity cpu_budget key, what it is).
+BUDGET_ROWS = (("ovs-vswitchd", "Open vSwitch (every switch's forwarding, one process)"),
+               ("kernel softirq", "kernel network work (veths, shapers, burst rules)"),
+               ("workers: training", "workers' training (forward, backward, step; all ranks)"),
+               ("workers: exchange", "workers' gradient exchange (all ranks)"),
+               ("server: exchange", "aggregation server's exchange"),
+               ("controller", "os-ken controller"),
+               ("harness", "the harness (supervision, samplers)"),
+               ("ovsdb-server", "Open vSwitch's database"))
+
+
+def cpu_budget_table(summary: dict) -> str:
+    """Where each arm's CPU went over its units' rounds: shares of one core, mean over seeds.
+
+    From the units' fidelity records (`testbed.run.budget`); "other" is the
+    machine's busy time no row accounts for (the workloads' start and end
+    inside the window, short-lived processes, other work on the machine).
+    """
+    arms = summary.get("arms_order") or sorted(summary["arms"])
+    means: dict[str, dict[str, float]] = {}
+    busy: dict[str, list[float]] = {}
+    for arm in arms:
+        units = list((summary.get("fidelity", {}).get(arm) or {}).values())
+        busy[arm] = [u["cpu_busy_frac"] for u in units if u.get("cpu_busy_frac") is not None]
+        recs = [u.get("cpu_budget") for u in units]
+        recs = [r for r in recs if r]
+        keys = {k for r in recs for k in r}
+        means[arm] = {k: sum(r.get(k, 0.0) for r in recs) / len(recs) for k in keys} if recs else {}
+    rows = ["| component | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for key, what in BUDGET_ROWS:
+        if any(key in means[a] for a in arms):
+            rows.append(f"| {what} | " + " | ".join(
+                _num(None if key not in means[a] else 100 * means[a][key], "{:.0f} %")
+                for a in arms) + " |")
+    def other(m: dict) -> float | None:
+        if "machine busy" not in m:
+            return None
+        return 100 * (m["machine busy"] - sum(m.get(k, 0.0) for k, _ in BUDGET_ROWS))
+    rows.append("| other | " + " | ".join(_num(other(means[a]), "{:.0f} %") for a in arms) + " |")
+    rows.append("| **CPU busy, share of the machine (highest unit)** | " + " | ".join(
+        _num(100 * max(busy[a]) if busy[a] else None, "{:.0f} %") for a in arms) + " |")
+    return "\n".join(rows) + "\n"
+
+
 #: How each estimator's unit is printed.
 UNIT_FMT = {"x": ("{:.2f}", "x"), "%": ("{:.1f}", " %"), "points": ("{:+.2f}", " points")}
 #: The figures of the intervals table, in column order: (estimator, heading).
@@ -737,6 +782,7 @@ TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     "arms": _of_summary(arms_table),
     "verdicts": _of_summary(verdicts_table),
     "intervals": _of_summary(intervals_table),
+    "cpu-budget": _of_summary(cpu_budget_table),
     "levels": levels_table,
     "phases": phases_table,
     "seeds": seeds_table,

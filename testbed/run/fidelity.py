@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 
+from testbed.run.queuetrace import QueueTrace, link_invariants, queue_samples
 from workloads.runlog import RunLog
 
 # Period of the queue samples. Forking `tc -s qdisc show dev X` costs about
@@ -122,7 +123,7 @@ class BottleneckMonitor:
 
     def __init__(self, intf: str, shaped_mbps: float, window_s: float = 0.2,
                  arm: str = "", queue_log: str | os.PathLike | None = None,
-                 queue_period_s: float = QUEUE_PERIOD_S):
+                 queue_period_s: float = QUEUE_PERIOD_S, trace: bool = True):
         self.intf, self.shaped_mbps, self.window_s = intf, shaped_mbps, window_s
         self.path = f"/sys/class/net/{intf}/statistics/tx_bytes"
         self.samples: list[tuple[float, int]] = []
@@ -132,7 +133,15 @@ class BottleneckMonitor:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True)]
         self._log = RunLog(os.fspath(queue_log), arm) if queue_log else None
-        if self._log:
+        # The kernel's trace of the port when it can (no process, exact); else tc samples.
+        self.trace: QueueTrace | None = None
+        if self._log and trace:
+            self.trace = QueueTrace(intf, f"dblp-testbed-{os.getpid()}-{intf}")
+            if not self.trace.start():
+                self.trace = None
+        self.mono_to_ns = time.time_ns() - time.monotonic_ns()
+        self.link: dict = {}
+        if self._log and self.trace is None:
             self._threads.append(threading.Thread(target=self._sample_queue, daemon=True,
                                                   args=(self._log, queue_period_s)))
         for t in self._threads:
@@ -165,12 +174,30 @@ class BottleneckMonitor:
 
     def stop(self) -> None:
         """End the sampling; idempotent. The runner calls it also when the arm
-        failed, or the queue sampler would fork tc through the next arms."""
+        failed, or the queue sampler would fork tc on through the next arms."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=6)   # a tc call in flight has a 5 s timeout
+        if self.trace is not None:
+            self._from_trace(self.trace)
+            self.trace = None
         if self._log:
             self._log.close()
+
+    def _from_trace(self, trace: QueueTrace) -> None:
+        """The queue samples and the link's invariants from the unit's kernel trace."""
+        deps = trace.stop()
+        limit = next((q["limit_packets"] for q in parse_qdiscs(_tc_show(self.intf) or "")
+                      if q["kind"] == "pfifo"), None)
+        base = self.q_start[1] if self.q_start else 0
+        assert self._log is not None
+        for t_ns, behind, nbytes, dropped in queue_samples(deps, self.mono_to_ns):
+            self._log.write("queue", t_ns=t_ns, interface=self.intf, backlog_bytes=nbytes,
+                            backlog_packets=behind, dropped=base + dropped, limit_packets=limit)
+            self.queue_samples += 1
+            self.queue_peak = max(self.queue_peak or 0, behind)
+        self.link = {**link_invariants(deps, self.shaped_mbps * 1e6), "queue_source": "trace",
+                     "trace_packets": len(deps), "trace_lost_events": trace.overflow}
 
     def summary(self) -> dict:
         self.stop()
@@ -188,5 +215,6 @@ class BottleneckMonitor:
                "achieved_mbps": round(best, 2), "queue_drops": drops,
                "ovs_drops": ovs_drops() - self.ovs_start}
         if self._log:
-            out.update(queue_samples=self.queue_samples, queue_peak_packets=self.queue_peak)
+            out.update(queue_samples=self.queue_samples, queue_peak_packets=self.queue_peak,
+                       **self.link)
         return out

@@ -179,8 +179,15 @@ def debian_packages() -> dict[str, str] | None:
 #   3: fidelity "cpu_steal_frac" (optional): CPU time the hypervisor gave to
 #      other guests during the unit. Version 2 reads as is (it lacks the field);
 #      a reader of version 2 refuses version 3 by its number, not by the field.
-MANIFEST_SCHEMA = 3
-KNOWN_MANIFEST_SCHEMAS = frozenset({2, 3})
+#   4: the emulator's invariants (testbed.invariants) in the fidelity record:
+#      the bottleneck's rate while busy and packet spacing from a kernel trace
+#      of its queue, the transport's pacing error, and the CPU budget per
+#      component; the CPU figures now cover the unit's rounds only (from the
+#      first round's start to the last one's end), not the workers' start-up.
+#      Versions 2 and 3 read as is (they lack the fields, so those invariants
+#      are not judged for them).
+MANIFEST_SCHEMA = 4
+KNOWN_MANIFEST_SCHEMAS = frozenset({2, 3, 4})
 
 _F = runlog.Field
 MANIFEST_FIELDS = (
@@ -231,6 +238,23 @@ FIDELITY_FIELDS = (
        doc="occupancy samples of its queue written to raw/<arm>/seed-<seed>/queue.jsonl"),
     _F("queue_peak_packets", "int", required=False, nullable=True,
        doc="most packets those samples saw queued (null: no sample)"),
+    # Schema 4 (testbed.invariants judges them):
+    _F("queue_source", "str", required=False,
+       doc="trace: the queue samples and link invariants come from a kernel trace of the port"),
+    _F("trace_packets", "int", required=False, doc="departures the trace recorded"),
+    _F("trace_lost_events", "int", required=False, doc="events the trace's buffer lost"),
+    _F("link_busy_gaps", "int", required=False,
+       doc="back-to-back departures (the queue held the next packet when one left)"),
+    _F("link_busy_rate_frac", "num", required=False, nullable=True,
+       doc="bits sent over those gaps' time, over the shaped rate (null: too few gaps)"),
+    _F("link_spacing_ok_frac", "num", required=False, nullable=True,
+       doc="share of those gaps at most one full packet time longer than line rate allows"),
+    _F("pacing_late_frac", "num", required=False, nullable=True,
+       doc="the worst process's pacer lateness over its sending time (null: nothing paced)"),
+    _F("cpu_budget", "dict", required=False,
+       doc="component -> share of one core over the unit's rounds (testbed.run.budget)"),
+    _F("cpu_window_s", "num", required=False,
+       doc="seconds the CPU figures cover: the unit's rounds, first start to last end"),
 )
 
 

@@ -31,8 +31,8 @@ from dblp.wire import DEFAULT_PORT
 from testbed import output
 from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
-from testbed.cpustat import CpuSampler
 from testbed.errors import MachineError
+from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
 from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
@@ -281,7 +281,7 @@ class ArmRun:
                     + ["--eval-every", str(self.spec["training"]["eval_every"])],
                     self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
                     env=self._env(rank))
-            cpu = CpuSampler()
+            cpu = UnitCpu(self.fab.controller.pid if self.fab.controller is not None else None)
             sw, port = self.fab.topo.host_switch(self.server)
             link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"],
                                      arm=self.arm.name, queue_log=self.raw / "queue.jsonl")
@@ -289,8 +289,11 @@ class ArmRun:
                 self._supervise(cpu)
             finally:
                 link.stop()   # a failed arm's sampler would fork tc on through the next arms
-            return {"cpu_busy_frac": cpu.busy_fraction(), "cpu_steal_frac": cpu.steal_fraction(),
-                    **link.summary()}
+            cpu.sample()
+            window = rounds_window(self.raw)
+            return {**cpu.fractions(window), **link.summary(),
+                    "pacing_late_frac": pacing_late_frac(self.raw),
+                    "cpu_budget": cpu.budget(self.raw, window)}
         finally:
             self.procs.stop()
             self.captures.stop(sig=signal.SIGINT)
@@ -313,7 +316,7 @@ class ArmRun:
                 critical=False)
         time.sleep(0.3)  # tcpdump needs a moment before it sees packets
 
-    def _supervise(self, cpu: CpuSampler):
+    def _supervise(self, cpu: UnitCpu):
         rounds = self.spec["training"]["rounds"]
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()

@@ -172,7 +172,7 @@ def test_a_resend_pass_is_counted_per_datagram():
 
 def test_batch_size_follows_the_pacing_rate():
     wire_bytes = Engine.wire_size(wire.MAX_DATAGRAM)
-    assert batch.batch_limit(20e6, wire.MAX_DATAGRAM, wire_bytes) == 1
+    assert batch.batch_limit(20e6, wire.MAX_DATAGRAM, wire_bytes) == batch.MIN_BATCH == 4
     assert batch.batch_limit(100e6, wire.MAX_DATAGRAM, wire_bytes) == 4
     assert batch.batch_limit(1e9, wire.MAX_DATAGRAM, wire_bytes) == 41
     assert batch.batch_limit(10e9, wire.MAX_DATAGRAM, wire_bytes) == 44

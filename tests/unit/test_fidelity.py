@@ -89,7 +89,7 @@ def test_monitor_writes_declared_queue_lines(tmp_path, monkeypatch):
     log = tmp_path / "raw" / "dblp" / "seed-1" / "queue.jsonl"
     before = time.time_ns()
     mon = BottleneckMonitor("lo", shaped_mbps=20.0, arm="dblp", queue_log=log,
-                            queue_period_s=0.05)
+                            queue_period_s=0.05, trace=False)
     time.sleep(0.5)
     out = mon.summary()
     after = time.time_ns()
@@ -115,7 +115,7 @@ def test_a_stopped_monitor_forks_no_more_tc(tmp_path, monkeypatch):
     _fake_tc(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     mon = BottleneckMonitor("lo", shaped_mbps=20.0, arm="dblp",
-                            queue_log=tmp_path / "queue.jsonl", queue_period_s=0.02)
+                            queue_log=tmp_path / "queue.jsonl", queue_period_s=0.02, trace=False)
     time.sleep(0.1)
     mon.stop()
     mon.stop()                                                  # idempotent
