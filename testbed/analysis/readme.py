@@ -77,7 +77,6 @@ def arms_table(summary: dict) -> str:
 #: The CPU budget's rows, in the order a reader follows a packet and a round:
 #: (fidelity cpu_budget key, what it is).
 BUDGET_ROWS = (("ovs-vswitchd", "Open vSwitch (every switch's forwarding, one process)"),
-               ("kernel softirq", "kernel network work (veths, shapers, burst rules)"),
                ("workers: training", "workers' training (forward, backward, step; all ranks)"),
                ("workers: exchange", "workers' gradient exchange (all ranks)"),
                ("server: exchange", "aggregation server's exchange"),
@@ -90,20 +89,24 @@ def cpu_budget_table(summary: dict) -> str:
     """Where each arm's CPU went over its units' rounds: shares of one core, mean over seeds.
 
     From the units' fidelity records (`testbed.run.budget`); "other" is the
-    machine's busy time no row accounts for (the workloads' start and end
-    inside the window, short-lived processes, other work on the machine).
+    machine's busy time no process row accounts for (kernel threads,
+    short-lived processes, other work on the machine). The kernel's network
+    work (softirq: the veths, the shapers, the burst rules) is shown apart:
+    the kernel charges it to whichever process it interrupted, so most of it
+    is already inside the rows above.
     """
     arms = summary.get("arms_order") or sorted(summary["arms"])
     means: dict[str, dict[str, float]] = {}
     busy: dict[str, list[float]] = {}
     for arm in arms:
-        units = list((summary.get("fidelity", {}).get(arm) or {}).values())
+        units = [rec.get("fidelity") or {}
+                 for rec in (summary.get("fidelity", {}).get(arm) or {}).values()]
         busy[arm] = [u["cpu_busy_frac"] for u in units if u.get("cpu_busy_frac") is not None]
         recs = [u.get("cpu_budget") for u in units]
         recs = [r for r in recs if r]
         keys = {k for r in recs for k in r}
         means[arm] = {k: sum(r.get(k, 0.0) for r in recs) / len(recs) for k in keys} if recs else {}
-    rows = ["| component | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    rows = ["| component, share of one core | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for key, what in BUDGET_ROWS:
         if any(key in means[a] for a in arms):
             rows.append(f"| {what} | " + " | ".join(
@@ -114,7 +117,10 @@ def cpu_budget_table(summary: dict) -> str:
             return None
         return 100 * (m["machine busy"] - sum(m.get(k, 0.0) for k, _ in BUDGET_ROWS))
     rows.append("| other | " + " | ".join(_num(other(means[a]), "{:.0f} %") for a in arms) + " |")
-    rows.append("| **CPU busy, share of the machine (highest unit)** | " + " | ".join(
+    rows.append("| (kernel network work in softirq, mostly inside the rows above) | " + " | ".join(
+        _num(100 * means[a]["kernel softirq"] if "kernel softirq" in means[a] else None, "{:.0f} %")
+        for a in arms) + " |")
+    rows.append("| **CPU busy, share of the machine's cores (highest unit)** | " + " | ".join(
         _num(100 * max(busy[a]) if busy[a] else None, "{:.0f} %") for a in arms) + " |")
     return "\n".join(rows) + "\n"
 
