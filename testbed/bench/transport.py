@@ -1,433 +1,53 @@
 """`dblp-testbed bench transport`: DBLP vs gloo on a shaped veth pair between two namespaces.
 
-Two network namespaces ``dbt-<tag>-a`` (worker / gloo rank 0) and
-``dbt-<tag>-b`` (aggregator / gloo rank 1) joined by a veth pair; each end's
-egress is shaped with HTB (default 100 Mbit/s, pfifo child). Every
-segmentation offload is off on both ends (TSO, GSO, and the veth's UDP
-segmentation): the kernel cuts every TCP or UDP GSO packet before the veth,
-so the shaper counts and the loss hook drops MTU-sized packets. TX checksum
-offload is on, as on any NIC, so neither kernel checksums every byte in
-software, for TCP and UDP alike (``NetnsPair.OFFLOADS``). The veth keeps UDP
-segmentation on with checksum offload unless told otherwise: a UDP GSO
-message of up to 44 datagrams then crossed it whole and was dropped or kept
-whole (one run at 50 % loss: 0 resends in 57 chunks), so the pair checks the
-setting took and falls back to checksums in software if it did not. Random loss is an nftables
-``numgen random`` drop on the input hook of both namespaces, applied to every
-UDP and TCP packet (data, control, gloo alike), so "loss p" means p in each
-direction for everything. Receive offload (GRO) is on at both ends for a
-loss-free row and off for a lossy one, whose drops must see every packet
-(``NetnsPair.set_gro``); each row records which (``gro``). One round trip = push of the gradient to the
-aggregator + pull of the aggregate (one DBLP round, measured at the worker);
-gloo's row is one ``all_reduce`` of the same tensor between the same hosts.
+The pair (`testbed.emulation.netns.NetnsPair`): namespace a holds the worker
+(gloo rank 0, sharded rank 0), namespace b the aggregator (gloo rank 1,
+sharded rank 1), joined by a veth pair shaped with HTB (default 100 Mbit/s).
+Random loss is an nftables drop on the input hook of both namespaces, applied
+to every UDP and TCP packet (data, control, gloo alike), so "loss p" means p
+in each direction for everything. Receive offload (GRO) is on at both ends
+for a loss-free row and off for a lossy one, whose drops must see every
+packet; each row records which (``gro``). One round trip = push of the
+gradient to the aggregator + pull of the aggregate (one DBLP round, measured
+at the worker); gloo's row is one ``all_reduce`` of the same tensor between
+the same hosts.
 
-Everything the bench creates is named ``dbt-*``/``dbt*`` and removed in
-``finally`` (namespaces take their veths and nft tables with them).
+This module is the driver and the CLI: the agents that run in the namespaces
+are `testbed.bench.agents`, the document and its rows `testbed.bench.transport_doc`.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import math
 import os
 import secrets
 import signal
-import statistics
-import subprocess
 import sys
-import time
 import uuid
 
 import click
 
-from testbed import REPO_ROOT, output
+from testbed import output
+from testbed.bench.agents import Agent
+from testbed.bench.transport_doc import (
+    HEADER,
+    OFFLOADS_SOFTWARE,
+    SIDES,
+    Config,
+    bench_doc,
+    bench_row,
+    default_configs,
+    format_row,
+    format_table,
+)
 from testbed.cpustat import CpuTally
+from testbed.emulation.netns import DEFAULT_RATE, NetnsPair
 from testbed.errors import ExperimentFailed
 from testbed.output import json_option, results
 
+__all__ = ["Config", "NetnsPair", "default_configs", "format_table", "run_bench", "transport_cmd"]
+
 DEFAULT_LOSSES = (0.0, 0.01, 0.10, 0.50, 0.80)
 DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
-DEFAULT_RATE = 100e6
-#: The two agents of a row by namespace: a = PS worker / sharded rank 0 / gloo rank 0,
-#: b = aggregator / sharded rank 1 / gloo rank 1. Each sends and receives the gradient
-#: once per round trip (push + pull, or the two halves of a ring all-reduce each way),
-#: so each moves ``2 x bytes`` of payload: the denominator of ``cpu_s_per_gb_*``.
-SIDES = ("worker", "server")
-
-
-def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run(list(cmd), capture_output=True, text=True, input=input)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
-    return p
-
-
-class NetnsPair:
-    """Two namespaces joined by an HTB-shaped veth pair; removed on exit.
-
-    ``set_loss(p, protocols)`` installs (or replaces) an nftables drop of a
-    fraction ``p`` of incoming packets of those protocols in both namespaces.
-
-    ``set_gro(on)`` turns receive offload (GRO) on or off at both ends. A veth
-    with it on runs in NAPI mode and coalesces a run of one flow's packets
-    before the stack sees them, as a real NIC does: TCP always, UDP for a
-    socket that asks (``dblp.batch.UDP_GRO``). The loss hook sits behind GRO
-    (nftables input), where it would drop a whole coalesced run at once, so a
-    lossy link has it off: ``set_loss`` with ``p > 0`` turns it off first.
-    """
-
-    def __init__(self, rate_bps: float | None = DEFAULT_RATE, tag: str | None = None,
-                 queue_packets: int = 1000):
-        tag = tag or uuid.uuid4().hex[:6]
-        self.tag = tag
-        self.ns = (f"dbt-{tag}-a", f"dbt-{tag}-b")
-        self.dev = (f"dbt{tag}a", f"dbt{tag}b")
-        self.ip = ("10.201.0.1", "10.201.0.2")
-        self.rate_bps = rate_bps
-        self.queue_packets = queue_packets
-        self.loss = 0.0
-        self.gro = False
-        self.checksum_offload = True  # False: checksums in software (see _set_offloads)
-        self._created = False
-
-    def __enter__(self) -> NetnsPair:
-        try:
-            self.create()
-        except BaseException:
-            self.destroy()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()
-
-    def exec(self, side: int, *cmd: str, check: bool = True, input: str | None = None):
-        return _run("ip", "netns", "exec", self.ns[side], *cmd, check=check, input=input)
-
-    def create(self) -> None:
-        a, b = self.ns
-        self._created = True
-        _run("ip", "netns", "add", a)
-        _run("ip", "netns", "add", b)
-        _run("ip", "link", "add", self.dev[0], "netns", a, "type", "veth", "peer", "name",
-             self.dev[1], "netns", b)
-        for side in (0, 1):
-            dev = self.dev[side]
-            self.exec(side, "ip", "link", "set", "lo", "up")
-            self.exec(side, "ip", "addr", "add", f"{self.ip[side]}/30", "dev", dev)
-            self.exec(side, "ip", "link", "set", dev, "up")
-            self._set_offloads(side)
-            if self.rate_bps:
-                rate = f"{int(self.rate_bps)}bit"
-                self.exec(side, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
-                          "default", "10")
-                self.exec(side, "tc", "class", "add", "dev", dev, "parent", "1:", "classid",
-                          "1:10", "htb", "rate", rate, "ceil", rate)
-                self.exec(side, "tc", "qdisc", "add", "dev", dev, "parent", "1:10", "handle",
-                          "10:", "pfifo", "limit", str(self.queue_packets))
-
-    #: ethtool -K settings: every segmentation offload off, TX checksum offload on.
-    #: ``SOFTWARE_CHECKSUMS`` is the fallback where UDP segmentation would stay on.
-    SOFTWARE_CHECKSUMS = ("tx", "off", "tso", "off", "gso", "off", "tx-udp-segmentation", "off")
-    OFFLOADS = ("tx-udp-segmentation", "off", "tso", "off", "gso", "off", "tx", "on")
-
-    def _set_offloads(self, side: int) -> None:
-        """Checksum offload on and segmentation off at one end, or checksums in software.
-
-        A kernel or ethtool that cannot turn the veth's UDP segmentation off
-        while checksum offload is on would let GSO messages cross whole past
-        the shaper and the loss hook: the pair then checksums in software (as
-        it always did before) and says so.
-        """
-        dev = self.dev[side]
-        self.exec(side, "ethtool", "-K", dev, *self.OFFLOADS, check=False)
-        shown = self.exec(side, "ethtool", "-k", dev, check=False).stdout
-        on = {line.split(":")[0].strip() for line in shown.splitlines()
-              if line.split(":")[-1].split()[:1] == ["on"]}
-        if on & {"tx-udp-segmentation", "tcp-segmentation-offload",
-                 "generic-segmentation-offload"}:
-            self.exec(side, "ethtool", "-K", dev, *self.SOFTWARE_CHECKSUMS, check=False)
-            click.echo(f"bench: {dev} keeps a segmentation offload on with TX checksum "
-                       "offload; checksums in software instead", err=True)
-            on.discard("tx-checksumming")
-        self.checksum_offload = self.checksum_offload and "tx-checksumming" in on
-
-    def set_gro(self, on: bool) -> None:
-        """Receive offload on or off at both ends (off whenever a loss is set)."""
-        if on and self.loss > 0:
-            raise ValueError("GRO would coalesce packets before the loss hook drops them; "
-                             "set the loss to 0 first")
-        if on != self.gro:
-            for side in (0, 1):
-                self.exec(side, "ethtool", "-K", self.dev[side], "gro", "on" if on else "off")
-            self.gro = on
-
-    def set_loss(self, p: float, protocols: str = "udp, tcp") -> None:
-        """Drop a fraction ``p`` of incoming ``protocols`` packets in both namespaces."""
-        if p > 0:
-            self.set_gro(False)
-        self.loss = p
-        for side in (0, 1):
-            self.exec(side, "nft", "delete", "table", "inet", "dbt", check=False)
-            if p <= 0:
-                continue
-            per_million = int(round(p * 1_000_000))
-            rules = f"""table inet dbt {{
-    chain input {{
-        type filter hook input priority 0; policy accept;
-        meta l4proto {{ {protocols} }} numgen random mod 1000000 < {per_million} counter drop
-    }}
-}}
-"""
-            self.exec(side, "nft", "-f", "-", input=rules)
-
-    def drop_counts(self) -> list[int]:
-        out = []
-        for side in (0, 1):
-            p = self.exec(side, "nft", "list", "table", "inet", "dbt", check=False)
-            n = 0
-            for tok in p.stdout.split("packets")[1:]:
-                n += int(tok.split()[0])
-            out.append(n)
-        return out
-
-    TCP_COUNTERS = ("TcpExtTCPTimeouts", "TcpRetransSegs", "TcpExtTCPLossProbes")
-
-    def tcp_counters(self) -> dict:
-        """Kernel TCP counters summed over both namespaces (why TCP rows are slow)."""
-        out = dict.fromkeys(self.TCP_COUNTERS, 0)
-        for side in (0, 1):
-            p = self.exec(side, "nstat", "-asz", *self.TCP_COUNTERS, check=False)
-            for line in p.stdout.splitlines():
-                parts = line.split()
-                if len(parts) >= 2 and parts[0] in out:
-                    out[parts[0]] += int(parts[1])
-        return out
-
-    def destroy(self) -> None:
-        if not self._created:
-            return
-        for ns in self.ns:
-            _run("ip", "netns", "del", ns, check=False)
-        self._created = False
-
-
-# -- agents (run inside a namespace, driven over stdin/stdout, one JSON per line) ----------
-
-def _reply(obj) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def _agent_dblp(args: dict) -> None:
-    import numpy as np
-
-    import dblp
-    role = args["role"]
-    # The job's secret (auth rows) comes in the environment, never on the command line.
-    cfg = dblp.TransportConfig(
-        policy=args["policy"], control=args["control"], rate_bps=args["rate_bps"],
-        round_timeout=args["round_timeout"], join_timeout=30.0,
-        idle_timeout=args["round_timeout"] + 30, session_id=args["session"],
-        mode="sharded" if role == "peer" else "ps",
-        secret=os.environ.get(dblp.config.SECRET_ENV) or None, **args.get("knobs", {}))
-    if role == "server":
-        obj = dblp.ParameterServer("0.0.0.0", args["port"], 1, config=cfg)
-    elif role == "peer":  # sharded mode, two ranks: each aggregates half
-        obj = dblp.TransportGroup(args["rank"], 2, args["server"], args["port"], config=cfg)
-        grad = np.random.default_rng(args["rank"]).standard_normal(args["numel"]).astype(np.float32)
-    else:
-        obj = dblp.TransportGroup(0, 1, args["server"], args["port"], config=cfg)
-        grad = np.random.default_rng(1).standard_normal(args["numel"]).astype(np.float32)
-    work: list = []
-
-    def prepare() -> None:
-        if role != "server":
-            work[:] = [grad.copy()]
-
-    def collective() -> dict:
-        if role == "server":
-            return obj.serve(1)[0].as_dict()
-        return obj.allreduce_(work.pop()).as_dict()
-
-    _serve_commands(prepare, collective)
-    obj.close()
-
-
-def _serve_commands(prepare, collective) -> None:
-    """Say ready, then answer "prepare" and "go" command lines until "quit" or a failure.
-
-    "prepare" makes the round's copy of the gradient; "go" runs the collective and
-    replies its stats and the CPU seconds of this process (all threads, user +
-    system) over the collective alone: waiting in select/recv costs none, and the
-    copy is left out, for gloo as for DBLP. The driver sends "go" to both agents
-    once both are prepared, so a round's time never includes how late the other
-    agent read its command or copied its gradient, and it sets the row's loss in
-    between, so the preparation runs on a clean link. A failure is reported to
-    the driver, which restarts the agents."""
-    _reply({"ready": True})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["cmd"] == "quit":
-            break
-        try:
-            if cmd["cmd"] == "prepare":
-                prepare()
-                _reply({"ok": True})
-                continue
-            c0 = time.process_time()
-            stats = collective()
-            _reply({"ok": True, "stats": [stats], "cpu_s": time.process_time() - c0})
-        except Exception as exc:
-            _reply({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-            break
-
-
-def _agent_gloo(args: dict) -> None:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-    os.environ["GLOO_SOCKET_IFNAME"] = args["ifname"]
-    dist.init_process_group("gloo", init_method=f"tcp://{args['master']}:{args['port']}",
-                            rank=args["rank"], world_size=2,
-                            timeout=datetime.timedelta(seconds=args["round_timeout"]))
-    t = torch.randn(args["numel"], generator=torch.Generator().manual_seed(args["rank"]))
-    dist.all_reduce(torch.zeros(1))
-    dist.all_reduce(t.clone())  # warm-up: connections and buffers
-    work: list = []
-
-    def prepare() -> None:
-        work[:] = [t.clone()]
-
-    def collective() -> dict:
-        x = work.pop()
-        t0 = time.monotonic()
-        dist.all_reduce(x)
-        x /= 2
-        return {"latency_s": time.monotonic() - t0}
-
-    _serve_commands(prepare, collective)
-    os._exit(0)  # a gloo group after a timeout can hang in its destructor
-
-
-def agent_main(argv: list[str]) -> None:
-    args = json.loads(argv[0])
-    if args["kind"] == "gloo":
-        _agent_gloo(args)
-    else:
-        _agent_dblp(args)
-
-
-class Agent:
-    """A process in a namespace that answers one JSON line per command."""
-
-    def __init__(self, pair: NetnsPair, side: int, args: dict, secret: str | None = None):
-        self.side = side  # 0: namespace a (worker / rank 0), 1: namespace b (aggregator / rank 1)
-        root = str(REPO_ROOT)
-        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.pop("DBLP_SECRET", None)
-        if secret is not None:
-            env["DBLP_SECRET"] = secret
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", pair.ns[side], sys.executable, "-m",
-             "testbed.bench.transport", json.dumps(args)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=env, cwd=root)
-
-    def send(self, obj) -> None:
-        try:
-            self.proc.stdin.write(json.dumps(obj) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            pass  # the agent is gone: the next read() says why, with its stderr
-
-    def read(self, timeout: float) -> dict:
-        import select
-        end = time.monotonic() + timeout
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                return {"ok": False, "error": f"agent silent for {timeout:.0f} s"}
-            r, _, _ = select.select([self.proc.stdout], [], [], left)
-            if r:
-                line = self.proc.stdout.readline()
-                if not line:
-                    try:
-                        self.proc.wait(timeout=5)
-                    except subprocess.TimeoutExpired:
-                        self.proc.kill()  # closed its stdout but lives on: end it
-                    # its last line: the exception that ended it (the traceback above it
-                    # would make the one-line error many)
-                    err = [x for x in self.proc.stderr.read().splitlines() if x.strip()]
-                    return {"ok": False, "error": "agent exited: "
-                            + (err[-1].strip() if err else f"code {self.proc.returncode}")}
-                try:
-                    return json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send({"cmd": "quit"})
-                self.proc.wait(timeout=3)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                self.proc.kill()
-                self.proc.wait()
-
-
-# -- the driver ----------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    impl: str  # "dblp" | "gloo"
-    policy: str  # reliable | static
-    bound: float
-    control: str  # udp | tcp
-    mode: str = "ps"  # dblp: "ps" (worker + aggregator) or "sharded" (two peers)
-    auth: bool = False  # dblp: the job has a secret (every message carries a MAC)
-
-    @property
-    def label(self) -> str:
-        if self.impl == "gloo":
-            return "gloo all_reduce"
-        return (f"{self.policy} P={self.bound:.1%} {self.control} {self.mode}"
-                + (" auth" if self.auth else ""))
-
-
-def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True,
-                    sharded=True, auth=(False, True)):
-    """Every bound x control (and sharded UDP), once per ``auth`` setting, side by side."""
-    cfgs = []
-    for control in controls:
-        for b in bounds:
-            for a in auth:
-                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control,
-                                   auth=a))
-    if sharded:  # like gloo: both hosts send at once (UDP control; TCP is PS-only)
-        for b in bounds:
-            for a in auth:
-                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp",
-                                   "sharded", auth=a))
-    if gloo:
-        cfgs.append(Config("gloo", "reliable", 0.0, "tcp"))
-    return cfgs
-
-
-def ideal_passes(bound: float, loss: float, chunks: int) -> int:
-    """ceil(ln P / ln p): passes a bounded round needs (reliable: until all K arrive)."""
-    if loss <= 0:
-        return 1
-    target = bound if bound > 0 else 0.5 / chunks
-    if target >= loss:
-        return 1
-    return max(1, math.ceil(math.log(target) / math.log(loss) - 1e-9))
-
-
-def _median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
@@ -474,7 +94,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                 runs = [_RowRun(cfg) for cfg in configs]
 
                 def finish(c: int, run: _RowRun, loss: float = loss) -> None:
-                    row = _row(run.cfg, loss, run.stats, run.errors, run.timeouts, floor_s,
+                    row = bench_row(run.cfg, loss, run.stats, run.errors, run.timeouts, floor_s,
                                chunks, reps, round_timeout, cpu=run.cpu, moved_bytes=2 * nbytes)
                     # The row's round trips (agent restarts included): a busy or stolen CPU
                     # is a confound of every figure in it, and a reader cannot see it otherwise.
@@ -484,7 +104,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                     if run.cfg.control == "tcp":
                         row["tcp"] = run.tcp
                     rows.append(row)
-                    log(_format_row(row))
+                    log(format_row(row))
 
                 try:
                     for _ in range(reps):
@@ -566,26 +186,6 @@ def _one_rep(pair: NetnsPair, run: _RowRun, agents: list[Agent], loss: float,
     return agents
 
 
-#: The veths' offloads as a bench document states them (``NetnsPair._set_offloads``).
-_GRO_ROWS = "; GRO on in loss-free rows (row 'gro')"
-OFFLOADS = "TX checksum on, every segmentation offload off (TSO, GSO, UDP)" + _GRO_ROWS
-OFFLOADS_SOFTWARE = "TX checksum and every segmentation offload off (the kernel did not keep " \
-    "checksum offload on with UDP segmentation off)" + _GRO_ROWS
-
-#: How the rows' round trips were ordered (``run_bench``); documents without it ran each row whole.
-ORDER = "interleaved: repetition k of every row of a loss before repetition k+1 of any"
-
-
-def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) -> dict:
-    """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
-    from dblp.wire import CHUNK_ELEMS
-    nbytes = numel * 4
-    return {"floor_s": nbytes * 8 / rate_bps, "bytes": nbytes, "rate_bps": rate_bps,
-            "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
-            "rows": rows,
-            "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)",
-            "offloads": OFFLOADS, "order": ORDER}
-
 
 def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:
     if cfg.impl == "gloo":
@@ -657,134 +257,6 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config, befo
     return stats, None, cpu
 
 
-def _cpu_per_gb(cpu: dict[str, list[float]] | None, moved_bytes: int | None) -> dict:
-    """Median CPU seconds per GB of payload each side moved (sent + received), by side.
-
-    Why per GB: CPU per round grows with the gradient, CPU per byte is what says whether
-    a data path can keep up with a faster link on this machine.
-    """
-    out = {}
-    for side in SIDES:
-        xs = (cpu or {}).get(side) or []
-        out[f"cpu_s_per_gb_{side}"] = (statistics.median(xs) / (moved_bytes / 1e9)
-                                       if xs and moved_bytes else None)
-    return out
-
-
-def _row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeouts: int,
-         floor_s: float, chunks: int, reps: int, round_timeout: float, *,
-         cpu: dict[str, list[float]] | None = None, moved_bytes: int | None = None) -> dict:
-    p = loss
-    if cfg.impl == "gloo":
-        need = 1.0 / (1 - p)  # 2-rank ring: each rank sends the tensor once, both ways at once
-        passes = None
-        ideal = None
-    elif cfg.mode == "sharded":
-        need = (1 - cfg.bound) / (1 - p)  # each direction: half pushed + half pulled
-        passes = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
-        ideal = ideal_passes(cfg.bound, p, chunks)
-    else:
-        need = 2 * (1 - cfg.bound) / (1 - p)  # push + pull, same bound on both
-        passes = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
-        ideal = ideal_passes(cfg.bound, p, chunks)
-    lat = sorted([s["latency_s"] for s in stats] + [math.inf] * timeouts)
-    rt = statistics.median(lat) if lat else math.inf
-    rt = None if math.isinf(rt) else rt
-    bound_s = floor_s * need
-    row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
-           "mode": cfg.mode if cfg.impl == "dblp" else "allreduce", "auth": cfg.auth,
-           "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
-           "ratio": (rt / bound_s) if rt else None, "passes": passes, "ideal_passes": ideal,
-           "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
-           "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None,
-           **_cpu_per_gb(cpu, moved_bytes)}
-    if row["spread_s"] and math.isinf(row["spread_s"][1]):
-        row["spread_s"][1] = None
-    if cfg.impl == "dblp" and stats:
-        row["passes_push"] = _median([s["passes_push"] for s in stats])
-        row["passes_pull"] = _median([s["passes_pull"] for s in stats])
-        row["probe_rounds"] = _median([s["probe_rounds"] for s in stats])
-        row["missing_at_stop"] = _median([s["missing_at_stop"] for s in stats])
-        row["pull_missing"] = _median([s["pull_missing"] for s in stats])
-        row["rtt_ms"] = _median([(s["rtt_s"] or 0) * 1e3 for s in stats])
-    if errors:
-        row["errors"] = sorted(set(e[:300] for e in errors))
-    return row
-
-
-def _fmt(x, spec):
-    return "-" if x is None else format(x, spec)
-
-
-HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'auth':4} {'loss':>5} "
-          f"{'round_trip_s':>12} {'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5} "
-          f"{'cpu_s/GB w':>10} {'cpu_s/GB s':>10} {'steal':>5}")
-
-
-def _format_row(r: dict) -> str:
-    impl = r["impl"] + ("/sh" if r.get("mode") == "sharded" else "")
-    auth = "yes" if r.get("auth") else "no"
-    s = (f"{impl:7} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {auth:4} {r['loss']:5.0%} "
-         f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
-         f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')} "
-         f"{_fmt(r.get('cpu_s_per_gb_worker'), '10.2f')} "
-         f"{_fmt(r.get('cpu_s_per_gb_server'), '10.2f')} "
-         f"{_fmt(r.get('cpu_steal_frac'), '5.1%')}")
-    if r.get("tcp"):
-        s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
-    if r.get("timeouts"):
-        s += (f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the "
-              f"{r['round_timeout_s']:g} s deadline)")
-    return s
-
-
-def format_table(doc: dict) -> str:
-    lines = [f"floor_s = {doc['floor_s']:.3f} s ({doc['bytes']} B at {doc['rate_bps'] / 1e6:g} "
-             f"Mbit/s), medians of {doc['reps']} round trips; cpu_s/GB: CPU seconds per GB "
-             "each side moved (w = worker / rank 0, s = aggregator / rank 1); steal: CPU "
-             "time the hypervisor gave other guests during the row", HEADER]
-    lines += [_format_row(r) for r in doc["rows"]]
-    lines += ["", "cost of authentication (round trip with a secret / without, same row):"]
-    for r in doc["rows"]:
-        twin = _auth_twin(doc, r)
-        if r.get("auth") and twin and r["round_trip_s"] and twin["round_trip_s"]:
-            lines.append(f"  {r['policy']:8} {r['bound']:6.1%} {r['control']} {r['mode']:7} "
-                         f"loss {r['loss']:4.0%}: {r['round_trip_s'] / twin['round_trip_s']:.3f}x")
-    lines += ["", "speedup of the 40.8 % bound over static 0.8 % (same control):"]
-    for control in ("udp", "tcp"):
-        for loss in doc["losses"]:
-            a = _find(doc, "static", 0.008, control, loss)
-            b = _find(doc, "static", 0.408, control, loss)
-            if not (a and b and b["round_trip_s"]):
-                continue
-            if a["round_trip_s"]:
-                lines.append(f"  {control} loss {loss:4.0%}: "
-                             f"{a['round_trip_s'] / b['round_trip_s']:.2f}x")
-            else:
-                lines.append(f"  {control} loss {loss:4.0%}: > "
-                             f"{a['round_timeout_s'] / b['round_trip_s']:.1f}x (static 0.8 % "
-                             "missed the deadline)")
-    return "\n".join(lines)
-
-
-def _find(doc, policy, bound, control, loss, auth=False):
-    for r in doc["rows"]:
-        if r["impl"] == "dblp" and r.get("mode", "ps") == "ps" and r["policy"] == policy \
-                and abs(r["bound"] - bound) < 1e-9 \
-                and r["control"] == control and r["loss"] == loss and r.get("auth", False) == auth:
-            return r
-    return None
-
-
-def _auth_twin(doc, row):
-    """The row measured under the same conditions without authentication."""
-    for r in doc["rows"]:
-        if r is not row and r["impl"] == row["impl"] == "dblp" and not r.get("auth") \
-                and (r["policy"], r["bound"], r["control"], r["mode"], r["loss"]) == \
-                (row["policy"], row["bound"], row["control"], row["mode"], row["loss"]):
-            return r
-    return None
-
 
 @click.command("transport")
 @json_option
@@ -847,6 +319,3 @@ def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, n
         raise
     results(doc, json_out, lambda: click.echo(format_table(doc)))
 
-
-if __name__ == "__main__":
-    agent_main(sys.argv[1:])

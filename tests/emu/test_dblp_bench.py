@@ -45,7 +45,7 @@ def test_bench_transport_quick(tmp_path):
 def test_receive_offload_is_never_on_under_a_loss():
     """GRO on a veth coalesces a run before the nftables loss hook sees it: one drop would
     take the whole run. The pair turns it off for a loss and refuses it under one."""
-    from testbed.bench.transport import NetnsPair
+    from testbed.emulation.netns import NetnsPair
 
     def gro(pair, side):
         out = pair.exec(side, "ethtool", "-k", pair.dev[side]).stdout
@@ -74,7 +74,9 @@ def test_a_failing_agent_is_an_experiment_error_not_a_broken_pipe():
     """An agent that dies (here: a bound its config refuses) is reported with its own
     error as one `ExperimentFailed` line, and writing to it again raises nothing: the
     bench used to exit 1 in silence through click's BrokenPipeError handling."""
-    from testbed.bench.transport import Agent, Config, NetnsPair, _start
+    from testbed.bench.agents import Agent
+    from testbed.bench.transport import Config, _start
+    from testbed.emulation.netns import NetnsPair
     from testbed.errors import ExperimentFailed
     with NetnsPair(100e6) as pair:
         with pytest.raises(ExperimentFailed, match=r"failed to start: .*\bp\b") as exc:

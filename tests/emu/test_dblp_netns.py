@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dblp.testing import collect_agents
-from testbed.bench.transport import NetnsPair
+from testbed.emulation.netns import NetnsPair
 
 pytestmark = pytest.mark.emu
 

@@ -34,7 +34,7 @@ class FakeVethPair:
     """
 
     def __init__(self, tcp_step: int = 0):
-        from testbed.bench.transport import NetnsPair
+        from testbed.emulation.netns import NetnsPair
 
         self.loss, self.gro, self.checksum_offload = 0.0, False, True
         self.tcp_step, self.tcp_reads = tcp_step, 0

@@ -4,17 +4,27 @@ import math
 import pytest
 
 import testbed.bench.transport as tr
-from testbed.bench.transport import Config, _row, format_table, ideal_passes
+from testbed.analysis.physics import passes
+from testbed.bench.transport_doc import Config, bench_row, format_table, reliable_target
 
 pytestmark = pytest.mark.unit
 
 
 def test_ideal_passes_is_ceil_ln_p_over_ln_loss():
-    assert ideal_passes(0.008, 0.0, 2929) == 1
-    assert ideal_passes(0.008, 0.5, 2929) == math.ceil(math.log(0.008) / math.log(0.5)) == 7
-    assert ideal_passes(0.008, 0.8, 2929) == 22
-    assert ideal_passes(0.408, 0.1, 2929) == 1  # one pass already loses less than P
-    assert ideal_passes(0.0, 0.5, 2929) == math.ceil(math.log(0.5 / 2929) / math.log(0.5))
+    assert passes(0.008, 0.0) == 1
+    assert passes(0.008, 0.5) == math.ceil(math.log(0.008) / math.log(0.5)) == 7
+    assert passes(0.008, 0.8) == 22
+    assert passes(0.408, 0.1) == 1  # one pass already loses less than P
+    # a reliable round stops with under half a chunk missing: its row's ideal is finite
+    assert passes(reliable_target(2929), 0.5) == math.ceil(math.log(0.5 / 2929) / math.log(0.5))
+
+
+def test_a_row_takes_its_ideal_passes_from_the_one_formula():
+    for bound, loss in ((0.008, 0.5), (0.408, 0.8), (0.0, 0.1), (0.0, 0.0)):
+        row = bench_row(Config("dblp", "static" if bound else "reliable", bound, "udp"), loss,
+                        [_stats(1.0)], [], 0, 0.3, 2929, 1, 30)
+        assert row["ideal_passes"] == passes(bound or reliable_target(2929), loss)
+        assert isinstance(row["ideal_passes"], int)
 
 
 def _stats(lat, passes=3):
@@ -24,20 +34,20 @@ def _stats(lat, passes=3):
 
 def test_row_bound_and_median_with_timeouts():
     cfg = Config("dblp", "static", 0.408, "udp")
-    row = _row(cfg, 0.5, [_stats(1.0), _stats(3.0)], ["PeerTimeout"], 1, 0.3, 2929, 3, 30)
+    row = bench_row(cfg, 0.5, [_stats(1.0), _stats(3.0)], ["PeerTimeout"], 1, 0.3, 2929, 3, 30)
     assert row["bound_s"] == pytest.approx(0.3 * 2 * 0.592 / 0.5)
     assert row["round_trip_s"] == 3.0  # median of [1, 3, inf]
     assert row["passes"] == 3 and row["timeouts"] == 1
-    row = _row(cfg, 0.5, [_stats(1.0)], ["x", "y"], 2, 0.3, 2929, 3, 30)
+    row = bench_row(cfg, 0.5, [_stats(1.0)], ["x", "y"], 2, 0.3, 2929, 3, 30)
     assert row["round_trip_s"] is None and row["ratio"] is None
-    gloo = _row(Config("gloo", "reliable", 0.0, "tcp"), 0.1, [{"latency_s": 0.5}], [], 0,
+    gloo = bench_row(Config("gloo", "reliable", 0.0, "tcp"), 0.1, [{"latency_s": 0.5}], [], 0,
                 0.3, 2929, 1, 30)
     assert gloo["bound_s"] == pytest.approx(0.3 / 0.9) and gloo["passes"] is None
 
 
 def test_table_reports_speedups():
-    a = _row(Config("dblp", "static", 0.008, "udp"), 0.8, [_stats(3.4)], [], 0, 0.3, 2929, 1, 30)
-    b = _row(Config("dblp", "static", 0.408, "udp"), 0.8, [_stats(2.0)], [], 0, 0.3, 2929, 1, 30)
+    a = bench_row(Config("dblp", "static", 0.008, "udp"), 0.8, [_stats(3.4)], [], 0, 0.3, 2929, 1, 30)
+    b = bench_row(Config("dblp", "static", 0.408, "udp"), 0.8, [_stats(2.0)], [], 0, 0.3, 2929, 1, 30)
     doc = {"floor_s": 0.3, "bytes": 1, "rate_bps": 1e8, "reps": 1, "losses": [0.8], "rows": [a, b]}
     text = format_table(doc)
     assert "udp loss  80%: 1.70x" in text and "round_trip_s" in text
@@ -46,10 +56,10 @@ def test_table_reports_speedups():
 def test_row_reports_cpu_seconds_per_gb_moved_by_side():
     cfg = Config("dblp", "reliable", 0.0, "udp")
     cpu = {"worker": [0.5, 0.3, 0.4], "server": [0.2]}
-    row = _row(cfg, 0.0, [_stats(1.0)], [], 0, 0.3, 2929, 3, 30, cpu=cpu, moved_bytes=2 * 10**8)
+    row = bench_row(cfg, 0.0, [_stats(1.0)], [], 0, 0.3, 2929, 3, 30, cpu=cpu, moved_bytes=2 * 10**8)
     assert row["cpu_s_per_gb_worker"] == pytest.approx(0.4 / 0.2)  # median over reps, per GB
     assert row["cpu_s_per_gb_server"] == pytest.approx(0.2 / 0.2)
-    bare = _row(cfg, 0.0, [_stats(1.0)], [], 0, 0.3, 2929, 3, 30)
+    bare = bench_row(cfg, 0.0, [_stats(1.0)], [], 0, 0.3, 2929, 3, 30)
     assert bare["cpu_s_per_gb_worker"] is None and bare["cpu_s_per_gb_server"] is None
     doc = {"floor_s": 0.3, "bytes": 1, "rate_bps": 1e8, "reps": 1, "losses": [0.0], "rows": [row]}
     text = format_table(doc)
@@ -64,7 +74,7 @@ def test_a_veth_that_keeps_a_segmentation_offload_gets_software_checksums(kept, 
     (and so the bench document) says checksum offload only where ethtool shows it on."""
     import types
 
-    from testbed.bench.transport import NetnsPair
+    from testbed.emulation.netns import NetnsPair
     pair = NetnsPair(100e6, tag="t")
     calls = []
 

@@ -13,9 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from dblp.stats import RoundStats
+from testbed.analysis import physics
 from testbed.analysis import readme as rd
 from testbed.bench import bursts as bb
 from testbed.bench import transport as tr
+from testbed.bench import transport_doc as td
 from testbed.errors import InputError
 from testbed.run import reproduce as rp
 
@@ -111,7 +113,7 @@ class FakeFlow:
 
 def _round_stats(cfg, loss, bound_s):
     """One DBLP round as the agents report it (dblp's RoundStats), 10 % over its bound."""
-    passes = tr.ideal_passes(cfg.bound, loss, 2963)
+    passes = int(physics.passes(cfg.bound or td.reliable_target(2963), loss))
     return RoundStats(round=0, rank=0, role="worker", mode=cfg.mode, control=cfg.control,
                       latency_s=1.1 * bound_s * (1.01 if cfg.auth else 1.0), bound=cfg.bound,
                       passes_push=passes, passes_pull=passes, probe_rounds=passes, rtt_s=0.001

@@ -1,0 +1,224 @@
+"""The `bench transport` document: which rows it has, the figures of a row, and the text table.
+
+A row is one ``Config`` (a transport, its bound, control path, mode and
+whether the job has a secret) at one loss; ``bench_row`` turns its round trips
+into the figures the JSON document keeps (median round trip, the physical
+bound ``bound_s``, passes against the ideal, CPU per GB); ``bench_doc``
+declares the document around the rows and ``format_table`` prints it.
+The ideal passes are `testbed.analysis.physics.passes`, the same formula the
+run's bounds use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from testbed.analysis.physics import passes
+
+#: The two agents of a row by namespace: a = PS worker / sharded rank 0 / gloo rank 0,
+#: b = aggregator / sharded rank 1 / gloo rank 1. Each sends and receives the gradient
+#: once per round trip (push + pull, or the two halves of a ring all-reduce each way),
+#: so each moves ``2 x bytes`` of payload: the denominator of ``cpu_s_per_gb_*``.
+SIDES = ("worker", "server")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    impl: str  # "dblp" | "gloo"
+    policy: str  # reliable | static
+    bound: float
+    control: str  # udp | tcp
+    mode: str = "ps"  # dblp: "ps" (worker + aggregator) or "sharded" (two peers)
+    auth: bool = False  # dblp: the job has a secret (every message carries a MAC)
+
+    @property
+    def label(self) -> str:
+        if self.impl == "gloo":
+            return "gloo all_reduce"
+        return (f"{self.policy} P={self.bound:.1%} {self.control} {self.mode}"
+                + (" auth" if self.auth else ""))
+
+
+def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True,
+                    sharded=True, auth=(False, True)):
+    """Every bound x control (and sharded UDP), once per ``auth`` setting, side by side."""
+    cfgs = []
+    for control in controls:
+        for b in bounds:
+            for a in auth:
+                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control,
+                                   auth=a))
+    if sharded:  # like gloo: both hosts send at once (UDP control; TCP is PS-only)
+        for b in bounds:
+            for a in auth:
+                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp",
+                                   "sharded", auth=a))
+    if gloo:
+        cfgs.append(Config("gloo", "reliable", 0.0, "tcp"))
+    return cfgs
+
+
+def reliable_target(chunks: int) -> float:
+    """The missing fraction a reliable round (bound 0) stops at: under half a chunk of ``chunks``.
+
+    Under Bernoulli loss a reliable transport needs infinitely many passes in
+    the limit; a round of ``chunks`` chunks ends when none is missing, which
+    the ideal pass count reaches once fewer than half a chunk is expected to be.
+    """
+    return 0.5 / chunks
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+#: The veths' offloads as a bench document states them (``NetnsPair._set_offloads``).
+_GRO_ROWS = "; GRO on in loss-free rows (row 'gro')"
+OFFLOADS = "TX checksum on, every segmentation offload off (TSO, GSO, UDP)" + _GRO_ROWS
+OFFLOADS_SOFTWARE = "TX checksum and every segmentation offload off (the kernel did not keep " \
+    "checksum offload on with UDP segmentation off)" + _GRO_ROWS
+
+#: How the rows' round trips were ordered (``run_bench``); documents without it ran each row whole.
+ORDER = "interleaved: repetition k of every row of a loss before repetition k+1 of any"
+
+
+def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) -> dict:
+    """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
+    from dblp.wire import CHUNK_ELEMS
+    nbytes = numel * 4
+    return {"floor_s": nbytes * 8 / rate_bps, "bytes": nbytes, "rate_bps": rate_bps,
+            "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
+            "rows": rows,
+            "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)",
+            "offloads": OFFLOADS, "order": ORDER}
+
+
+def _cpu_per_gb(cpu: dict[str, list[float]] | None, moved_bytes: int | None) -> dict:
+    """Median CPU seconds per GB of payload each side moved (sent + received), by side.
+
+    Why per GB: CPU per round grows with the gradient, CPU per byte is what says whether
+    a data path can keep up with a faster link on this machine.
+    """
+    out = {}
+    for side in SIDES:
+        xs = (cpu or {}).get(side) or []
+        out[f"cpu_s_per_gb_{side}"] = (statistics.median(xs) / (moved_bytes / 1e9)
+                                       if xs and moved_bytes else None)
+    return out
+
+
+def bench_row(cfg: Config, loss: float, stats: list[dict], errors: list[str], timeouts: int,
+         floor_s: float, chunks: int, reps: int, round_timeout: float, *,
+         cpu: dict[str, list[float]] | None = None, moved_bytes: int | None = None) -> dict:
+    p = loss
+    if cfg.impl == "gloo":
+        need = 1.0 / (1 - p)  # 2-rank ring: each rank sends the tensor once, both ways at once
+    elif cfg.mode == "sharded":
+        need = (1 - cfg.bound) / (1 - p)  # each direction: half pushed + half pulled
+    else:
+        need = 2 * (1 - cfg.bound) / (1 - p)  # push + pull, same bound on both
+    if cfg.impl == "gloo":
+        made = ideal = None
+    else:
+        made = _median([max(s["passes_push"], s["passes_pull"]) for s in stats])
+        ideal = int(passes(cfg.bound or reliable_target(chunks), p))
+    lat = sorted([s["latency_s"] for s in stats] + [math.inf] * timeouts)
+    rt = statistics.median(lat) if lat else math.inf
+    rt = None if math.isinf(rt) else rt
+    bound_s = floor_s * need
+    row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
+           "mode": cfg.mode if cfg.impl == "dblp" else "allreduce", "auth": cfg.auth,
+           "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
+           "ratio": (rt / bound_s) if rt else None, "passes": made, "ideal_passes": ideal,
+           "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
+           "spread_s": [lat[0], lat[-1]] if lat and not math.isinf(lat[0]) else None,
+           **_cpu_per_gb(cpu, moved_bytes)}
+    if row["spread_s"] and math.isinf(row["spread_s"][1]):
+        row["spread_s"][1] = None
+    if cfg.impl == "dblp" and stats:
+        row["passes_push"] = _median([s["passes_push"] for s in stats])
+        row["passes_pull"] = _median([s["passes_pull"] for s in stats])
+        row["probe_rounds"] = _median([s["probe_rounds"] for s in stats])
+        row["missing_at_stop"] = _median([s["missing_at_stop"] for s in stats])
+        row["pull_missing"] = _median([s["pull_missing"] for s in stats])
+        row["rtt_ms"] = _median([(s["rtt_s"] or 0) * 1e3 for s in stats])
+    if errors:
+        row["errors"] = sorted(set(e[:300] for e in errors))
+    return row
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+HEADER = (f"{'impl':7} {'policy':8} {'bound':>6} {'ctrl':4} {'auth':4} {'loss':>5} "
+          f"{'round_trip_s':>12} {'bound_s':>8} {'ratio':>6} {'passes':>6} {'ideal':>5} "
+          f"{'cpu_s/GB w':>10} {'cpu_s/GB s':>10} {'steal':>5}")
+
+
+def format_row(r: dict) -> str:
+    impl = r["impl"] + ("/sh" if r.get("mode") == "sharded" else "")
+    auth = "yes" if r.get("auth") else "no"
+    s = (f"{impl:7} {r['policy']:8} {r['bound']:6.1%} {r['control']:4} {auth:4} {r['loss']:5.0%} "
+         f"{_fmt(r['round_trip_s'], '12.3f')} {r['bound_s']:8.3f} {_fmt(r['ratio'], '6.2f')} "
+         f"{_fmt(r['passes'], '6.0f')} {_fmt(r['ideal_passes'], '5d')} "
+         f"{_fmt(r.get('cpu_s_per_gb_worker'), '10.2f')} "
+         f"{_fmt(r.get('cpu_s_per_gb_server'), '10.2f')} "
+         f"{_fmt(r.get('cpu_steal_frac'), '5.1%')}")
+    if r.get("tcp"):
+        s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
+    if r.get("timeouts"):
+        s += (f"  ({r['timeouts']} of {r['reps'] + r['timeouts']} missed the "
+              f"{r['round_timeout_s']:g} s deadline)")
+    return s
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"floor_s = {doc['floor_s']:.3f} s ({doc['bytes']} B at {doc['rate_bps'] / 1e6:g} "
+             f"Mbit/s), medians of {doc['reps']} round trips; cpu_s/GB: CPU seconds per GB "
+             "each side moved (w = worker / rank 0, s = aggregator / rank 1); steal: CPU "
+             "time the hypervisor gave other guests during the row", HEADER]
+    lines += [format_row(r) for r in doc["rows"]]
+    lines += ["", "cost of authentication (round trip with a secret / without, same row):"]
+    for r in doc["rows"]:
+        twin = _auth_twin(doc, r)
+        if r.get("auth") and twin and r["round_trip_s"] and twin["round_trip_s"]:
+            lines.append(f"  {r['policy']:8} {r['bound']:6.1%} {r['control']} {r['mode']:7} "
+                         f"loss {r['loss']:4.0%}: {r['round_trip_s'] / twin['round_trip_s']:.3f}x")
+    lines += ["", "speedup of the 40.8 % bound over static 0.8 % (same control):"]
+    for control in ("udp", "tcp"):
+        for loss in doc["losses"]:
+            a = _find(doc, "static", 0.008, control, loss)
+            b = _find(doc, "static", 0.408, control, loss)
+            if not (a and b and b["round_trip_s"]):
+                continue
+            if a["round_trip_s"]:
+                lines.append(f"  {control} loss {loss:4.0%}: "
+                             f"{a['round_trip_s'] / b['round_trip_s']:.2f}x")
+            else:
+                lines.append(f"  {control} loss {loss:4.0%}: > "
+                             f"{a['round_timeout_s'] / b['round_trip_s']:.1f}x (static 0.8 % "
+                             "missed the deadline)")
+    return "\n".join(lines)
+
+
+def _find(doc, policy, bound, control, loss, auth=False):
+    for r in doc["rows"]:
+        if r["impl"] == "dblp" and r.get("mode", "ps") == "ps" and r["policy"] == policy \
+                and abs(r["bound"] - bound) < 1e-9 \
+                and r["control"] == control and r["loss"] == loss and r.get("auth", False) == auth:
+            return r
+    return None
+
+
+def _auth_twin(doc, row):
+    """The row measured under the same conditions without authentication."""
+    for r in doc["rows"]:
+        if r is not row and r["impl"] == row["impl"] == "dblp" and not r.get("auth") \
+                and (r["policy"], r["bound"], r["control"], r["mode"], r["loss"]) == \
+                (row["policy"], row["bound"], row["control"], row["mode"], row["loss"]):
+            return r
+    return None
+
