@@ -43,7 +43,8 @@ reference: setup
 	$(VENV)/bin/dblp-testbed compare $$dirs --reference results/reference/ci.json --update
 
 # Every run behind the README's result tables, from scratch; keeps their
-# small files under results/reference/ and re-renders the README's tables.
+# small files under results/reference/ and re-renders the tables of the README
+# and docs/results/.
 reproduce: setup
 	$(VENV)/bin/dblp-testbed reproduce $(ARGS)
 

@@ -184,7 +184,7 @@ class TransportConfig:
     norm: str = _setting("mean", "str", "dblp: norm compared at a check", choices="NORMS")
     # The library keeps the paper's signal (what its presets mirror and the CI
     # guard was measured with); the testbed's default preset uses "rescaled",
-    # the one the transport's own drops cannot move (README, "The phase detector").
+    # the one the transport's own drops cannot move (docs/results/detector.md).
     signal: str = _setting("delivered", "str", "dblp: what the phase detector measures per round",
                            choices="SIGNALS")
     # -- paths and aggregation ---------------------------------------------------------

@@ -10,7 +10,7 @@ records them beside its figures instead of leaving a reader to guess.
 from __future__ import annotations
 
 #: Steal from which a figure is the neighbour's as much as ours: a report flags the unit,
-#: the README's line-rate verdicts set the row aside. On this project's 2-core machine,
+#: the line-rate verdicts (docs/results/linerate.md) set the row aside. On this project's 2-core machine,
 #: 0.1 Gbit/s bench runs with 4-6.5 % steal had DBLP rows up to 11 % slower than runs
 #: with under 3 % (its pacer wakes every half millisecond: little slack for a late wake).
 STEAL_FLAG = 0.05

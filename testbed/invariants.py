@@ -61,7 +61,7 @@ def _pct(x: float) -> str:
 
 #: Every invariant a unit must keep, by name. The limits' reasons are in the
 #: module docstring; the presets are sized so an idle machine of the project's
-#: kind stays well inside them (README, "CPU budget").
+#: kind stays well inside them (docs/results/default.md, "CPU budget").
 INVARIANTS: dict[str, Invariant] = {inv.name: inv for inv in (
     Invariant("cpu busy", "cpu_busy_frac", 0.85, most=True,
               doc="machine-wide CPU busy over the unit, steal included"),

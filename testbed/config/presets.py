@@ -19,8 +19,8 @@ it, so the verdict presets train `byte_lm` (1,260 chunks).
 Rates: the verdict workload's gradient is 1.78 MB, which at 20 Mbit/s makes
 a round several seconds. The fat-tree runs at 40 Mbit/s: four concurrent
 cross-pod flows get 95 % of their shaped rate up to 60 Mbit/s on an idle
-machine (`dblp-testbed net check --bw B --flows 4`, the README's capacity
-table), but only 61 % of 60 Mbit/s in a check while other work took CPU
+machine (`dblp-testbed net check --bw B --flows 4`, the capacity table,
+docs/results/capacity.md), but only 61 % of 60 Mbit/s in a check while other work took CPU
 from the one OVS forwarding thread, and in a run the workers and the
 transport share the two cores with it; at 40 Mbit/s the default's runs
 reach their shaped rate. The one-switch star runs at 100 Mbit/s, where two
@@ -116,7 +116,7 @@ PRESETS = {
         # The detector's drop-corrected signal: with the paper's zero-filled
         # norm a relaxed window cuts the norm by itself and flips the phase
         # back (every seed at round 40 of this preset). The detector ablation
-        # on the paper's set-up measured the cost of each (README).
+        # on the paper's set-up measured the cost of each (docs/results/paper-prototype.md).
         "transport": {"signal": "rescaled"},
         "seeds": 3,
     },
@@ -161,7 +161,7 @@ PRESETS = {
         **PAPER_STAR,
         # Final accuracy is compared to a point: with a constant rate two
         # arms that differ only in summation order were up to 4 points apart
-        # on the 360 test digits, so the rate anneals to zero (README).
+        # on the 360 test digits, so the rate anneals to zero (docs/results/star.md).
         "training": {"model": "digits_cnn", "rounds": 400, "eval_every": 50,
                      "lr_schedule": "cosine"},
         "burst_every": {"enabled": False},

@@ -108,7 +108,7 @@ def check(probe_qdiscs: bool = True) -> dict:
                          "(use `police` or `congest`)")
     if not rep["kernel_datapath"]:
         notes.append("OVS kernel datapath absent: using the userspace datapath (one forwarding "
-                     "thread; see README capacity table)")
+                     "thread; see docs/results/capacity.md)")
     if (rep["wmem_default"] or 0) < WMEM_MIN:
         notes.append(f"net.core.wmem_default={rep['wmem_default']} < {WMEM_MIN}: OVS's TX socket may "
                      "overflow deep queues; run ./setup.sh before OVS starts")

@@ -1,6 +1,7 @@
-"""`dblp-testbed reproduce`: everything behind the README's result tables, from scratch.
+"""`dblp-testbed reproduce`: everything behind the measured tables, from scratch.
 
-Each `Reference` regenerates some of the README's tables and names the
+Each `Reference` regenerates some tables (its page, docs/results/NAME.md, and
+the README's headline) and names the
 folder of ``results/reference/`` that keeps the small files they are
 rendered from. Three kinds, registered by class as the topologies are
 (`REFERENCES` holds instances of the subclasses):
@@ -18,10 +19,11 @@ rendered from. Three kinds, registered by class as the topologies are
   it keeps the map's summary, tables, report and heat-maps.
 
 Beside the kept files, ``reproduce.json`` (`RECORD_SCHEMA`) holds the
-commands and their wall times. The files are committed: the README's
-tables are rendered from them (`testbed.analysis.readme`), and a unit test
-fails when the README and the files disagree, so a table in the README is
-always the table of a run anyone can inspect and re-run.
+commands and their wall times. The files are committed: the tables of
+the README and of every page under docs/ (`pages`: one page per reference
+under docs/results/) are rendered from them (`testbed.analysis.readme`),
+and a unit test fails when a page and the files disagree, so a table on a
+page is always the table of a run anyone can inspect and re-run.
 
 A reference that fails still leaves its run directory (logs, partial
 outputs); its reference folder is left as it was, the others still run,
@@ -47,8 +49,16 @@ from testbed.output import json_option, results
 
 #: Where the committed reference data live.
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
+#: Where the pages of measured tables live: one page per reference (``NAME.md``).
+RESULTS_PAGES = REPO_ROOT / "docs" / "results"
+
+
+def pages(root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
+    """The pages whose marked tables `reproduce` renders: the README and every page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
 #: The derived files kept per reference run: small, and enough to rebuild
-#: every README table and to check each figure by hand.
+#: every table of its page and to check each figure by hand.
 KEPT_FILES = ("summary.json", "rounds.csv", "bursts.csv", "evals.csv", "spec.toml")
 #: The file beside the kept ones that says how they were made.
 RECORD = "reproduce.json"
@@ -62,7 +72,7 @@ RECORD_SCHEMA = 1
 
 
 class Reference:
-    """What regenerates some README tables, and the files of it the repository keeps.
+    """What regenerates some measured tables, and the files of it the repository keeps.
 
     A subclass sets ``kind``, says which files it keeps (`kept_files`) and
     produces them in a fresh run directory (`produce`), returning what
@@ -87,7 +97,7 @@ class Reference:
 
 @dataclasses.dataclass(frozen=True)
 class RunReference(Reference):
-    """A `dblp-testbed run` of a preset whose tables the README shows."""
+    """A `dblp-testbed run` of a preset whose tables a results page shows."""
 
     kind: ClassVar[str] = "run"
     name: str
@@ -96,7 +106,7 @@ class RunReference(Reference):
     overrides: tuple[str, ...] = ()
 
     def argv(self, out: pathlib.Path) -> list[str]:
-        """The `dblp-testbed run` arguments that regenerate it (also shown in the README)."""
+        """The `dblp-testbed run` arguments that regenerate it (also shown on the results pages)."""
         args = ["run", "--preset", self.preset, "--out", str(out)]
         for o in self.overrides:
             args += ["--set", o]
@@ -248,7 +258,7 @@ class RegimeReference(Reference):
 
 
 REFERENCES: dict[str, Reference] = {}
-#: Not a reference: README blocks naming it are rendered from every reference.
+#: Not a reference: blocks naming it are rendered from every reference.
 EVERY = "all"
 
 
@@ -268,7 +278,7 @@ register(RunReference("paper", "paper",
 # The prototype's costs but its 8 KB chunks: with them the run stops at its
 # first burst (a 1 s burst leaves the server's IP reassembly memory full of
 # incomplete datagrams, and every fragmented one is dropped until they expire
-# 30 s later, past the round deadline; README, "The prototype's costs").
+# 30 s later, past the round deadline; docs/results/paper-prototype.md).
 register(RunReference("paper-prototype", "paper-prototype",
                       "the paper preset with the authors' prototype's fixed chunk order, 1 s probe "
                       "wait and Nagle on TCP control (MTU-sized chunks)",
@@ -303,7 +313,7 @@ register(CommandReference(
                    "--losses", "0,0.1", "--controls", "udp", "--bounds", "0", "--auth", "off",
                    "--reps", "7", "--round-timeout", "60"))
           for i in range(1, LINE_RUNS + 1) for r, m in LINE_RATES)))
-#: The fat-tree sizes `net check` builds for the README (k=8 routes in ~20 s).
+#: The fat-tree sizes `net check` builds for its results page (k=8 routes in ~20 s).
 FABRIC_KS = (4, 6, 8)
 register(CommandReference(
     "fabric", "`net check` of the fat-tree at each size: start-up, reachability, core spread, "
@@ -405,14 +415,15 @@ def reproduce(refs: list[Reference], runs_root: pathlib.Path,
 
 
 def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
-                  readme: pathlib.Path = REPO_ROOT / "README.md",
+                  targets: list[pathlib.Path] | None = None,
                   only: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """Re-render the README's marked tables of ``only`` (default: every reference).
+    """Re-render the marked tables of ``only`` (default: every reference) on every page.
 
+    ``targets``: the pages to render (default `pages()`: the README and docs/).
     A reference without a committed folder yet keeps its blocks as they are
-    (the README test still fails on them), and so do the blocks of every
-    reference (`EVERY`) until all have one. Returns the changed blocks and
-    the references left without data.
+    (the tables test still fails on them), and so do the blocks of every
+    reference (`EVERY`) until all have one. Returns the changed blocks (each
+    once, whichever pages show it) and the references left without data.
     """
     from testbed.analysis import readme as rd
 
@@ -423,10 +434,13 @@ def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
     missing = [n for n in names if n not in ready]
     if not ready:
         return [], missing
-    text = readme.read_text()
-    changed = rd.stale(text, reference_dir, ready)
-    if changed:
-        readme.write_text(rd.update(text, reference_dir, ready))
+    changed: list[str] = []
+    for page in pages() if targets is None else targets:
+        text = page.read_text()
+        stale = rd.stale(text, reference_dir, ready)
+        if stale:
+            page.write_text(rd.update(text, reference_dir, ready))
+        changed += [block for block in stale if block not in changed]
     return changed, missing
 
 
@@ -435,15 +449,17 @@ def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
 @click.option("--runs", "runs_root", type=click.Path(file_okay=False), default="results/reproduce",
               show_default=True, help="Where the run directories go (each kept in full).")
 @click.option("--readme-only", is_flag=True,
-              help="Run nothing: re-render the README's tables from results/reference/.")
+              help="Run nothing: re-render the tables of the README and docs/ from "
+                   "results/reference/.")
 @json_option
 def reproduce_cmd(names, runs_root, readme_only, json_out):
-    """Regenerate the README's result tables from scratch: every reference (or NAMES).
+    """Regenerate the measured tables from scratch: every reference (or NAMES).
 
     A reference is a preset run or a set of other commands (benches, net
     checks); its small output files replace results/reference/NAME/
-    (commit them); then the README's marked tables (of NAMES, if given, and
-    the table of every reference's wall time) are re-rendered from them.
+    (commit them); then the marked tables of the README and of docs/ (one
+    page per reference under docs/results/; of NAMES, if given, and the
+    table of every reference's wall time) are re-rendered from them.
     """
     refs = select(names)
     done = {} if readme_only else reproduce(refs, pathlib.Path(runs_root))
@@ -455,9 +471,9 @@ def reproduce_cmd(names, runs_root, readme_only, json_out):
     def text():
         for n, e in done.items():
             click.echo(f"{n}: {e['status']} in {e['wall_s'] / 60:.1f} min ({e['run_dir']})")
-        click.echo(f"README tables re-rendered: {', '.join(changed) or 'none changed'}")
+        click.echo(f"tables re-rendered: {', '.join(changed) or 'none changed'}")
         if no_data:
-            click.echo(f"no committed data yet (their README blocks left as they are): "
+            click.echo(f"no committed data yet (their blocks left as they are): "
                        f"{', '.join(no_data)}")
 
     results(doc, json_out, text)

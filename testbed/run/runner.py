@@ -1,6 +1,6 @@
 """`dblp-testbed run`: one experiment from a validated spec to its report.
 
-The path of one run (README, "Layout"): a fresh run directory with the resolved spec and a
+The path of one run (docs/architecture.md): a fresh run directory with the resolved spec and a
 manifest; the capability check; one routed fabric with the controller and
 its burst schedule; for each unit (an arm trained with one seed) the server
 and workers on their hosts with packet captures around them; then the

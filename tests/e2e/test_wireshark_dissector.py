@@ -45,7 +45,7 @@ def tshark(optional_tool):
 
 @pytest.fixture(scope="module")
 def dissector(tmp_path_factory):
-    """The Lua file exactly as the README makes it."""
+    """The Lua file exactly as docs/transport.md makes it."""
     path = tmp_path_factory.mktemp("lua") / "dblp.lua"
     out = subprocess.run([sys.executable, "-m", "dblp.wireshark", "--out", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
@@ -230,7 +230,8 @@ def test_heuristic_decoding_equals_the_scapy_layer(dissector, capture, messages)
 
 
 def test_readme_tshark_command_prints_dblp_fields(dissector, capture, messages):
-    line = next(c for c in (ln.strip() for ln in (ROOT / "README.md").read_text().splitlines())
+    page = ROOT / "docs" / "transport.md"  # where the README's link to the transport leads
+    line = next(c for c in (ln.strip() for ln in page.read_text().splitlines())
                 if c.startswith("tshark -X lua_script:dblp.lua"))
     argv = line.replace("dblp.lua", str(dissector), 1).split()
     argv[argv.index("-r") + 1] = str(capture[0])

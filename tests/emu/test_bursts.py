@@ -78,7 +78,7 @@ def test_congest_overflows_the_bounded_queue(fab):
     What a probe flow through that queue loses in the window is not bounded
     here: it is bimodal on this emulator, 0.60-0.77 in most fabrics and
     0.00-0.05 in some (6 of 14 runs of this module here, the queue dropping 670-950
-    packets either way; README, Microbursts), and the cause was not found.
+    packets either way; CHANGELOG.md, the burst controller's start lag), and the cause was not found.
     """
     row = burstbench.measure_window(fab, "congest", {"rate_mbps": 40.0}, duration_ms=500,
                                     rate_pps=1000, pkt_bytes=400, tag="t-congest")

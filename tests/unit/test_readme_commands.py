@@ -1,8 +1,10 @@
-"""Keep the README true: every command it shows is run by a test.
+"""Keep the README and the docs true: every command they show is run by a test.
 
-Each command line in the README's indented blocks is mapped to the test that
-runs it; a command without a test fails here, and the commands no other test
-runs are run here (cheaply, with the flags the README shows).
+Each command line in the indented blocks of the README, CHANGELOG.md and every
+page under docs/ is mapped to the test that runs it; a command without a test
+fails here, and the commands no other test runs are run here (cheaply, with
+the flags the page shows). Every relative link between the pages resolves,
+and every page under docs/ can be reached from the README.
 """
 import pathlib
 import re
@@ -13,8 +15,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "testbed.cli"]
+#: Every page a reader can reach from the README.
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
-# README command (first words) -> where it is run.
+# Command on a page (first words) -> where it is run.
 COVERED = {
     "make run": "test_make_run_is_setup_then_the_default_experiment (below); "
                 "`run` itself: tests/e2e/test_run.py, test_ci_regression.py",
@@ -56,13 +60,69 @@ COVERED = {
 }
 
 
-def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+def page_commands(page: pathlib.Path) -> list[str]:
+    text = page.read_text()
     cmds = [line.strip() for line in text.splitlines() if line.startswith("    ") and line.strip()
             and not line.strip().startswith(("|", "#"))
             and not line.split()[0].endswith("/")]  # the Layout block lists folders
     cmds += re.findall(r"`(\.venv/bin/pytest[^`]*)`", text)
     return cmds
+
+
+def readme_commands() -> list[str]:
+    """The commands of every page (README, CHANGELOG.md, docs/)."""
+    return [c for page in PAGES for c in page_commands(page)]
+
+
+@pytest.mark.unit
+def test_the_pages_show_commands_from_every_part():
+    """The commands moved out of the README are still found where they now are."""
+    where = {p.relative_to(ROOT).as_posix(): page_commands(p) for p in PAGES}
+    assert any(c.startswith("make run") for c in where["README.md"])
+    assert any(c.startswith(".venv/bin/torchrun") for c in where["docs/transport.md"])
+    assert any(c.startswith("python -m workloads.loopback") for c in where["docs/workloads.md"])
+    assert any(c.startswith("run = load_run(") for c in where["docs/outputs.md"])
+    assert any(c.startswith(".venv/bin/pytest") for c in where["docs/reliability.md"])
+
+
+LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _links(page: pathlib.Path) -> list[tuple[pathlib.Path, str]]:
+    out = []
+    for target in LINK_RE.findall(page.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        out.append(((page.parent / path).resolve() if path else page, anchor))
+    return out
+
+
+@pytest.mark.unit
+def test_every_relative_link_resolves():
+    for page in PAGES:
+        for target, anchor in _links(page):
+            assert target.exists(), f"{page.relative_to(ROOT)}: {target} does not exist"
+            if anchor:
+                headings = [_anchor(h) for h in re.findall(r"^#+ (.*)$", target.read_text(), re.M)]
+                assert anchor in headings, f"{page.relative_to(ROOT)}: no heading #{anchor} in {target.name}"
+
+
+@pytest.mark.unit
+def test_every_page_is_reached_from_the_readme():
+    seen, todo = set(), [ROOT / "README.md"]
+    while todo:
+        page = todo.pop()
+        if page in seen or page.suffix != ".md":
+            continue
+        seen.add(page)
+        todo += [t for t, _ in _links(page) if t.is_file()]
+    assert {p.resolve() for p in PAGES} <= seen
 
 
 @pytest.mark.unit

@@ -1,4 +1,9 @@
-"""The README's result tables are the committed reference runs' tables, never typed by hand."""
+"""The measured tables on every page are the committed reference runs' tables, never typed by hand.
+
+The README shows the headline verdicts; docs/results/ has one page per
+reference with all of its tables; every page under docs/ is rendered by
+`reproduce` and checked here.
+"""
 import json
 
 import pytest
@@ -8,20 +13,60 @@ from testbed.analysis import readme as rd
 from testbed.errors import ExperimentFailed, InputError
 from testbed.run import reproduce as rp
 
-README = (REPO_ROOT / "README.md").read_text()
+PAGES = {page.relative_to(REPO_ROOT).as_posix(): page.read_text() for page in rp.pages()}
 
 
-def test_readme_tables_match_the_committed_reference_runs():
-    assert rd.stale(README, rp.REFERENCE_DIR) == []
+def test_every_page_is_rendered_and_checked():
+    assert {"README.md", "docs/results/index.md", "docs/results/default.md"} <= set(PAGES)
+    assert "CHANGELOG.md" not in PAGES  # narrative only: no generated table belongs there
+    assert "<!-- reference:" not in (REPO_ROOT / "CHANGELOG.md").read_text()
 
 
-def test_readme_shows_a_table_of_every_reference_and_their_wall_times():
-    shown = {ref for ref, _ in rd.blocks(README)}
-    assert shown == {*rp.REFERENCES, rp.EVERY}
-    assert (rp.EVERY, "wall-times") in rd.blocks(README)
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_page_tables_match_the_committed_reference_runs(page):
+    assert rd.stale(PAGES[page], rp.REFERENCE_DIR) == []
+
+
+def test_each_reference_has_its_page_with_only_its_own_tables():
     for name, ref in rp.REFERENCES.items():
+        page = f"docs/results/{name}.md"
+        assert page in PAGES, f"{page} missing: every reference has one page"
+        shown = rd.blocks(PAGES[page])
+        assert shown and {r for r, _ in shown} == {name}, page
         for f in (*ref.kept_files(), rp.RECORD):
             assert (rp.REFERENCE_DIR / name / f).is_file(), f"results/reference/{name}/{f} not committed"
+    pages = {p.stem for p in rp.RESULTS_PAGES.glob("*.md")}
+    assert pages == {*rp.REFERENCES, "index"}  # no page of a reference that is gone
+
+
+def test_the_wall_times_of_every_reference_are_on_the_results_index():
+    assert rd.blocks(PAGES["docs/results/index.md"]) == [(rp.EVERY, "wall-times")]
+
+
+def test_readme_is_a_front_door_with_the_headline_verdicts():
+    readme = PAGES["README.md"]
+    assert len(readme.splitlines()) <= 400
+    assert rd.blocks(readme) == [("default", "verdicts")]
+    # the same table, rendered alike, on the README and on the default run's page
+    assert ("default", "verdicts") in rd.blocks(PAGES["docs/results/default.md"])
+
+
+def test_the_default_page_keeps_a_place_for_the_cpu_budget_and_preset_changes():
+    page = PAGES["docs/results/default.md"]
+    assert "\n## CPU budget\n" in page and "\n## Preset changes\n" in page
+
+
+def test_update_readme_renders_every_page_it_is_given(tmp_path, monkeypatch):
+    (tmp_path / "ref" / "r").mkdir(parents=True)
+    (tmp_path / "ref" / "r" / "summary.json").write_text(json.dumps(_summary()))
+    (tmp_path / "ref" / "r" / rp.RECORD).write_text("{}")
+    a, b = tmp_path / "a.md", tmp_path / "b.md"
+    for page in (a, b):
+        page.write_text("<!-- reference:r arms -->\nold\n<!-- /reference -->\n")
+    monkeypatch.setattr(rp, "REFERENCES", {"r": rp.RunReference("r", "p", "t")})
+    changed, missing = rp.update_readme(tmp_path / "ref", [a, b])
+    assert changed == ["r arms"] and missing == []  # one block, however many pages show it
+    assert a.read_text() == b.read_text() and "| dblp | 1500 ms |" in a.read_text()
 
 
 def _summary(burst_ms=1500.0):

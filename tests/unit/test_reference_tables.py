@@ -291,7 +291,7 @@ def test_registered_references_are_instances_of_the_kinds():
                           | rp.RegimeReference) for r in rp.REFERENCES.values())
     assert rp.REFERENCES["star"].commands() == [["run", "--preset", "star", "--out", "DIR"]]
     assert rp.REFERENCES["regime"].commands() == [["regime", "reduced", "--out", "DIR"]]
-    # The prototype reference keeps MTU-sized chunks (README: 8 KB ones stall at the first burst).
+    # The prototype reference keeps MTU-sized chunks (docs/results/paper-prototype.md: 8 KB ones stall).
     assert rp.REFERENCES["paper-prototype"].commands() == [
         ["run", "--preset", "paper-prototype", "--out", "DIR", "--set", "transport.chunk_bytes=1416"]]
 
@@ -440,7 +440,7 @@ def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, mo
             "<!-- reference:all wall-times -->\nold\n<!-- /reference -->\n")
     readme.write_text(text)
     rp.reproduce([ref], tmp_path / "runs", tmp_path / "ref")
-    changed, missing = rp.update_readme(tmp_path / "ref", readme)
+    changed, missing = rp.update_readme(tmp_path / "ref", [readme])
     assert changed == ["bursts bursts"] and missing == ["fabric"]
     new = readme.read_text()
     assert new.count("old") == 2 and "t, 20 Mbit/s links" in new

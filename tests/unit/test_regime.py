@@ -119,7 +119,7 @@ def test_the_committed_map_places_every_pair_and_explains_every_arm_far_from_its
             far = a["over_bound"] is not None and a["over_bound"] > analysis.BOUND_FACTOR
             if far and a["emulator_kept_up"]:
                 assert a["why"], (c["name"], a["arm"])
-    # Every figure in the README's block comes from this file.
+    # Every figure in the regime page's block (docs/results/regime.md) comes from this file.
     assert analysis.markdown(doc).count("\n") == len(doc["cells"]) + 1
     assert all(math.isfinite(a["bound_ms"]) for c in doc["cells"] for a in c["arms"]
                if a["bound_ms"] is not None)
