@@ -511,7 +511,7 @@ def _fast_rows(eng: Engine, ring: RecvRing, hb: np.ndarray, h: np.ndarray, lo: i
         return np.zeros(m - lo, bool)
     lens = ring.lens[lo:m]
     fast = keep & data_rows(hb, h, lens, eng.chunk_bytes, ring.fixed(eng.session, eng.round))
-    fast &= ring.known_senders(lo, m, h["src"], eng.peers, pinned=eng.sealer.key is None)
+    fast &= ring.known_senders(lo, m, h["src"], eng.peers.addrs, pinned=eng.sealer.key is None)
     if eng.sealer.key is not None:
         for i in np.flatnonzero(fast):
             if not eng.sealer.verify(ring.view(lo + int(i)), int(lens[i])):
@@ -545,7 +545,7 @@ def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
         r = eng.receivers.get((kind, part, src))
         if r is None or r.stopped or r.final is not None or not r.out.flags.c_contiguous:
             break
-        addr = ring.pinned_addr(src, eng.peers)
+        addr = ring.pinned_addr(src, eng.peers.addrs)
         room = r.count - r.allowed - r.n_have - 1
         if addr is None or room < 0:
             break
@@ -554,8 +554,8 @@ def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
             eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room)
         if j == i:
             break
-        if eng.pending_finals:
-            eng._implicit_ack(src, eng.round)
+        if eng.finals.pending:
+            eng.finals.implicit_ack(src, eng.round)
         eng.seen_round = True
         eng.counters.malformed += bad
         eng.counters.duplicates += dups
@@ -597,21 +597,21 @@ def deliver(eng: Engine, ring: RecvRing, m: int, now: float) -> None:
         stream = np.where(fast, kind.astype(np.int64) << 32 | h["part"].astype(np.int64) << 16
                           | h["src"].astype(np.int64), -1 - np.arange(n))
         spans = runs(stream)
-    state = (eng.round, eng.session, len(eng.peers))
+    state = (eng.round, eng.session, len(eng.peers.addrs))
     for a, b in spans:
         if fast[a]:
             src = int(h["src"][a])
             r = eng.receivers.get((int(kind[a]), int(h["part"][a]), src))
             if r is not None:
-                if eng.pending_finals:
-                    eng._implicit_ack(src, eng.round)
+                if eng.finals.pending:
+                    eng.finals.implicit_ack(src, eng.round)
                 eng.seen_round = True
                 r.on_data_batch(h[a:b], ring.data, np.arange(lo + a, lo + b), now)
                 continue
         for i in range(a, b):
             if keep[i]:
                 eng.handle(ring.view(lo + i), int(ring.lens[lo + i]), ring.addr(lo + i), None, now)
-        if (eng.round, eng.session, len(eng.peers)) != state:
+        if (eng.round, eng.session, len(eng.peers.addrs)) != state:
             for i in range(b, n):
                 if keep[i]:
                     eng.handle(ring.view(lo + i), int(ring.lens[lo + i]), ring.addr(lo + i),

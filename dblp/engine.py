@@ -40,16 +40,15 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from . import batch, wire
 from .config import check_setting, default_of
+from .engine_state import EarlyBuffer, FinalRetries, FinalRetry, Joining, PeerState
 from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
-from .pacing import FRAGMENT_OVERHEAD, WIRE_OVERHEAD, PaceAudit, RttEstimator, TokenBucket
+from .pacing import FRAGMENT_OVERHEAD, WIRE_OVERHEAD, PaceAudit, TokenBucket
 from .stats import Counters
 from .streams import (
     DONE,
@@ -81,8 +80,10 @@ _IP_PMTUDISC_DONT = 0  # never set Don't Fragment: the kernel fragments large da
 class Engine:
     """One participant's sockets, pacing, RTT state and the streams of its round.
 
-    State is grouped by role (as in PyTorch's ``PowerSGDState``); ``__slots__``
-    keeps a typo from silently creating a new field.
+    State is grouped by role (as in PyTorch's ``PowerSGDState``): the fields
+    below by comment, and the roles with rules of their own in small objects
+    (`dblp.engine_state`: ``peers``, ``finals``, ``early``, ``joining``);
+    ``__slots__`` keeps a typo from silently creating a new field.
     """
 
     __slots__ = (
@@ -104,20 +105,17 @@ class Engine:
         # datagrams the last poll read from the ring, and how long arrivals may
         # gather before the next read (receive coalescing in ``run_until``)
         "last_read", "coalesce_s",
-        # what we know of each peer: address, TCP control, RTT and loss estimates
-        "peers", "tcp", "closed_peers", "rtts", "loss", "_rtt_args",
-        # control tunables
-        "max_copies", "stop_repeat_s",
+        # what we know of each peer: address, TCP control, RTT and loss estimates (PeerState)
+        "peers",
         # the current round: its streams and the round-robin sending order
         "round", "seen_round", "senders", "receivers", "prev_receivers", "active", "_rr",
         "progress",
-        # FINAL retransmission (aggregator) and acknowledgement (member) bookkeeping
-        "pending_finals", "acked_finals",
-        # messages of the next round, kept until it starts (capped in entries and bytes)
-        "early", "early_cap", "early_bytes", "early_size",
-        # joining: handlers the rendezvous installs, TCP conns not yet bound to a rank
-        # (closed at their deadline), the unbound TCP conn being read
-        "join_handler", "tcp_accept_handler", "unbound", "hello_timeout", "current_conn",
+        # FINAL retransmission (aggregator) and acknowledgement (member) bookkeeping (FinalRetries)
+        "finals",
+        # messages of the next round, kept until it starts (EarlyBuffer)
+        "early",
+        # joining: the rendezvous' handlers, TCP conns not yet bound to a rank (Joining)
+        "joining",
         # accounting: anomalies, bytes and datagrams sent
         "counters", "bytes_sent", "datagrams",
         # fault injection for tests without root: drop this fraction of received datagrams
@@ -199,15 +197,8 @@ class Engine:
         self.coalesce_s = batch.coalesce_seconds(rate_bps, self.batch_max,
                                                  self.wire_size(self.max_datagram))
         # peers
-        self.peers: dict[int, tuple[str, int]] = {}
-        self.tcp: dict[int, TcpControl] = {}
-        self.closed_peers: set[int] = set()  # peers whose TCP control connection closed
-        self.rtts: dict[int, RttEstimator] = {}
-        self.loss: dict[int, float] = {}
-        self._rtt_args = (initial_rto, min_rto, max_rto)
-        # control tunables
-        self.max_copies = max_copies
-        self.stop_repeat_s = stop_repeat_s
+        self.peers = PeerState(initial_rto=initial_rto, min_rto=min_rto, max_rto=max_rto,
+                               max_copies=max_copies, stop_repeat_s=stop_repeat_s)
         # the current round
         self.round = -1
         self.seen_round = False
@@ -217,21 +208,9 @@ class Engine:
         self.active: list[OutTransfer] = []
         self._rr = 0
         self.progress = False
-        # FINAL bookkeeping: (peer, part, round) -> [msg, t_next, backoff, t0, id]
-        self.pending_finals: dict[tuple[int, int, int], list] = {}
-        self.acked_finals: dict[tuple[int, int, int], int] = {}  # stale FINALs answered: last id
-        # next-round buffer
-        self.early: list[tuple[bytes, tuple[str, int] | None, int | None]] = []
-        self.early_cap = early_cap
-        self.early_bytes = early_bytes
-        self.early_size = 0
-        # joining
-        # f(header, payload, addr, tcp peer) for HELLO/WELCOME; f() when the listener is ready
-        self.join_handler: Callable[[wire.Header, bytes, Any, int | None], None] | None = None
-        self.tcp_accept_handler: Callable[[], None] | None = None
-        self.unbound: dict[TcpControl, float] = {}  # conn -> when it is closed unless bound
-        self.hello_timeout = hello_timeout
-        self.current_conn: TcpControl | None = None  # an unbound TCP conn being read
+        self.finals = FinalRetries()
+        self.early = EarlyBuffer(early_cap, early_bytes)
+        self.joining = Joining(hello_timeout)
         # accounting; datagrams (or TCP frames) by kind: control must stay a small fraction
         self.counters = Counters()
         self.bytes_sent = 0
@@ -267,17 +246,11 @@ class Engine:
         """
         return datagram + WIRE_OVERHEAD + (wire.fragments(datagram) - 1) * FRAGMENT_OVERHEAD
 
-    # -- per-peer estimates ----------------------------------------------------------
-    def rtt(self, peer: int) -> RttEstimator:
-        est = self.rtts.get(peer)
-        if est is None:
-            est = self.rtts[peer] = RttEstimator(*self._rtt_args)
-        return est
-
+    # -- per-peer estimates (``self.peers``), as the control path uses them ---------------
     def rto(self, peer: int) -> float:
-        if self.control == "tcp" and peer in self.tcp:
+        if self.control == "tcp" and peer in self.peers.tcp:
             return math.inf  # TCP retransmits control itself (the paper's design)
-        return self.rtt(peer).rto
+        return self.peers.rtt(peer).rto
 
     def probe_timeout(self, peer: int, backoff: float) -> float:
         """Seconds a sent PROBE waits for an answer before it is resent.
@@ -292,32 +265,10 @@ class Engine:
             return math.inf
         return self.probe_wait if self.probe_wait is not None else rto * backoff
 
-    def rtt_sample(self, peer: int, rtt: float) -> None:
-        self.rtt(peer).sample(rtt)
-
-    def loss_sample(self, peer: int, frac: float) -> None:
-        old = self.loss.get(peer)
-        # Fast up (a burst must not cost probe timeouts); down within a few samples (one
-        # per stream and round), so a burst's redundancy does not outlive it for long.
-        self.loss[peer] = frac if old is None or frac > old else 0.25 * old + 0.75 * frac
-
-    def loss_timeout(self, peer: int) -> None:
-        self.loss[peer] = min(0.95, self.loss.get(peer, 0.0) + 0.25)
-
-    def undo_loss_timeouts(self, peer: int, before: float) -> None:
-        """Probe timeouts that were late answers: the estimate goes back to ``before`` them."""
-        if self.loss.get(peer, 0.0) > before:
-            self.loss[peer] = before
-
-    def stop_repeat_interval(self, peer: int) -> float:
-        """Least time between two repeats of a STOP: one smoothed RTT (or the RTO)."""
-        est = self.rtt(peer)
-        return max(self.stop_repeat_s, est.srtt if est.srtt is not None else est.rto)
-
     def copies(self, peer: int) -> int:
-        if self.control == "tcp" and peer in self.tcp:
+        if self.control == "tcp" and peer in self.peers.tcp:
             return 1
-        return copies_for_loss(self.loss.get(peer, 0.0), self.max_copies)
+        return self.peers.copies(peer)
 
     def reply_copies(self, peer: int, requested: int) -> int:
         """Copies of a reply: what the peer asked for, clamped to what our estimate justifies.
@@ -331,7 +282,7 @@ class Engine:
     def send_data(self, hdr: bytes, payload, peer: int) -> int:
         tag = self.sealer.tag(hdr, payload)
         try:
-            n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers[peer])
+            n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers.addrs[peer])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError:
@@ -359,7 +310,7 @@ class Engine:
         k, size = len(chunks), self.max_datagram
         try:
             k = self.send_buf.send(self.sock, template, chunks, rows, self.sealer,
-                                   self.peers[peer])
+                                   self.peers.addrs[peer])
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
@@ -384,13 +335,13 @@ class Engine:
     def send_ctrl(self, peer: int, body: bytes, copies: int = 1) -> None:
         """Send a control message (header + payload; sealed here) ``copies`` times."""
         msg = self.sealer.seal(body)
-        conn = self.tcp.get(peer) if self.control == "tcp" else None
+        conn = self.peers.tcp.get(peer) if self.control == "tcp" else None
         if conn is not None:
             conn.send(msg)
             self.bytes_sent += len(msg) + 2
             self.datagrams["control"] += 1
             return
-        addr = self.peers.get(peer)
+        addr = self.peers.addrs.get(peer)
         if addr is None:
             return
         for _ in range(max(1, copies)):
@@ -432,10 +383,8 @@ class Engine:
 
     def replay_early(self) -> None:
         """Feed messages that arrived for this round before it started."""
-        early, self.early = self.early, []
-        self.early_size = 0
         now = time.monotonic()
-        for data, addr, tcp_peer in early:
+        for data, addr, tcp_peer in self.early.take():
             self.handle(memoryview(data), len(data), addr, tcp_peer, now)
 
     def sender_active(self, s: OutTransfer) -> None:
@@ -455,7 +404,7 @@ class Engine:
         body = bytearray(msg)
         _INDEX.pack_into(body, _INDEX_OFF, 1)
         self.send_ctrl(peer, bytes(body), copies)
-        self.pending_finals[(peer, part, self.round)] = [body, now + self.rto(peer), 1.0, now, 1]
+        self.finals.pending[(peer, part, self.round)] = FinalRetry(body, now + self.rto(peer), now)
 
     # -- input ------------------------------------------------------------------------
     def handle(self, buf, n: int, addr, tcp_peer: int | None, now: float) -> None:
@@ -474,28 +423,25 @@ class Engine:
             return
         t = h.type
         if t == MsgType.HELLO or t == MsgType.WELCOME:
-            if self.join_handler is not None:
-                self.join_handler(h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length]), addr,
-                                  tcp_peer)
+            if self.joining.handler is not None:
+                self.joining.handler(h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length]), addr,
+                                     tcp_peer)
             else:
                 self.counters.foreign += 1
             return
-        if h.session != self.session or h.src not in self.peers or self.current_conn is not None \
+        if h.session != self.session or h.src not in self.peers.addrs \
+                or self.joining.current_conn is not None \
                 or (tcp_peer is not None and tcp_peer != h.src) \
-                or (self.sealer.key is None and addr is not None and addr != self.peers[h.src]):
+                or (self.sealer.key is None and addr is not None and addr != self.peers.addrs[h.src]):
             # Without a key, the pinned address is the only proof of who is talking.
             self.counters.foreign += 1
             return
-        if self.pending_finals:
-            self._implicit_ack(h.src, h.round)
+        if self.finals.pending:
+            self.finals.implicit_ack(h.src, h.round)
         if h.round != self.round:
             if h.round < self.round:
                 self._handle_stale(h, buf, n, now)
-            elif h.round == self.round + 1 and len(self.early) < self.early_cap \
-                    and self.early_size + n <= self.early_bytes:
-                self.early.append((bytes(buf[:n]), addr, tcp_peer))
-                self.early_size += n
-            else:
+            elif h.round != self.round + 1 or not self.early.keep(buf, n, addr, tcp_peer):
                 self.counters.early_dropped += 1
             return
         self.seen_round = True
@@ -528,32 +474,22 @@ class Engine:
             else:
                 r.on_final(h, buf[HEADER_SIZE:HEADER_SIZE + h.length])
         elif t == MsgType.DONE:
-            entry = self.pending_finals.pop((h.src, h.part, h.round), None)
+            entry = self.finals.pending.pop((h.src, h.part, h.round), None)
             if entry is None:
                 self.counters.duplicates += 1
-            elif entry[2] == 1.0:  # FINAL sent once: an unambiguous RTT sample
-                self.rtt_sample(h.src, now - entry[3])
-
-    def _implicit_ack(self, src: int, round: int) -> None:
-        """Any message of a later round from a peer proves it got our FINALs."""
-        for key in [k for k in self.pending_finals if k[0] == src and k[2] < round]:
-            del self.pending_finals[key]
+            elif entry.backoff == 1.0:  # FINAL sent once: an unambiguous RTT sample
+                self.peers.rtt_sample(h.src, now - entry.sent_at)
 
     def _handle_stale(self, h: wire.Header, buf, n: int, now: float) -> None:
         t = h.type
         if t == MsgType.DONE:
-            self.pending_finals.pop((h.src, h.part, h.round), None)
+            self.finals.pending.pop((h.src, h.part, h.round), None)
             return
         if t == MsgType.FINAL:
             # We already applied that round; the DONE was lost: acknowledge again
             # (once per FINAL transmission id, not once per copy).
-            key = (h.src, h.part, h.round)
-            if h.index and h.index <= self.acked_finals.get(key, 0):
+            if not self.finals.answer_once((h.src, h.part, h.round), h.index):
                 return
-            self.acked_finals[key] = h.index
-            if len(self.acked_finals) > 4096:  # bounded: forget the oldest rounds
-                for k in sorted(self.acked_finals, key=lambda k: k[2])[:3072]:
-                    del self.acked_finals[k]
             done = wire.pack_header(MsgType.DONE, src=self.rank, part=h.part, session=self.session,
                                     round=h.round, flags=h.flags & Flag.PULL, copies=h.copies)
             self.send_ctrl(h.src, done, self.reply_copies(h.src, h.copies))
@@ -602,18 +538,18 @@ class Engine:
             for frame in conn.read_frames():
                 if conn.peer is None:
                     # An unbound connection gets one frame: a HELLO that binds it to a rank.
-                    self.current_conn = conn
+                    self.joining.current_conn = conn
                     self.handle(memoryview(frame), len(frame), None, None, now)
                     if conn.peer is None:
                         conn.close()
                         break
                 else:
-                    self.current_conn = None
+                    self.joining.current_conn = None
                     self.handle(memoryview(frame), len(frame), None, conn.peer, now)
         finally:
-            self.current_conn = None
+            self.joining.current_conn = None
         if conn.peer is not None:
-            self.unbound.pop(conn, None)
+            self.joining.unbound.pop(conn, None)
         if conn.malformed:
             conn.malformed = False
             self.counters.malformed += 1
@@ -627,13 +563,12 @@ class Engine:
         except (KeyError, ValueError):
             pass
         conn.close()
-        self.unbound.pop(conn, None)
-        if conn.peer is not None and self.tcp.get(conn.peer) is conn:
+        self.joining.unbound.pop(conn, None)
+        if conn.peer is not None and self.peers.tcp.get(conn.peer) is conn:
             # Normal after a peer's last round; an error only if this round still needs
             # the peer (``run_until``'s ``check`` raises PeerClosed then).
-            self.closed_peers.add(conn.peer)
-            for key in [k for k in self.pending_finals if k[0] == conn.peer]:
-                del self.pending_finals[key]
+            self.peers.closed.add(conn.peer)
+            self.finals.forget_peer(conn.peer)
 
     def register_tcp(self, conn: TcpControl, max_unbound: int | None = None) -> None:
         """Watch ``conn``; one without a rank must bind itself within ``hello_timeout``.
@@ -643,18 +578,19 @@ class Engine:
         """
         self.sel.register(conn.sock, selectors.EVENT_READ, conn)
         if conn.peer is None:
-            self.unbound[conn] = time.monotonic() + self.hello_timeout
-            while max_unbound is not None and len(self.unbound) > max_unbound:
-                self._forget_conn(next(iter(self.unbound)))
+            unbound = self.joining.unbound
+            unbound[conn] = time.monotonic() + self.joining.hello_timeout
+            while max_unbound is not None and len(unbound) > max_unbound:
+                self._forget_conn(next(iter(unbound)))
                 self.counters.foreign += 1
 
     def _expire_unbound(self, now: float) -> float:
         """Close unbound TCP connections past their deadline; return the next deadline."""
-        for conn, t in list(self.unbound.items()):
+        for conn, t in list(self.joining.unbound.items()):
             if now >= t:
                 self._forget_conn(conn)
                 self.counters.foreign += 1
-        return min(self.unbound.values(), default=math.inf)
+        return min(self.joining.unbound.values(), default=math.inf)
 
     def poll(self, timeout: float) -> None:
         """Wait up to ``timeout`` for input and handle everything that arrived.
@@ -674,27 +610,27 @@ class Engine:
             if key.data is None:
                 self._read_udp(now)
             elif key.data == "listen":
-                if self.tcp_accept_handler is not None:
-                    self.tcp_accept_handler()
+                if self.joining.accept_handler is not None:
+                    self.joining.accept_handler()
             else:
                 self._read_tcp(key.data, now)
 
     # -- the loop ---------------------------------------------------------------------
     def _fire_timers(self, now: float) -> float:
-        nxt = self._expire_unbound(now) if self.unbound else math.inf
+        nxt = self._expire_unbound(now) if self.joining.unbound else math.inf
         for s in self.senders.values():
             if s.state == PROBING:
                 nxt = min(nxt, s.on_timer(now))
-        if self.pending_finals:
-            for key, entry in self.pending_finals.items():
-                if now >= entry[1]:
-                    entry[2] = min(8.0, entry[2] * 1.5)
-                    entry[4] += 1
-                    _INDEX.pack_into(entry[0], _INDEX_OFF, entry[4])
-                    self.send_ctrl(key[0], bytes(entry[0]), self.copies(key[0]))
+        if self.finals.pending:
+            for key, entry in self.finals.pending.items():
+                if now >= entry.due:
+                    entry.backoff = min(8.0, entry.backoff * 1.5)
+                    entry.id += 1
+                    _INDEX.pack_into(entry.body, _INDEX_OFF, entry.id)
+                    self.send_ctrl(key[0], bytes(entry.body), self.copies(key[0]))
                     rto = self.rto(key[0])
-                    entry[1] = now + (rto * entry[2] if rto < math.inf else 3600.0)
-                nxt = min(nxt, entry[1])
+                    entry.due = now + (rto * entry.backoff if rto < math.inf else 3600.0)
+                nxt = min(nxt, entry.due)
         return nxt
 
     def _send_some(self, now: float) -> float:
@@ -796,8 +732,8 @@ class Engine:
             now = time.monotonic()
             if done():
                 return
-            if self.closed_peers and needs is not None:
-                gone = self.closed_peers & set(needs())
+            if self.peers.closed and needs is not None:
+                gone = self.peers.closed & set(needs())
                 if gone:
                     raise PeerClosed(f"rank {min(gone)} closed its TCP control connection in "
                                      f"round {self.round}: {describe()}")
@@ -836,14 +772,14 @@ class Engine:
     def linger(self, seconds: float) -> None:
         """Keep answering (late probes, lost DONEs) for a while, e.g. before closing."""
         end = time.monotonic() + seconds
-        while self.pending_finals and time.monotonic() < end:
+        while self.finals.pending and time.monotonic() < end:
             t = self._fire_timers(time.monotonic())
             self.poll(max(0.0, min(t, end) - time.monotonic()))
 
     def close(self) -> None:
-        for conn in list(self.tcp.values()):
+        for conn in list(self.peers.tcp.values()):
             conn.close()
-        self.tcp.clear()
+        self.peers.tcp.clear()
         try:
             self.sel.close()
         except (OSError, ValueError, KeyError):

@@ -157,7 +157,7 @@ class TransportGroup:
             raise ValueError(f"chunk_bytes={self.config.chunk_bytes} but the aggregator cuts "
                              f"chunks of {w['chunk_bytes']} bytes: give every rank one config")
         eng.session = w["session"]
-        eng.join_handler = None
+        eng.joining.handler = None
         self.bound_ppm = w["bound_ppm"]
         self.phase = w.get("phase", self.phase)
         self.policy_name = w["policy"]
@@ -166,14 +166,14 @@ class TransportGroup:
                 raise TransportError("the rendezvous sent an incomplete address table")
             for r, a in w["peers"].items():
                 if r != self.rank:
-                    eng.peers[r] = a
-            eng.peers[0] = master
+                    eng.peers.addrs[r] = a
+            eng.peers.addrs[0] = master
         if self.control == "tcp":
             sock = socket.create_connection(master, timeout=self.join_timeout)
             conn = TcpControl(sock, peer=self.server_rank, nagle=eng.nagle)
             conn.send(eng.sealer.seal(_msg(MsgType.HELLO, hello, src=self.rank,
                                            session=eng.session)))
-            eng.tcp[self.server_rank] = conn
+            eng.peers.tcp[self.server_rank] = conn
             eng.register_tcp(conn)
         self.numel = numel
 

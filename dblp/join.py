@@ -152,11 +152,11 @@ class Rendezvous:
         self.nonces: dict[int, list[int]] = {}  # per rank: nonces of its joins, newest last
         self.tcp_nonce: dict[int, int] = {}  # per rank: the join whose nonce bound its TCP conn
         self.listen = listen
-        eng.join_handler = self.on_join
+        eng.joining.handler = self.on_join
         if listen is not None:
             listen.setblocking(False)
             eng.sel.register(listen, 1, "listen")
-            eng.tcp_accept_handler = self.accept
+            eng.joining.accept_handler = self.accept
 
     def accept(self) -> None:
         """Accept what the backlog holds (a full backlog drops the SYNs of real members)."""
@@ -177,7 +177,7 @@ class Rendezvous:
     def complete(self) -> bool:
         if set(self.addrs) != self.expected:
             return False
-        return not self.want_tcp or all(r in self.eng.tcp for r in self.expected)
+        return not self.want_tcp or all(r in self.eng.peers.tcp for r in self.expected)
 
     def _welcome_payload(self, rank: int) -> dict:
         w = dict(self.welcome, numel=self.numel, rank=rank)
@@ -202,7 +202,7 @@ class Rendezvous:
                 or (self.numel is not None and numel != self.numel):
             eng.counters.foreign += 1
             return
-        conn = eng.current_conn
+        conn = eng.joining.current_conn
         if conn is not None:
             self._bind_tcp(conn, rank, nonce)
             return
@@ -223,7 +223,7 @@ class Rendezvous:
         if self.numel is None:
             self.numel = numel
         self.addrs[rank] = addr
-        eng.peers[rank] = addr
+        eng.peers.addrs[rank] = addr
         w = self._welcome_payload(rank)
         if not w:
             return
@@ -243,7 +243,7 @@ class Rendezvous:
         if not seen or nonce != seen[-1] or self.tcp_nonce.get(rank) == nonce:
             eng.counters.foreign += 1  # no UDP join yet, an old join, or a replay
             return
-        old = eng.tcp.get(rank)
+        old = eng.peers.tcp.get(rank)
         if eng.sealer.key is None:
             # No secret: the connection must come from the rank's pinned host, and the
             # first one stays (nothing could tell a legitimate replacement apart).
@@ -258,8 +258,8 @@ class Rendezvous:
         self.tcp_nonce[rank] = nonce
         if old is not None and old is not conn:
             old.close()
-        eng.tcp[rank] = conn
-        eng.closed_peers.discard(rank)
+        eng.peers.tcp[rank] = conn
+        eng.peers.closed.discard(rank)
 
     def run(self, timeout: float) -> None:
         def missing() -> list[int]:
@@ -282,7 +282,7 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
     WARNING) naming the address it is trying, so a missing aggregator is not
     a silent two-minute hang. ``hint`` says what to check.
     """
-    eng.peers[server_rank] = server_addr
+    eng.peers.addrs[server_rank] = server_addr
     got: dict = {}
 
     def on_join(h, payload, addr, tcp_peer):
@@ -301,7 +301,7 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
             return
         got.update(w)
 
-    eng.join_handler = on_join
+    eng.joining.handler = on_join
     msg = _msg(MsgType.HELLO, hello, src=eng.rank, session=session or 0)
     t_start = time.monotonic()
     deadline = t_start + timeout
@@ -323,5 +323,5 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
         sent += 1
         eng.poll(0.02)
         if got and sent == 1:  # first HELLO answered: seed the RTT estimate
-            eng.rtt_sample(server_rank, time.monotonic() - t_sent)
+            eng.peers.rtt_sample(server_rank, time.monotonic() - t_sent)
     return got

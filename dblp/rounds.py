@@ -324,11 +324,11 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
         rnd = eng.round
 
         def settled() -> bool:
-            return all(e[4] >= SETTLE_TRIES for k, e in eng.pending_finals.items() if k[2] == rnd)
+            return all(e.id >= SETTLE_TRIES for k, e in eng.finals.pending.items() if k[2] == rnd)
 
         def unsettled() -> str:
             return (f"rank {me}, round {rnd}: FINAL not acknowledged by ranks "
-                    f"{sorted(k[0] for k in eng.pending_finals if k[2] == rnd)}")
+                    f"{sorted(k[0] for k in eng.finals.pending if k[2] == rnd)}")
         eng.run_until(settled, deadline, unsettled)
     res = RoundResult(push_senders, pull_receivers, push_receivers,
                       [i["pull"] for i in owned.values()])

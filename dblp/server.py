@@ -175,5 +175,5 @@ class ParameterServer:
 
 
 def _mean_srtt(eng: Engine):
-    vals = [e.srtt for e in eng.rtts.values() if e.srtt is not None]
+    vals = [e.srtt for e in eng.peers.rtts.values() if e.srtt is not None]
     return sum(vals) / len(vals) if vals else None

@@ -215,8 +215,8 @@ class OutTransfer:
             # the next probe (and the peer's reply) go out with more copies, until an
             # answer shows it was only late (``on_reply``).
             if self.loss_undo is None:
-                self.loss_undo = self.eng.loss.get(self.peer, 0.0)
-            self.eng.loss_timeout(self.peer)
+                self.loss_undo = self.eng.peers.loss.get(self.peer, 0.0)
+            self.eng.peers.loss_timeout(self.peer)
             self.backoff = min(4.0, self.backoff * 1.5)
             self._send_probe(now)
         return self.next_probe_t
@@ -240,7 +240,7 @@ class OutTransfer:
         if h.type == MsgType.BITMAP and self.required is None:
             last = self.queue
             if len(last):
-                self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[last])) / len(last))
+                self.eng.peers.loss_sample(self.peer, float(np.count_nonzero(~held[last])) / len(last))
         self.held = held
         missing = ~held
         if self.required is not None:
@@ -277,17 +277,17 @@ class OutTransfer:
         """
         sent_at = self.probe_times.get(h.index)
         if sent_at is not None and h.index >= self.probe_first:
-            self.eng.rtt_sample(self.peer, now - sent_at)
+            self.eng.peers.rtt_sample(self.peer, now - sent_at)
             self.probe_times.clear()
         elif h.type == MsgType.STOP and h.index == 0 and self.state == PROBING:
             waited = [t for i, t in self.probe_times.items() if i >= self.probe_first]
             if waited:
-                self.eng.rtt_sample(self.peer, now - min(waited))
+                self.eng.peers.rtt_sample(self.peer, now - min(waited))
                 self.probe_times.clear()
         late = (h.type == MsgType.STOP and h.index == 0) or \
             self.probe_first <= h.index < self.probe_id  # an answer from this wait, not its last
         if self.loss_undo is not None and late and self.state == PROBING:
-            self.eng.undo_loss_timeouts(self.peer, self.loss_undo)
+            self.eng.peers.undo_loss_timeouts(self.peer, self.loss_undo)
         if self.state == PROBING:
             self.loss_undo = None
 
@@ -306,7 +306,7 @@ class OutTransfer:
         if not answers_probe:
             sent = sent[self.sent_at[sent] <= now - self.eng.rto(self.peer)]
         if len(sent) >= 8 or (answers_probe and len(sent)):
-            self.eng.loss_sample(self.peer, float(np.count_nonzero(~held[sent])) / len(sent))
+            self.eng.peers.loss_sample(self.peer, float(np.count_nonzero(~held[sent])) / len(sent))
 
     def _finish(self) -> None:
         self.t_done = time.monotonic()
@@ -570,9 +570,9 @@ class InTransfer:
         RTT after it; repeating the STOP for each of them (times ``copies``) only
         floods the reverse path, so repeats wait at least a smoothed RTT.
         """
-        if self.eng.control == "tcp" and self.peer in self.eng.tcp:
+        if self.eng.control == "tcp" and self.peer in self.eng.peers.tcp:
             return  # TCP delivers the first STOP; repeats would only queue behind it
-        if self.final is None and now - self.last_stop_t >= self.eng.stop_repeat_interval(self.peer):
+        if self.final is None and now - self.last_stop_t >= self.eng.peers.stop_repeat_interval(self.peer):
             self.last_stop_t = now
             self._reply(MsgType.STOP, copies)
 
@@ -588,7 +588,7 @@ class InTransfer:
         # what the data we received shows: the loss of the whole first pass. Repeated
         # probes are no evidence: anyone repeating requests could raise it at will.
         if self.last_probe == 0 and not self.stopped and self.max_pass == 1:
-            self.eng.loss_sample(self.peer, (self.count - self.n_have) / self.count)
+            self.eng.peers.loss_sample(self.peer, (self.count - self.n_have) / self.count)
         self.last_probe = h.index
         self._reply(MsgType.STOP if self.stopped else MsgType.BITMAP, h.copies, h.index)
 

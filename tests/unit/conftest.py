@@ -19,7 +19,7 @@ def loopback_engine(sink):
     from dblp.engine import Engine
 
     eng = Engine(1, bind=("127.0.0.1", 0), session=0xBEEF)
-    eng.peers[2] = sink.getsockname()
+    eng.peers.addrs[2] = sink.getsockname()
     eng.begin_round(2)
     yield eng
     eng.close()

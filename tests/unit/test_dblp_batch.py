@@ -77,7 +77,7 @@ def _send_stream(batched: bool, numel: int, key, passes: int = 1, rate_bps=None)
     eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, key=key, batched_io=batched,
                  rate_bps=rate_bps)
     try:
-        eng.peers[2] = rx.getsockname()
+        eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(ROUND)
         data = np.arange(numel, dtype=np.float32) * 0.5 - 7
         s = OutTransfer(eng, PUSH, 0, 2, data, 8000)
@@ -204,7 +204,7 @@ def test_paced_batches_keep_the_rate():
     eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, rate_bps=200e6)
     try:
         assert eng.batch_max == 8
-        eng.peers[2] = rx.getsockname()
+        eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(ROUND)
         s = OutTransfer(eng, PUSH, 0, 2, np.zeros(4000 * wire.CHUNK_ELEMS, np.float32), 0)
         eng.add_sender(s)
@@ -287,7 +287,7 @@ def _mix(numel: int, key, seed: int):
 
 def _receiver(key, kind, numel, peer_addr, bound_ppm=0):
     eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, key=key)
-    eng.peers[2] = peer_addr
+    eng.peers.addrs[2] = peer_addr
     eng.begin_round(ROUND)
     out = np.ones(numel, np.float32) * 0.5
     add = kind == PUSH
@@ -384,7 +384,7 @@ def test_stop_comes_at_the_same_chunk_when_a_run_crosses_the_bound(core):
         got = []
         for feed in (_feed_one_by_one, _feed_batched):
             eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION)
-            eng.peers[2] = peer
+            eng.peers.addrs[2] = peer
             eng.begin_round(ROUND)
             out = np.zeros(numel, np.float32)
             r = InTransfer(eng, PUSH, 0, 2, out, 300_000, add=True, freeze=True)  # may miss 30

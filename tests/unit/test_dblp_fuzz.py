@@ -30,7 +30,7 @@ R0, R1 = wire.FIELD_OFFSETS["round"][0], sum(wire.FIELD_OFFSETS["round"])
 
 def _engine(sink, early_cap=256):
     eng = Engine(2, bind=("127.0.0.1", 0), session=SESSION, early_cap=early_cap)
-    eng.peers = {0: sink.getsockname(), 1: sink.getsockname()}
+    eng.peers.addrs = {0: sink.getsockname(), 1: sink.getsockname()}
     eng.begin_round(ROUND)
     return eng
 
@@ -66,7 +66,7 @@ def _setup_round(eng, bound_ppm=0):
 
 def _feed(eng, raw):
     """As if from the members' (pinned) address: both members share the sink's."""
-    eng.handle(memoryview(raw), len(raw), eng.peers[0], None, time.monotonic())
+    eng.handle(memoryview(raw), len(raw), eng.peers.addrs[0], None, time.monotonic())
 
 
 def _truth():

@@ -41,7 +41,7 @@ def _server(sink) -> Engine:
     rv.addrs = {0: sink.getsockname(), 1: sink.getsockname()}
     rv.nonces = {0: [5], 1: [6]}
     rv.numel = NUMEL
-    eng.peers = dict(rv.addrs)
+    eng.peers.addrs = dict(rv.addrs)
     eng.begin_round(ROUND)
     return eng
 
@@ -148,7 +148,7 @@ def test_fuzz_data_control_and_join_with_production_defaults(sink):
             raw = bytes(b) + (wire.ZERO_TAG if i % 4 else b"")
         eng.handle(memoryview(raw), len(raw), pinned if i % 3 else other, None, time.monotonic())
         n += 1
-        assert eng.early_size <= CFG.early_bytes
+        assert eng.early.size <= CFG.early_bytes
     for i in range(20_000):  # join: HELLOs with hostile JSON, sealed and not
         pay = _join_payload(rng)
         body = wire.pack_header(MsgType.HELLO, src=rng.choice([0, 1, 2, 9]),
@@ -169,7 +169,7 @@ def test_fuzz_data_control_and_join_with_production_defaults(sink):
     assert n >= 110_000
     assert c.unauthenticated > 30_000 and c.malformed > 1_000 and c.foreign > 1_000
     assert acc.shape == (NUMEL,) and np.isfinite(acc).all()
-    assert eng.peers == {0: pinned, 1: pinned}  # no join moved a pinned address
+    assert eng.peers.addrs == {0: pinned, 1: pinned}  # no join moved a pinned address
     assert elapsed < 60, elapsed
     eng.close()
 
@@ -192,7 +192,7 @@ def test_fuzz_tcp_framing_with_production_defaults(sink):
         b, _ = lis.accept()
         conn = TcpControl(b, peer=None if i % 2 else rng.choice([0, 1]))
         if conn.peer is not None:
-            eng.tcp[conn.peer] = conn
+            eng.peers.tcp[conn.peer] = conn
         eng.register_tcp(conn, max_unbound=10)
         stream = bytearray()
         for _ in range(rng.randint(1, 6)):
@@ -217,10 +217,10 @@ def test_fuzz_tcp_framing_with_production_defaults(sink):
         finally:
             a.close()
         inputs += 1
-        assert len(eng.unbound) <= 10
+        assert len(eng.joining.unbound) <= 10
         assert len(conn.rx) <= 2 + wire.MAX_DATAGRAM
-        if conn.peer is not None and eng.tcp.get(conn.peer) is conn:
-            del eng.tcp[conn.peer]
+        if conn.peer is not None and eng.peers.tcp.get(conn.peer) is conn:
+            del eng.peers.tcp[conn.peer]
         eng.poll(0.0)
         conn.close()
     assert inputs == 3_000

@@ -275,9 +275,9 @@ def test_tcp_connections_that_never_bind_do_not_keep_descriptors():
         idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
         time.sleep(0.2)
         # at most world_size + 8 unbound connections are kept at any time
-        assert len(srv.engine.unbound) <= 9
+        assert len(srv.engine.joining.unbound) <= 9
         time.sleep(0.8)  # hello_timeout: the rest are closed too
-        assert not srv.engine.unbound
+        assert not srv.engine.joining.unbound
         for c in idle:
             c.settimeout(1)
             assert c.recv(1) == b""  # closed by the server
@@ -299,7 +299,7 @@ def test_tcp_hello_cannot_replace_the_real_control_connection(keyed):
         if r != 1:
             return
         job.wait_finished(0)
-        real = job.srv.engine.tcp[0]
+        real = job.srv.engine.peers.tcp[0]
         # a forged HELLO for rank 0, and (with a secret) a replay of its real join nonce
         nonces = [secrets.randbits(60) | 1] + job.srv.rendezvous.nonces[0][-1:]
         for nonce in nonces:
@@ -311,7 +311,7 @@ def test_tcp_hello_cannot_replace_the_real_control_connection(keyed):
             stolen.append(c)
         time.sleep(0.05)
         job.srv.engine.poll(0.05)
-        assert job.srv.engine.tcp[0] is real
+        assert job.srv.engine.peers.tcp[0] is real
 
     try:
         job = _two_rounds(1, numel, hook, keyed, control="tcp")
@@ -360,7 +360,7 @@ def _member_engine():
     from dblp.engine import Engine
     eng = Engine(0, bind=("127.0.0.1", 0), session=77)
     owner = _attacker()
-    eng.peers = {1: owner.getsockname()}
+    eng.peers.addrs = {1: owner.getsockname()}
     eng.begin_round(3)
     return eng, owner
 
@@ -391,7 +391,7 @@ def test_next_round_buffer_is_capped_in_bytes():
         raw = bytearray(msg)
         raw[_OFF["index"]:_OFF["index"] + 4] = i.to_bytes(4, "big")
         eng.handle(memoryview(bytes(raw)), len(raw), owner.getsockname(), None, 0.0)
-    assert eng.early_size <= cap and sum(len(e[0]) for e in eng.early) == eng.early_size
+    assert eng.early.size <= cap and sum(len(e[0]) for e in eng.early) == eng.early.size
     assert eng.counters.early_dropped >= 500
     eng.close()
     owner.close()

@@ -40,7 +40,7 @@ def _drive(peer_rate, pending, seconds=0.4, kinds=None, count=10_000):
     eng = Engine(0, bind=("127.0.0.1", 0), rate_bps=8e6, peer_rate_bps=peer_rate,
                  batched_io=False)
     try:
-        eng.peers = {p: s.getsockname() for p, s in sinks.items()}
+        eng.peers.addrs = {p: s.getsockname() for p, s in sinks.items()}
         kinds = kinds or [PUSH] * len(pending)
         streams = [_Stream(eng, p, count, k) for p, k in zip(pending, kinds, strict=True)]
         eng.active = list(streams)  # the engine drops a stream from it once it is done

@@ -39,7 +39,7 @@ def _capture(numel: int = 4 * wire.CHUNK_ELEMS + 100, **engine_kw):
     eng = Engine(1, bind=("127.0.0.1", 0), session=0x1234_5678_9ABC, key=bytes(range(32)),
                  **engine_kw)
     try:
-        eng.peers[2] = rx.getsockname()
+        eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(3)
         data = np.arange(numel, dtype=np.float32) * 0.5 - 7
         s = OutTransfer(eng, PUSH, 0, 2, data, 8000)
@@ -192,7 +192,7 @@ def _probe_times(wait: float, probes: int) -> list[float]:
             if h.type == MsgType.PROBE:
                 first.setdefault(h.index, time.monotonic())
     try:
-        eng.peers[2] = rx.getsockname()
+        eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(0)
         s = OutTransfer(eng, PUSH, 0, 2, np.ones(3 * wire.CHUNK_ELEMS, np.float32), 0)
         eng.add_sender(s)
@@ -217,7 +217,7 @@ def test_probe_wait_leaves_tcp_control_to_tcp():
     eng = Engine(0, bind=("127.0.0.1", 0), control="tcp", probe_wait=1.0)
     udp = Engine(0, bind=("127.0.0.1", 0), probe_wait=1.0)
     try:
-        eng.tcp[1] = TcpControl(a, peer=1)
+        eng.peers.tcp[1] = TcpControl(a, peer=1)
         assert eng.probe_timeout(1, 1.0) == math.inf
         assert udp.probe_timeout(1, 4.0) == 1.0  # fixed: no backoff
         adaptive = Engine(0, bind=("127.0.0.1", 0))
@@ -262,9 +262,9 @@ def test_nagle_reaches_both_ends_of_a_jobs_control_connections(nagle):
         x = np.arange(3000, dtype=np.float32)
         g.allreduce_(x)
         np.testing.assert_array_equal(x, np.arange(3000, dtype=np.float32))
-        member = g.engine.tcp[1].sock
+        member = g.engine.peers.tcp[1].sock
         t.join(10)
-        server = srv.engine.tcp[0].sock
+        server = srv.engine.peers.tcp[0].sock
         assert (_nodelay(member) == 0) == nagle and (_nodelay(server) == 0) == nagle
     finally:
         g.close()
