@@ -1,4 +1,4 @@
-"""`dblp-testbed reproduce`: a reference run from scratch, its files kept, the README re-rendered.
+"""`dblp-testbed reproduce`: a reference run from scratch, its files kept, the pages re-rendered.
 
 The real references take half an hour; this runs the same code path on a
 two-seed, eight-round `smoke` reference written to a temporary folder, so the
@@ -30,7 +30,7 @@ def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
     assert set(summary["arms"]) == {"static", "dblp-sharded"}
     record = rp.read_record(kept)
     assert record["argv"][:3] == ["run", "--preset", "smoke"] and record["kind"] == "run"
-    # The rounds table of both seeds, as the README's tables read it.
+    # The rounds table of both seeds, as the results pages read it.
     rows = (kept / "rounds.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2 * 8
     assert not any(leftovers().values()), leftovers()
