@@ -12,6 +12,7 @@ import click
 
 from controllers.bursts import KINDS
 from testbed import output
+from testbed.cli.choices import RegistryChoice
 from testbed.errors import ExperimentFailed, InputError
 from testbed.output import json_option, results
 from topologies import TOPOLOGIES
@@ -37,8 +38,9 @@ def process_age_s() -> float:
 
 
 def _topology(topo, k):
+    """The ``--topo`` graph; ``--k`` goes to a kind that declares a knob k (the fat-tree)."""
     from topologies import make_topology
-    return make_topology("fattree", k=k) if topo == "fattree" else make_topology(topo)
+    return make_topology(topo, **({"k": k} if "k" in TOPOLOGIES[topo].KNOBS else {}))
 
 
 def _run_dir(out, what):
@@ -48,7 +50,7 @@ def _run_dir(out, what):
     return tempfile.mkdtemp(prefix=f"dblp-{what}-")
 
 
-topo_option = click.option("--topo", type=click.Choice(sorted(TOPOLOGIES)), default="fattree",
+topo_option = click.option("--topo", type=RegistryChoice(TOPOLOGIES, sorted), default="fattree",
                            show_default=True, help="Topology from the registry.")
 k_option = click.option("--k", type=int, default=4, show_default=True,
                         help="Fat-tree arity (even, 4..8).")
@@ -207,7 +209,7 @@ def clean(dry_run, force, json_out):
               help="Control socket (default: $DBLP_CONTROL_SOCKET, or RUN/control.sock with --run).")
 @click.option("--run", "run_dir", default=None, type=click.Path(file_okay=False),
               help="Run directory of the running experiment.")
-@click.option("--kind", type=click.Choice(list(KINDS)), default="loss", show_default=True)
+@click.option("--kind", type=RegistryChoice(KINDS), default="loss", show_default=True)
 @click.option("--target", default="server-downlink", show_default=True,
               help="server-downlink, server-uplink, workerN-downlink, core-uplinks, SWITCH:NEIGHBOUR")
 @click.option("--duration-ms", type=float, default=500.0, show_default=True)
