@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from controllers.kinds import KINDS, P, BurstError, BurstKind, Param, Range, register_kind
+from controllers.kinds import KINDS, BurstError, BurstKind, P, Param, Range, register_kind
 
 __all__ = ["KINDS", "P", "BurstError", "BurstKind", "Param", "Range", "register_kind",
            "SCHEDULE_VERSION", "BurstSpec", "BurstEvery", "BurstSchedule", "BurstRecord",

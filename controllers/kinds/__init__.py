@@ -5,7 +5,7 @@ command line lists them: ``loss``, ``police``, ``congest``. A new kind is
 a module with a `BurstKind` subclass plus ``register_kind(ItsClass)``,
 imported before a spec names it.
 """
-from controllers.kinds.base import KINDS, P, BurstError, BurstKind, Param, Range, register_kind
+from controllers.kinds.base import KINDS, BurstError, BurstKind, P, Param, Range, register_kind
 from controllers.kinds.congest import CongestKind
 from controllers.kinds.loss import LossKind
 from controllers.kinds.police import PoliceKind

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import time
 
-from controllers.kinds.base import P, BurstKind, Param
-from controllers.mechanisms import NFT_PREFIX, Nft, loss_hooks, loss_script, loss_table_name, parse_loss_counters
+from controllers.kinds.base import BurstKind, P, Param
+from controllers.mechanisms import (
+    NFT_PREFIX,
+    Nft,
+    loss_hooks,
+    loss_script,
+    loss_table_name,
+    parse_loss_counters,
+)
 
 
 class LossKind(BurstKind):
