@@ -7,6 +7,7 @@ import signal
 import sys
 import tempfile
 import time
+import tomllib
 
 import click
 
@@ -216,11 +217,15 @@ def clean(dry_run, force, json_out):
 @click.option("--p", type=float, default=None,
               help=f"loss: drop probability (default {KINDS['loss'].params['p'].default}).")
 @click.option("--rate-mbps", type=float, default=None, help="police: meter rate; congest: cross rate.")
+@click.option("--param", "knobs", multiple=True, metavar="KNOB=VALUE",
+              help="Any other knob of the kind (its params), e.g. --param pkt_bytes=800 (repeatable).")
 @click.option("--status", is_flag=True, help="Only print the controller's status.")
-def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
+def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, knobs, status):
     """Trigger a burst by hand on a running experiment's controller.
 
     Prints the controller's reply as one JSON line; exit 1 if it refused.
+    The kind checks its own knobs (`controllers.kinds`), so a registered
+    kind's knobs go through ``--param`` unchanged.
     """
     from controllers.bursts import BurstError
     from controllers.protocol import BurstRequest, ControlClient, ProtocolError, StatusRequest
@@ -229,6 +234,14 @@ def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
     if not path:
         raise click.UsageError("no control socket: give --socket, --run or set DBLP_CONTROL_SOCKET")
     params = {k: v for k, v in (("p", p), ("rate_mbps", rate_mbps)) if v is not None}
+    for text in knobs:
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--param {text!r} is not KNOB=VALUE; write e.g. --param pkt_bytes=800")
+        try:
+            params[key.strip()] = tomllib.loads(f"v = {raw}")["v"]   # values are TOML, as --set's
+        except tomllib.TOMLDecodeError:
+            params[key.strip()] = raw   # a bare word: the kind's own check names the knob
     try:
         request = StatusRequest() if status else BurstRequest(kind, target, duration_ms, params)
     except BurstError as exc:

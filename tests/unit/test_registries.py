@@ -70,9 +70,23 @@ def test_a_new_burst_kind_is_checked_by_the_spec_with_its_own_knobs(sham, tmp_pa
         with pytest.raises(SpecError) as err:
             _spec(tmp_path, SHAM + bad + "\n")
         assert err.value.field == field
-    from testbed.cli.fabric import burst  # the manual trigger offers it too
-    kind_option = next(p for p in burst.params if p.name == "kind")
-    assert "sham" in kind_option.type.choices
+
+
+
+def test_the_manual_trigger_takes_a_new_kind_and_its_knobs(sham, tmp_path):
+    """`dblp-testbed burst --kind sham --param label=N`: checked by the kind before any socket."""
+    from click.testing import CliRunner
+
+    from testbed.cli import main
+
+    sock = str(tmp_path / "none.sock")
+    res = CliRunner().invoke(main, ["burst", "--socket", sock, "--kind", "sham", "--param", "label=1001"])
+    assert res.exit_code == 2 and "params.label: 1001 is out of range [0, 1000]" in res.output
+    res = CliRunner().invoke(main, ["burst", "--socket", sock, "--kind", "sham", "--param", "label=7"])
+    assert res.exit_code == 2 and f"cannot reach the controller at {sock}" in res.output
+    res = CliRunner().invoke(main, ["burst", "--socket", sock, "--kind", "nope"])
+    assert res.exit_code == 2 and "'nope' is not one of 'loss', 'police', 'congest', 'sham'" \
+        in res.output
 
 
 def test_an_unregistered_burst_kind_is_refused_by_the_spec(tmp_path):
