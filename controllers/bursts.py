@@ -1,22 +1,28 @@
-"""Bursts, declared once: kinds and their knobs, the typed request, the seeded schedule, the record.
+"""Bursts, declared once: the typed request, the seeded schedule, the record.
 
 The harness validates specs and resolves the schedule with this module; the
 controller runs the same objects and logs the same record. It imports
 nothing beyond the standard library (no os-ken), so both sides can use it.
-Every number has its range beside it here, and nowhere else.
+Every number has its range beside it here, and nowhere else; the kinds and
+their knobs are classes in ``controllers.kinds`` (``KINDS``), re-exported here.
 
 Times are ``time.time_ns()``: the emulated hosts share the kernel clock.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from controllers.kinds import KINDS, BurstError, BurstKind, P, Param, Range, register_kind
+
+__all__ = ["KINDS", "P", "BurstError", "BurstKind", "Param", "Range", "register_kind",
+           "SCHEDULE_VERSION", "BurstSpec", "BurstEvery", "BurstSchedule", "BurstRecord",
+           "spec_bursts", "record_dir"]
 
 SCHEDULE_VERSION = 1   # the `{"v": 1, "bursts": [...]}` document (burst_schedule.json, fabric.json)
 
@@ -25,51 +31,8 @@ TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,63}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class BurstError(ValueError):
-    """A burst knob is wrong. ``field`` is relative ("params.p"); ``under`` prefixes it.
-
-    Why a ValueError carrying (field, problem, fix): the spec turns it into
-    its own one-line error naming the spec field, the controller into an
-    error reply, and neither has to parse a message.
-    """
-
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"{field}: {problem}; {fix}")
-
-    def under(self, where: str) -> BurstError:
-        return BurstError(f"{where}.{self.field}" if self.field else where, self.problem, self.fix)
-
-
-@dataclass(frozen=True)
-class Range:
-    """A number's type and bounds, checked in one place with one wording."""
-
-    lo: float
-    hi: float
-    fix: str
-    integer: bool = False
-    lo_open: bool = False
-
-    def check(self, field: str, value: Any) -> Any:
-        kind = "an integer" if self.integer else "a number"
-        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
-            raise BurstError(field, f"expected {kind}, got {value!r}", self.fix)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise BurstError(field, f"{value!r} is not a finite number", self.fix)
-        if (value <= self.lo if self.lo_open else value < self.lo) or value > self.hi:
-            lb = "(" if self.lo_open else "["
-            raise BurstError(field, f"{value!r} is out of range {lb}{_num(self.lo)}, {_num(self.hi)}]",
-                             self.fix)
-        return value
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
-
-
-# The one set of ranges (the spec, the generator, the socket and the controller share them).
-P = Range(0, 1, "use a loss probability in [0, 1]")
+# The one set of ranges (the spec, the generator, the socket and the controller share them;
+# each kind's own knobs live with its class in controllers.kinds).
 AT_ROUND = Range(0, 10_000_000, "aim at a round >= 0", integer=True)
 AT_S = Range(0, 86_400, "use a time of 0..86400 s after the arm's first round")
 ROUNDS = Range(1, 1000, "use 1..1000 rounds", integer=True)
@@ -77,66 +40,7 @@ DURATION_MS = Range(0, 600_000, "use a positive duration of at most 600000 ms", 
 MAX_MS = Range(1, 600_000, "use a cap of 1..600000 ms")
 
 
-@dataclass(frozen=True)
-class Param:
-    """One kind-specific knob. ``default=None``: the controller picks it from the link rate."""
-
-    range: Range
-    default: float | None
-    doc: str
-
-
-@dataclass(frozen=True)
-class BurstKind:
-    """A burst kind and the knobs its ``params`` may hold (anything else is refused)."""
-
-    name: str
-    params: dict[str, Param]
-    doc: str
-
-    def check_params(self, params: Any) -> dict:
-        if not isinstance(params, dict):
-            raise BurstError("params", f"expected a table, got {params!r}",
-                             f"write e.g. params = {{{', '.join(self.params)}}}")
-        out = {}
-        for key, value in params.items():
-            if key not in self.params:
-                raise BurstError(f"params.{key}", f"unknown knob for a {self.name} burst",
-                                 f"remove it; {self.name} takes: {', '.join(self.params) or 'nothing'}")
-            out[key] = self.params[key].range.check(f"params.{key}", value)
-        for key, p in self.params.items():
-            if key not in out and p.default is not None:
-                out[key] = p.default
-        return out
-
-
-KINDS: dict[str, BurstKind] = {}
-
-
-def register_kind(kind: BurstKind) -> BurstKind:
-    """Add a kind (the controller needs a mechanism for it too: ``controllers.bursts_app``)."""
-    KINDS[kind.name] = kind
-    return kind
-
-
-register_kind(BurstKind("loss", {
-    "p": Param(P, 0.8, "drop probability of each packet leaving the target")},
-    "nftables egress rule stealing each packet with probability p"))
-register_kind(BurstKind("police", {
-    "rate_mbps": Param(Range(0.001, 100_000, "use a meter rate of 0.001..100000 Mbit/s"), None,
-                       "meter rate (default 20 % of the link rate)"),
-    "burst_kb": Param(Range(1, 1_000_000, "use a bucket of 1..1000000 kbit"), None,
-                      "bucket (default 10 ms of the rate, at least 16)")},
-    "OpenFlow 1.3 meter with a drop band on the target's flows"))
-register_kind(BurstKind("congest", {
-    "rate_mbps": Param(Range(0.01, 100_000, "use a cross rate of 0.01..100000 Mbit/s"), None,
-                       "cross-traffic rate (default twice the link rate)"),
-    "pkt_bytes": Param(Range(64, 1472, "use 64..1472 byte datagrams", integer=True), 1400,
-                       "cross-traffic datagram size")},
-    "cross traffic overflowing the target's bounded queue"))
-
-
-def _kind(field_name: str, name: Any) -> BurstKind:
+def _kind(field_name: str, name: Any) -> type[BurstKind]:
     if name not in KINDS:
         raise BurstError(field_name, f"unknown kind {name!r}", f"choose from: {', '.join(KINDS)}")
     return KINDS[name]
@@ -257,8 +161,8 @@ def spec_bursts(tables: Any, total_rounds: int | None = None, where: str = "burs
 class BurstEvery:
     """The generator: loss bursts at a seeded random ``fraction`` of rounds, or every ``every``.
 
-    ``p`` is the loss probability of ``loss`` bursts; ``police`` and
-    ``congest`` bursts use their kind's defaults. A burst is round-locked
+    ``p`` is the loss probability of a kind that takes one (``loss``); the
+    others run at their kind's defaults (`BurstKind.every_params`). A burst is round-locked
     (on for ``rounds`` rounds, capped at ``max_ms``) unless ``duration_ms``
     is set: then it starts with its round and lasts exactly that long for
     every arm, so a slower arm does not get a longer burst and no cap decides
@@ -311,7 +215,7 @@ class BurstEvery:
             n = round(self.fraction * total_rounds)
             n = min(max(n, 1 if self.fraction > 0 else 0), len(candidates))
             hit = sorted(random.Random(seed).sample(candidates, n))
-        params = {"p": self.p} if self.kind == "loss" else {}
+        params = KINDS[self.kind].every_params(self.p)
         out, taken = [], set()
         for r in hit:
             if any(r <= t < r + self.rounds for t in taken):

@@ -1,4 +1,4 @@
-"""Data-path mechanisms behind the burst kinds that live outside OpenFlow.
+"""Data-path tools behind the burst kinds that live outside OpenFlow (``controllers.kinds``).
 
 ``loss``: an nftables ``netdev`` table whose chains hook egress (or ingress)
 of switch-side ports and drop ``numgen random`` packets. Rules go through
@@ -133,25 +133,6 @@ def parse_loss_counters(listing: str):
         else:
             seen += int(m.group(1))
     return seen, dropped
-
-
-class LossBurst:
-    """Switch a loss table on; off returns (seen, dropped) from its counters."""
-
-    def __init__(self, nft: Nft, burst_id: str, topo, ports, p: float, sink: str = "dtz0-eth0",
-                 prefix: str = NFT_PREFIX):
-        self.nft, self.ports, self.p, self.sink = nft, list(ports), p, sink
-        self.hooks = loss_hooks(topo, self.ports)
-        self.table = loss_table_name(burst_id, prefix)
-
-    def on(self):
-        self.nft.run(loss_script(self.table, self.hooks, self.p, self.sink))
-
-    def off(self):
-        # Two calls: one buffer with "list" then "delete" crashes libnftables 1.0.6.
-        out = self.nft.run(f"list table netdev {self.table}\n")
-        self.nft.run(f"delete table netdev {self.table}\n")
-        return parse_loss_counters(out)
 
 
 def pfifo_drops(intf: str) -> int:

@@ -1,7 +1,7 @@
 """The k-ary fat-tree of Al-Fares et al. (SIGCOMM 2008) as a pure graph."""
 from __future__ import annotations
 
-from .graph import TopoGraph
+from .graph import Knob, TopoGraph
 
 LAYER_CORE, LAYER_AGG, LAYER_EDGE, LAYER_SINGLE = 1, 2, 3, 4
 
@@ -25,9 +25,10 @@ class FatTreeTopo(TopoGraph):
     a*(k/2)+i on port k/2+1+i; core port p+1 goes to pod p.
     """
 
+    KNOBS = {"k": Knob(4, 4, 8, "set topology.k to 4, 6 or 8", step=2)}
+
     def __init__(self, k: int = 4):
-        if not isinstance(k, int) or isinstance(k, bool) or k % 2 or not 4 <= k <= 8:
-            raise ValueError(f"fat-tree k must be an even integer in 4..8, got {k!r}")
+        self.check_knobs("fat-tree", k=k)
         super().__init__(name=f"fattree-k{k}", prefixlen=8)
         self.k = k
         self.params = {"k": k}
@@ -63,6 +64,10 @@ class FatTreeTopo(TopoGraph):
                                                         for h in range(half)]
         self.roles = {"server": server, "workers": workers, "cross": cross,
                       "placement_order": order}
+
+    @classmethod
+    def hosts_for(cls, knobs: dict) -> int:
+        return knobs["k"] ** 3 // 4
 
     def core_switches(self):
         return [s for s in self.switches() if self.switch_info[s].tier == 2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
 IFNAME_MAX = 15  # Linux IFNAMSIZ - 1
 # Every bridge the project creates starts with this prefix: `dblp-testbed
@@ -56,9 +57,53 @@ def mac_for_ip(ip: str) -> str:
     return "02:00:" + ":".join(f"{b:02x}" for b in parts)
 
 
+@dataclass(frozen=True)
+class Knob:
+    """One integer knob of a topology kind, as an experiment spec sets it.
+
+    Declared once, on the topology class (`TopoGraph.KNOBS`): the spec's
+    ``[topology]`` section offers it with this range and default, and the
+    constructor checks the same range, so a knob has one home. ``step``:
+    the values run lo, lo + step, ... (a fat-tree's k is even).
+    """
+
+    default: int
+    lo: int
+    hi: int
+    fix: str
+    step: int = 1
+
+    def describe(self) -> str:
+        if self.step == 1:
+            return f"an integer in {self.lo}..{self.hi}"
+        if self.step == 2 and self.lo % 2 == 0:
+            return f"an even integer in {self.lo}..{self.hi}"
+        return "one of " + ", ".join(map(str, range(self.lo, self.hi + 1, self.step)))
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) \
+            and self.lo <= value <= self.hi and (value - self.lo) % self.step == 0
+
+    def check(self, where: str, name: str, value: Any) -> int:
+        """``value`` if allowed; else a ValueError naming ``where`` (the topology) and the knob."""
+        if not self.allows(value):
+            raise ValueError(f"{where} {name} must be {self.describe()}, got {value!r}")
+        return value
+
+
 @dataclass
 class TopoGraph:
-    """Hosts, switches and numbered links; the common base of all topologies."""
+    """Hosts, switches and numbered links; the common base of all topologies.
+
+    A topology kind is a subclass registered in ``topologies.TOPOLOGIES``
+    (`topologies.register_topology`). What an experiment spec needs of it is
+    declared here and nowhere else: its knobs (`KNOBS`, the spec's
+    ``[topology]`` fields), how a spec builds it (`from_spec`) and how many
+    hosts a placement may use (`hosts_for`).
+    """
+
+    #: The spec fields ``topology.NAME`` this kind reads (shared names must agree).
+    KNOBS: ClassVar[dict[str, Knob]] = {}
 
     name: str = "graph"
     prefixlen: int = 8
@@ -67,6 +112,26 @@ class TopoGraph:
     link_info: list = field(default_factory=list)
     roles: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
+
+    @classmethod
+    def check_knobs(cls, where: str, **values) -> None:
+        """The constructor's check of its knobs, against their one declaration."""
+        for name, value in values.items():
+            cls.KNOBS[name].check(where, name, value)
+
+    @classmethod
+    def from_spec(cls, knobs: dict, workers: int) -> TopoGraph:
+        """The graph a spec's ``[topology]`` values ask for (``workers``: the placement's)."""
+        return cls(**{name: knobs[name] for name in cls.KNOBS})
+
+    @classmethod
+    def hosts_for(cls, knobs: dict) -> int:
+        """Hosts a placement may use (server included) with these knob values.
+
+        By default the graph is built and counted; a kind whose size follows
+        its knobs by a formula says so instead.
+        """
+        return len(cls.from_spec(knobs, 1).hosts())
 
     # -- Mininet-like construction API ------------------------------------
     def addHost(self, name, ip, pod=0):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .fattree import make_dpid
-from .graph import TopoGraph
+from .graph import Knob, TopoGraph
 
 LAYER_LEAF, LAYER_SPINE = 5, 6
 
@@ -14,11 +14,12 @@ class LeafSpineTopo(TopoGraph):
     goes to leaf L.
     """
 
+    KNOBS = {"leaves": Knob(4, 2, 16, "use 2..16 leaves"),
+             "spines": Knob(2, 1, 8, "use 1..8 spines"),
+             "hosts_per_leaf": Knob(2, 1, 8, "use 1..8 hosts per leaf")}
+
     def __init__(self, leaves: int = 4, spines: int = 2, hosts_per_leaf: int = 2):
-        for knob, v, lo, hi in (("leaves", leaves, 2, 32), ("spines", spines, 1, 16),
-                                ("hosts_per_leaf", hosts_per_leaf, 1, 32)):
-            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                raise ValueError(f"leaf-spine {knob} must be an integer in {lo}..{hi}, got {v!r}")
+        self.check_knobs("leaf-spine", leaves=leaves, spines=spines, hosts_per_leaf=hosts_per_leaf)
         super().__init__(name=f"leafspine-{leaves}x{spines}", prefixlen=8)
         self.params = {"leaves": leaves, "spines": spines, "hosts_per_leaf": hosts_per_leaf}
         sp = [self.addSwitch(f"dtp{s}", make_dpid(LAYER_SPINE, 0, s), tier=1)
@@ -37,3 +38,7 @@ class LeafSpineTopo(TopoGraph):
                       "cross": [h for h in rest if h.startswith("l0")],
                       "placement_order": workers + [h for h in rest if not h.startswith("l0")]
                       + [h for h in rest if h.startswith("l0")]}
+
+    @classmethod
+    def hosts_for(cls, knobs: dict) -> int:
+        return knobs["leaves"] * knobs["hosts_per_leaf"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .exchange import DBLP_ARMS, ExchangeResult
+from .exchange import ExchangeResult, dblp_transports, uses_dblp
 
 
 def load_transport_config(arm: str, path: str | None):
@@ -37,12 +37,18 @@ class DblpExchange:
 
     def __init__(self, arm: str, rank: int, world_size: int, master_addr: str, master_port: int,
                  config):
-        if arm not in DBLP_ARMS:
-            raise ValueError(f"arm {arm!r} is not carried by dblp; choose from {DBLP_ARMS}")
+        if not uses_dblp(arm):
+            raise ValueError(f"arm {arm!r} is not carried by dblp; choose from {dblp_transports()}")
         import dblp
 
         self.name = arm
         self.group = dblp.TransportGroup(rank, world_size, master_addr, master_port, config=config)
+
+    @classmethod
+    def from_args(cls, args) -> DblpExchange:
+        """The worker's resolved arguments (its transport config read by ``resolve``)."""
+        return cls(args.arm, args.rank, args.world_size, args.master_addr, args.master_port,
+                   args.transport)
 
     def allreduce_(self, flat: torch.Tensor) -> ExchangeResult:
         st = self.group.allreduce_(flat)

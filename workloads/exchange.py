@@ -3,18 +3,39 @@
 Every exchange has ``allreduce_(flat) -> ExchangeResult`` (averages in
 place) and ``close()``. Keeping the training loop identical and swapping only
 this object is what makes the arms comparable.
+
+The transports a process can run are one list, `transports()`: the
+baselines registered here (`BASELINES`) and every loss-bound policy of
+``dblp.POLICIES``, read when asked, so a policy a researcher registers there
+is an ``--arm`` of the worker and the server (and an arm of the harness,
+``testbed.config.arms``) without a name written anywhere else. This module
+imports torch only where an exchange runs, so the harness can read the list.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-ARMS = ("gloo", "reliable", "static", "dblp", "local")
-#: Arms carried by the dblp transport (parameter-server mode, one server).
-DBLP_ARMS = ("reliable", "static", "dblp")
+
+def dblp_transports() -> tuple[str, ...]:
+    """The transports carried by dblp: its loss-bound policies, read late so registrations count."""
+    from dblp.policy import POLICIES
+    return tuple(POLICIES)
+
+
+def transports() -> tuple[str, ...]:
+    """Every transport a worker may run: the baselines, then dblp's policies."""
+    return tuple(BASELINES) + dblp_transports()
+
+
+def uses_dblp(transport: str) -> bool:
+    """Whether ``transport`` is carried by dblp (an aggregation server may run for it)."""
+    return transport in dblp_transports()
 
 
 def add_arm_arguments(parser) -> None:
@@ -24,7 +45,7 @@ def add_arm_arguments(parser) -> None:
     static-sharded); logs and round announcements carry the name, so the
     analysis and the controller's burst schedule tell the arms apart.
     """
-    parser.add_argument("--arm", required=True, choices=ARMS, help="transport arm")
+    parser.add_argument("--arm", required=True, choices=transports(), help="transport arm")
     parser.add_argument("--label", default=None, help="arm name in logs and round announcements "
                         "(default: --arm; e.g. static-tcp for the static transport with TCP control)")
 
@@ -44,6 +65,10 @@ class LocalExchange:
     """No communication: each worker trains on its own shard (the compute-only bound)."""
 
     name = "local"
+
+    @classmethod
+    def from_args(cls, args) -> LocalExchange:
+        return cls()
 
     def allreduce_(self, flat: torch.Tensor) -> ExchangeResult:
         return ExchangeResult({"latency_s": 0.0, "bytes_sent": 0}, None, None)
@@ -67,6 +92,11 @@ class GlooExchange:
                                 rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
 
+    @classmethod
+    def from_args(cls, args) -> GlooExchange:
+        """The worker's resolved arguments (rank, world, rank 0's address and port, timeout)."""
+        return cls(args.rank, args.world_size, args.master_addr, args.master_port, args.timeout_s)
+
     def allreduce_(self, flat: torch.Tensor) -> ExchangeResult:
         t0 = time.perf_counter()
         self.dist.all_reduce(flat)
@@ -80,3 +110,8 @@ class GlooExchange:
             self.dist.destroy_process_group()
         except Exception:  # a dead peer can make teardown fail; nothing left to save
             pass
+
+
+#: The transports that do not use dblp, by name (the worker builds one with
+#: ``from_args``); listed first wherever arms are listed.
+BASELINES: dict[str, type] = {"local": LocalExchange, "gloo": GlooExchange}

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from .exchange import ARMS, DBLP_ARMS
+from .exchange import transports, uses_dblp
 from .models import DEFAULT_MODEL, MODELS
 from .runlog import unit_dir
 
@@ -82,20 +82,20 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     ``transport``: settings of the dblp arms' ``TransportConfig`` (e.g.
     ``{"round_timeout": 20.0}``), written to ``raw/<arm>/seed-<seed>/transport.json``.
     """
-    if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; choose from {ARMS}")
+    if arm not in transports():
+        raise ValueError(f"unknown arm {arm!r}; choose from {transports()}")
     raw = unit_dir(os.path.join(out, "raw"), arm, seed)
     os.makedirs(raw, exist_ok=True)
     port = free_port()
     base_env = dict(os.environ, WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
     common = ["--arm", arm, "--rounds", str(rounds), "--model", model, "--seed", str(seed)]
-    if arm in DBLP_ARMS:
+    if uses_dblp(arm):
         common += ["--transport-config", write_transport_config(arm, raw, **(transport or {}))]
     procs, names, errs = [], [], []
     t0 = time.perf_counter()
     try:
-        if arm in DBLP_ARMS:
+        if uses_dblp(arm):
             cmd = [python, "-m", "workloads.server", *common, "--host", "127.0.0.1",
                    "--log", os.path.join(raw, "server.jsonl"), *(server_args or [])]
             errs.append(open(os.path.join(raw, "server.err"), "w"))
@@ -156,9 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=900.0)
     a = ap.parse_args(argv)
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]
-    bad = [x for x in arms if x not in ARMS]
+    bad = [x for x in arms if x not in transports()]
     if bad:
-        raise SystemExit(f"--arms: unknown {bad}; choose from {list(ARMS)}")
+        raise SystemExit(f"--arms: unknown {bad}; choose from {list(transports())}")
     results = []
     for arm in arms:
         res = run_arm(arm, a.out, a.workers, a.rounds, a.model, a.seed, timeout_s=a.timeout_s)

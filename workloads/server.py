@@ -61,9 +61,10 @@ def _on_sigterm(signum, frame):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.arm not in ex.DBLP_ARMS:
+    if not ex.uses_dblp(args.arm):
         print(f"workloads.server: arm {args.arm!r} has no aggregation server (its workers "
-              f"exchange directly); launch only workers. Server arms: {', '.join(ex.DBLP_ARMS)}",
+              f"exchange directly); launch only workers. Server arms: "
+              f"{', '.join(ex.dblp_transports())}",
               file=sys.stderr)
         return 2
     world = args.world_size if args.world_size is not None else _env_int("WORLD_SIZE", None)

@@ -97,7 +97,7 @@ def resolve(args) -> argparse.Namespace:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     if args.eval_every < 0:
         raise SystemExit(f"--eval-every must be >= 0, got {args.eval_every}")
-    if args.arm in ex.DBLP_ARMS:
+    if ex.uses_dblp(args.arm):
         if args.timeout_s is not None:
             raise SystemExit("--timeout-s is for the gloo arm; dblp arms take round_timeout "
                              "from --transport-config")
@@ -110,7 +110,7 @@ def resolve(args) -> argparse.Namespace:
         args.timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
         if args.timeout_s <= 0:
             raise SystemExit(f"--timeout-s must be > 0, got {args.timeout_s}")
-    if args.master_port is None and args.arm in ex.DBLP_ARMS:
+    if args.master_port is None and ex.uses_dblp(args.arm):
         args.master_port = wire.DEFAULT_PORT          # the transport's well-known port
     if args.arm == "gloo" and args.master_port is None:
         raise SystemExit("arm gloo needs --master-port or MASTER_PORT (rank 0's rendezvous port)")
@@ -122,14 +122,11 @@ def resolve(args) -> argparse.Namespace:
 
 
 def make_exchange(args):
-    if args.arm == "local":
-        return ex.LocalExchange()
-    if args.arm == "gloo":
-        return ex.GlooExchange(args.rank, args.world_size, args.master_addr, args.master_port,
-                               args.timeout_s)
+    """The arm's exchange: a registered baseline, or dblp with the arm's policy."""
+    if args.arm in ex.BASELINES:
+        return ex.BASELINES[args.arm].from_args(args)
     from .dblp_exchange import DblpExchange
-    return DblpExchange(args.arm, args.rank, args.world_size, args.master_addr, args.master_port,
-                        args.transport)
+    return DblpExchange.from_args(args)
 
 
 class _Flat:

@@ -7,11 +7,13 @@ import signal
 import sys
 import tempfile
 import time
+import tomllib
 
 import click
 
 from controllers.bursts import KINDS
 from testbed import output
+from testbed.cli.choices import RegistryChoice
 from testbed.errors import ExperimentFailed, InputError
 from testbed.output import json_option, results
 from topologies import TOPOLOGIES
@@ -37,8 +39,9 @@ def process_age_s() -> float:
 
 
 def _topology(topo, k):
+    """The ``--topo`` graph; ``--k`` goes to a kind that declares a knob k (the fat-tree)."""
     from topologies import make_topology
-    return make_topology("fattree", k=k) if topo == "fattree" else make_topology(topo)
+    return make_topology(topo, **({"k": k} if "k" in TOPOLOGIES[topo].KNOBS else {}))
 
 
 def _run_dir(out, what):
@@ -48,7 +51,7 @@ def _run_dir(out, what):
     return tempfile.mkdtemp(prefix=f"dblp-{what}-")
 
 
-topo_option = click.option("--topo", type=click.Choice(sorted(TOPOLOGIES)), default="fattree",
+topo_option = click.option("--topo", type=RegistryChoice(TOPOLOGIES, sorted), default="fattree",
                            show_default=True, help="Topology from the registry.")
 k_option = click.option("--k", type=int, default=4, show_default=True,
                         help="Fat-tree arity (even, 4..8).")
@@ -207,18 +210,22 @@ def clean(dry_run, force, json_out):
               help="Control socket (default: $DBLP_CONTROL_SOCKET, or RUN/control.sock with --run).")
 @click.option("--run", "run_dir", default=None, type=click.Path(file_okay=False),
               help="Run directory of the running experiment.")
-@click.option("--kind", type=click.Choice(list(KINDS)), default="loss", show_default=True)
+@click.option("--kind", type=RegistryChoice(KINDS), default="loss", show_default=True)
 @click.option("--target", default="server-downlink", show_default=True,
               help="server-downlink, server-uplink, workerN-downlink, core-uplinks, SWITCH:NEIGHBOUR")
 @click.option("--duration-ms", type=float, default=500.0, show_default=True)
 @click.option("--p", type=float, default=None,
               help=f"loss: drop probability (default {KINDS['loss'].params['p'].default}).")
 @click.option("--rate-mbps", type=float, default=None, help="police: meter rate; congest: cross rate.")
+@click.option("--param", "knobs", multiple=True, metavar="KNOB=VALUE",
+              help="Any other knob of the kind (its params), e.g. --param pkt_bytes=800 (repeatable).")
 @click.option("--status", is_flag=True, help="Only print the controller's status.")
-def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
+def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, knobs, status):
     """Trigger a burst by hand on a running experiment's controller.
 
     Prints the controller's reply as one JSON line; exit 1 if it refused.
+    The kind checks its own knobs (`controllers.kinds`), so a registered
+    kind's knobs go through ``--param`` unchanged.
     """
     from controllers.bursts import BurstError
     from controllers.protocol import BurstRequest, ControlClient, ProtocolError, StatusRequest
@@ -227,6 +234,14 @@ def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, status):
     if not path:
         raise click.UsageError("no control socket: give --socket, --run or set DBLP_CONTROL_SOCKET")
     params = {k: v for k, v in (("p", p), ("rate_mbps", rate_mbps)) if v is not None}
+    for text in knobs:
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--param {text!r} is not KNOB=VALUE; write e.g. --param pkt_bytes=800")
+        try:
+            params[key.strip()] = tomllib.loads(f"v = {raw}")["v"]   # values are TOML, as --set's
+        except tomllib.TOMLDecodeError:
+            params[key.strip()] = raw   # a bare word: the kind's own check names the knob
     try:
         request = StatusRequest() if status else BurstRequest(kind, target, duration_ms, params)
     except BurstError as exc:

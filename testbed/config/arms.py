@@ -3,7 +3,9 @@
 An arm is a transport run one way: the dblp transport's loss-bound policy
 (``dblp.policy.POLICIES``) with a control path and an aggregation mode
 (``dblp.config.CONTROLS``, ``MODES``), or a baseline that does not use dblp
-(``BASELINE_TRANSPORTS``). The names of policies, control paths and modes are
+(``workloads.exchange.BASELINES``). Which transports exist is the workers'
+list (``workloads.exchange.transports``), the one the worker and the server
+take as ``--arm``; the names of policies, control paths and modes are
 the transport's own registries, looked up when an arm is checked, so a policy a
 researcher registers in ``dblp.policy.POLICIES`` can be run here as soon as an
 arm names it::
@@ -19,10 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 
-#: Transports the workloads run without dblp: "local" trains each worker on
-#: its own shard with no exchange (the compute-only bound); "gloo" is
-#: torch.distributed's all-reduce over TCP (what PyTorch users run today).
-BASELINE_TRANSPORTS = ("local", "gloo")
+from workloads import exchange
+
+#: Transports the workloads run without dblp (``workloads.exchange.BASELINES``):
+#: "local" trains each worker on its own shard with no exchange (the
+#: compute-only bound); "gloo" is torch.distributed's all-reduce over TCP (what
+#: PyTorch users run today).
+BASELINE_TRANSPORTS = tuple(exchange.BASELINES)
 #: The mode in which every rank aggregates a shard and no server runs.
 SHARDED = "sharded"
 #: The one dblp policy whose bound is always zero (every chunk must arrive).
@@ -31,8 +36,7 @@ RELIABLE = "reliable"
 
 def policies() -> tuple[str, ...]:
     """The dblp transport's loss-bound policies, read late so registrations count."""
-    from dblp.policy import POLICIES
-    return tuple(POLICIES)
+    return exchange.dblp_transports()
 
 
 def controls() -> tuple[str, ...]:
@@ -52,8 +56,8 @@ def missing_policies() -> tuple[str, ...]:
 
 
 def transports() -> tuple[str, ...]:
-    """Every transport an arm may run: the baselines, then dblp's policies."""
-    return BASELINE_TRANSPORTS + policies()
+    """Every transport an arm may run: the baselines, then dblp's policies (the workers' list)."""
+    return exchange.transports()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import tomli_w
@@ -21,8 +21,8 @@ from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, spec_bursts
 from controllers.targets import TargetError, resolve_target
 from testbed.config.arms import ARMS
 from testbed.errors import InputError
+from topologies import TOPOLOGIES  # pure graphs: no side effects
 
-TOPOLOGY_KINDS = ("fattree", "star", "leafspine")
 # The workloads' registries, copied so the spec validates without importing
 # torch (pinned against workloads.models and workloads.data by unit tests):
 # model name -> (task, its per-worker batch size when training.batch_size is 0).
@@ -71,6 +71,7 @@ class Setting:
     unset: Any = None          # a value outside the range meaning "not set here" (0: a default)
     choices: Callable[[], Sequence[str]] | None = None  # a registry, read when checking
     min_items: int = 0         # lists: at least this many, each listed once
+    step: int = 1              # integers: lo, lo + step, ... (a fat-tree's k is even)
     pattern: re.Pattern | None = None
     noun: str = "value"        # what one of `choices` is called in an error ("arm", "model")
     transport: str | None = None
@@ -104,6 +105,10 @@ class Setting:
             hi = math.inf if self.hi is None else self.hi
             _in(field, value, lo, hi, self.fix or f"use a value in {_range(self)}",
                 self.lo_open, self.hi_open)
+        if self.step != 1 and (value - (self.lo or 0)) % self.step:
+            what = "an even number" if self.step == 2 and not (self.lo or 0) % 2 \
+                else f"a step of {self.step} from {self.lo}"
+            raise SpecError(field, f"{value!r} is not {what} in {self.lo}..{self.hi}", self.fix)
 
 
 def _range(s: Setting) -> str:
@@ -111,9 +116,46 @@ def _range(s: Setting) -> str:
 
 
 _NUMBER = (int, float)
+
+
+class TopologySettings(Mapping):
+    """The ``[topology]`` section: its kind, each registered topology's knobs, the links.
+
+    Read from ``topologies.TOPOLOGIES`` on every use, so a topology registered
+    after this module was imported brings its fields with it; each knob's
+    range is the class's own declaration (``TopoGraph.KNOBS``). The fields
+    of every kind are accepted whichever kind is chosen, so a spec can switch
+    kinds with one override.
+    """
+
+    LINKS = {
+        # Also at least the rate that drains a full queue in MAX_QUEUE_DRAIN_S.
+        "bw_mbps": Setting(_NUMBER, 20.0, lo=0, hi=1000, lo_open=True,
+                           fix="use a rate in (0, 1000] Mbit/s"),
+        "queue_pkts": Setting(int, 100, lo=2, hi=1000, fix="use a queue of 2..1000 packets"),
+    }
+
+    def _settings(self) -> dict[str, Setting]:
+        out = {"kind": Setting(str, "fattree", choices=lambda: TOPOLOGIES, noun="topology")}
+        for cls in TOPOLOGIES.values():
+            for name, knob in cls.KNOBS.items():
+                out.setdefault(name, Setting(int, knob.default, lo=knob.lo, hi=knob.hi,
+                                             step=knob.step, fix=knob.fix))
+        return {**out, **self.LINKS}
+
+    def __getitem__(self, key: str) -> Setting:
+        return self._settings()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._settings())
+
+    def __len__(self) -> int:
+        return len(self._settings())
+
+
 # The schema: section -> field -> Setting. Defaults here are the `default`
 # preset's; presets override some of them. The "" section is the top level.
-SCHEMA: dict[str, dict[str, Setting]] = {
+SCHEMA: dict[str, Mapping[str, Setting]] = {
     "": {
         "name": Setting(str, "default", pattern=NAME_RE,
                         fix="use letters, digits, '.', '_' or '-' (no spaces, slashes or shell "
@@ -127,18 +169,7 @@ SCHEMA: dict[str, dict[str, Setting]] = {
                         fix="list at least one arm (`dblp-testbed run --help` lists them)"),
         "description": Setting(str, ""),
     },
-    "topology": {
-        "kind": Setting(str, "fattree", choices=lambda: TOPOLOGY_KINDS, noun="topology"),
-        # A fat-tree's k must also be even (checked with the kind).
-        "k": Setting(int, 4, lo=4, hi=8, fix="set topology.k to 4, 6 or 8"),
-        "leaves": Setting(int, 4, lo=2, hi=16, fix="use 2..16 leaves"),
-        "spines": Setting(int, 2, lo=1, hi=8, fix="use 1..8 spines"),
-        "hosts_per_leaf": Setting(int, 2, lo=1, hi=8, fix="use 1..8 hosts per leaf"),
-        # Also at least the rate that drains a full queue in MAX_QUEUE_DRAIN_S.
-        "bw_mbps": Setting(_NUMBER, 20.0, lo=0, hi=1000, lo_open=True,
-                           fix="use a rate in (0, 1000] Mbit/s"),
-        "queue_pkts": Setting(int, 100, lo=2, hi=1000, fix="use a queue of 2..1000 packets"),
-    },
+    "topology": TopologySettings(),
     "placement": {
         # Also at most the topology's hosts minus the server (checked with the topology).
         "workers": Setting(int, 4, lo=1, hi=64, fix="use 1..64 workers"),
@@ -362,17 +393,13 @@ def validate(data: dict) -> Spec:
                         f"largest seed {SCHEMA['']['seed'].hi:.0f}", "use a smaller seed or fewer seeds")
     topo, place, train = data["topology"], data["placement"], data["training"]
     cap = data["capture"]
-    if topo["kind"] == "fattree" and topo["k"] % 2:
-        raise SpecError("topology.k", f"{topo['k']} is not an even number in 4..8",
-                        "set topology.k to 4, 6 or 8")
     min_bw = topo["queue_pkts"] * MTU_BYTES * 8 / MAX_QUEUE_DRAIN_S / 1e6
     if topo["bw_mbps"] < min_bw:
         raise SpecError("topology.bw_mbps", f"{topo['bw_mbps']} Mbit/s takes longer than "
                         f"{MAX_QUEUE_DRAIN_S:g} s to drain a full {topo['queue_pkts']}-packet "
                         "queue, longer than the transports' retransmission timers",
                         f"use at least {min_bw:g} Mbit/s, or a shorter topology.queue_pkts")
-    hosts = {"fattree": topo["k"] ** 3 // 4, "star": 65,
-             "leafspine": topo["leaves"] * topo["hosts_per_leaf"]}[topo["kind"]]
+    hosts = TOPOLOGIES[topo["kind"]].hosts_for(topo)
     if place["workers"] + 1 > hosts:
         raise SpecError("placement.workers", f"{place['workers']} workers + 1 server need "
                         f"{place['workers'] + 1} hosts but the topology has {hosts}",
@@ -452,7 +479,6 @@ def _validate_bursts(data: dict):
         bursts = spec_bursts(data["bursts"], data["training"]["rounds"])
     except BurstError as exc:
         raise SpecError(exc.field, exc.problem, exc.fix) from None
-    from topologies import TOPOLOGIES  # a pure graph: no side effects
     workers = data["placement"]["workers"]
     graph = build_topology(data["topology"], TOPOLOGIES, workers)
     server, placed = graph.place(workers)
@@ -467,14 +493,8 @@ def _validate_bursts(data: dict):
 
 
 def build_topology(topo: dict, registry, workers: int):
-    """The spec's topology section as a pure graph (no root, no Mininet)."""
-    kind = topo["kind"]
-    if kind == "fattree":
-        return registry[kind](k=topo["k"])
-    if kind == "leafspine":
-        return registry[kind](leaves=topo["leaves"], spines=topo["spines"],
-                              hosts_per_leaf=topo["hosts_per_leaf"])
-    return registry[kind](workers=workers)
+    """The spec's topology section as a pure graph (no root, no Mininet): the kind's `from_spec`."""
+    return registry[topo["kind"]].from_spec(topo, workers)
 
 
 def load(path: str | None, preset: dict | None = None, overrides: list[str] = ()) -> Spec:

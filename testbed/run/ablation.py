@@ -10,24 +10,24 @@ analysis (`testbed.analysis.ablation`) joins the runs' tables, labels each
 point's arm ``ARM@SETTING=VALUE`` and compares every point with the
 baselines by the same estimators and intervals as a run's verdicts.
 
-Long work is resumable (`testbed.run.batch`: a finished point is not run
-again, an unfinished one keeps its directory before it is retried).
-`ablation.json` in the output directory says what was asked and how each
-run ended.
+An ablation is a `testbed.run.study.Study`: long work is resumable
+(`testbed.run.batch`: a finished point is not run again, an unfinished one
+keeps its directory before it is retried), and `ablation.json` in the output
+directory says what was asked and how each run ended.
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import click
 
 from testbed import output
-from testbed.errors import ExperimentFailed, InputError
-from testbed.output import json_option, results
-from testbed.run import batch
+from testbed.errors import InputError
+from testbed.output import json_option
+from testbed.run.study import Part, Study, run_command
 
 #: Version of ablation.json (the plan and how each run ended).
 #: 1: first version.
@@ -57,8 +57,18 @@ class Axis:
 
 
 @dataclasses.dataclass(frozen=True)
-class Ablation:
+class Ablation(Study):
     """A declared sweep: the preset, the varied arm, the baselines, the axes and seeds."""
+
+    command: ClassVar[str] = "ablate"
+    noun: ClassVar[str] = "ablation"
+    part_noun: ClassVar[str] = "run"
+    plan_key: ClassVar[str] = "ablation"
+    plan_file: ClassVar[str] = "ablation.json"
+    plan_schema: ClassVar[int] = PLAN_SCHEMA
+    plan_rerun: ClassVar[str] = "rerun the ablation with this version"
+    analysis: ClassVar[str] = "testbed.analysis.ablation"
+    registry: ClassVar[dict] = {}
 
     name: str
     preset: str
@@ -80,12 +90,36 @@ class Ablation:
         section, field = axis.setting.split(".", 1)
         return spec[section][field]
 
-    def spec(self, extra: list[str]):
+    def spec(self, extra: list[str] | tuple[str, ...]):
+        """The preset with the ablation's overrides and seeds, then ``extra``."""
         from testbed.config import spec as specmod
         from testbed.config.presets import PRESETS
 
         return specmod.load(None, PRESETS[self.preset],
                             [*self.overrides, f"seeds={self.seeds}", *extra])
+
+    def part_spec(self, part: Part):
+        return self.spec(part.overrides)
+
+    def parts(self, only: tuple[str, ...] = ()) -> list[Part]:
+        return [Part(r.name, tuple(r.overrides),
+                     {"overrides": r.overrides, "setting": r.setting, "value": r.value}, r)
+                for r in self.runs(only)]
+
+    def plan_fields(self) -> dict:
+        return {"preset": self.preset, "arm": self.arm, "baselines": list(self.baselines),
+                "seeds": self.seeds, "overrides": list(self.overrides),
+                "axes": [{"setting": a.setting, "label": a.label, "values": list(a.values),
+                          "base": self.base_value(a)} for a in self.axes]}
+
+    def kept_files(self) -> tuple[str, ...]:
+        fields = [a.field for a in self.axes]
+        return ("ablation.json", "ablation-summary.json", "points.csv", "report.md",
+                *[f"plots/{kind}-{f}.png" for f in fields for kind in ("ablation", "phases")])
+
+    def prepare(self, out: pathlib.Path) -> None:
+        if self.harm:
+            _harm(self, out / HARM)
 
     def runs(self, axes: tuple[str, ...] = ()) -> list[Run]:
         """The runs, base first: each point not equal to the preset's own value, axis by axis."""
@@ -120,14 +154,8 @@ class Run:
     value: object
 
 
-ABLATIONS: dict[str, Ablation] = {}
-
-
-def register(ab: Ablation) -> Ablation:
-    if ab.name in ABLATIONS and ABLATIONS[ab.name] != ab:
-        raise ValueError(f"ablation {ab.name!r} is already registered")
-    ABLATIONS[ab.name] = ab
-    return ab
+ABLATIONS: dict[str, Ablation] = Ablation.registry
+register = Ablation.register
 
 
 # The detector's sweep, on the paper's set-up (star, 100 Mbit/s, the
@@ -154,39 +182,8 @@ register(Ablation(
 
 def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
             run_fn: Callable | None = None) -> dict:
-    """Run every point not yet done; return the plan with each run's status and wall time.
-
-    ``run_fn(spec, out_dir) -> status`` runs one experiment (the runner's
-    `run_experiment`; tests pass their own). Resuming: `testbed.run.batch`.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    plan_file = out / "ablation.json"
-    runs = ab.runs(axes)
-    # every point valid before any runs
-    planned = [batch.PlannedRun(r.name, tuple(r.overrides), ab.spec(r.overrides)) for r in runs]
-    by_name = {r.name: r for r in runs}
-    done: dict[str, dict] = {}
-    if plan_file.is_file():
-        old = read_plan(out)
-        if old["ablation"] != ab.name:
-            raise InputError(f"{out} holds ablation {old['ablation']!r}, not {ab.name!r}; "
-                             "give another --out")
-        done = old["runs"]
-    if ab.harm:
-        _harm(ab, out / HARM)
-
-    def record(name: str, how: dict) -> None:
-        r = by_name[name]
-        done[name] = {"overrides": r.overrides, "setting": r.setting, "value": r.value, **how}
-        _write_plan(plan_file, ab, done)
-
-    batch.run_pending(f"ablate {ab.name}", planned, out, run_fn, record)
-    for r in runs:  # runs finished before this invocation keep their record
-        done.setdefault(r.name, {"overrides": r.overrides, "setting": r.setting,
-                                 "value": r.value, "status": batch.status(out / r.name),
-                                 "wall_s": None})
-    _write_plan(plan_file, ab, done)
-    return read_plan(out)
+    """Run every point not yet done (`Study.execute`); the plan with each run's status."""
+    return ab.execute(out, axes, run_fn)
 
 
 def _harm(ab: Ablation, out: pathlib.Path):
@@ -209,22 +206,9 @@ def _harm(ab: Ablation, out: pathlib.Path):
               eval_every=tr["eval_every"], log=output.detail)
 
 
-def _write_plan(path: pathlib.Path, ab: Ablation, runs: dict):
-    doc = {"schema": PLAN_SCHEMA, "ablation": ab.name, "preset": ab.preset, "arm": ab.arm,
-           "baselines": list(ab.baselines), "seeds": ab.seeds, "overrides": list(ab.overrides),
-           "axes": [{"setting": a.setting, "label": a.label, "values": list(a.values),
-                     "base": ab.base_value(a)} for a in ab.axes],
-           "runs": runs}
-    batch.write_json(path, doc)
-
-
 def read_plan(out: pathlib.Path) -> dict:
     """ablation.json of ``out``; a missing file or unknown schema is one InputError line."""
-    from testbed.analysis.formats import read_versioned
-
-    return read_versioned(pathlib.Path(out) / "ablation.json", PLAN_SCHEMA,
-                          f"run `dblp-testbed ablate NAME --out {out}` first",
-                          "rerun the ablation with this version")
+    return Ablation.read_plan(out)
 
 
 @click.command("ablate")
@@ -242,22 +226,4 @@ def ablate_cmd(name, out, axes, report_only, json_out):
     Ablations: detector (P_high, threshold, signal of DBLP on the paper's
     set-up; 3 seeds, about an hour), smoke (seconds per point).
     """
-    if name not in ABLATIONS:
-        raise InputError(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)}")
-    ab = ABLATIONS[name]
-    ab.select(tuple(axes))  # an unknown axis fails before anything runs
-    if out is None:
-        if report_only:
-            raise InputError("--report-only needs --out DIR (the ablation's directory)")
-        out = f"results/ablate-{name}-{time.strftime('%Y%m%dT%H%M%S')}"
-    out_dir = pathlib.Path(out)
-    plan = read_plan(out_dir) if report_only else execute(ab, out_dir, tuple(axes))
-    from testbed.analysis import ablation as analysis
-
-    doc = analysis.write(out_dir, plan)
-    failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
-    results(doc, json_out, lambda: click.echo(analysis.text(doc)))
-    if failed:
-        raise ExperimentFailed(f"ablation run(s) {', '.join(failed)} did not finish "
-                               f"(see {out_dir}/<run>/manifest.json); rerun the same command "
-                               "to retry only those")
+    run_command(Ablation, name, out, tuple(axes), report_only, json_out)

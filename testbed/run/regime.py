@@ -26,22 +26,23 @@ The analysis (`testbed.analysis.regime`) places every cell's burst-round
 speedup between the bandwidth-bound and the pass-bound ratio and each
 arm's latency over its physical bound; a figure where a round-locked burst
 ran to its cap is flagged by the run's own tables and never reported as a
-speedup. Long work is resumable (`testbed.run.batch`); ``regime.json`` in
-the output directory holds the plan and how each cell's run ended.
+speedup. A map is a `testbed.run.study.Study`: long work is resumable
+(`testbed.run.batch`), and ``regime.json`` in the output directory holds the
+plan and how each cell's run ended.
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import click
 
-from testbed import output
-from testbed.errors import ExperimentFailed, InputError
-from testbed.output import json_option, results
-from testbed.run import batch
+from controllers.bursts import KINDS
+from testbed.errors import InputError
+from testbed.output import json_option
+from testbed.run.study import Part, Study, run_command
 
 #: Version of regime.json (the plan and how each cell's run ended).
 #: 1: first version.
@@ -71,16 +72,17 @@ class Cell:
     p: float                   # drop probability of a loss burst
     control: str               # "udp" | "tcp": the bounded arms' control path
     target: str = "server-downlink"
-    kind: str = "loss"         # "loss" (random drop) | "congest" (queue overflow)
+    kind: str = "loss"         # a burst kind (controllers.kinds): "loss" (random drop), "congest"...
     #: Only these of the map's arms (None: all of the control path's): where a
     #: burst acts is a question about the parameter server's paths.
     only: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
-        """The cell's directory: ``CONTROL-DURATION-pPCT[-TARGET][-KIND]``."""
+        """The cell's directory: ``CONTROL-DURATION-pPCT[-TARGET]``, or ``-KIND`` for a kind without p."""
         d = "round" if self.duration == ROUND else f"{self.duration:g}ms"
-        parts = [self.control, d, f"p{round(self.p * 100):d}" if self.kind == "loss" else self.kind]
+        takes_p = "p" in KINDS[self.kind].params
+        parts = [self.control, d, f"p{round(self.p * 100):d}" if takes_p else self.kind]
         if self.target != "server-downlink":
             parts.append(self.target)
         return "-".join(parts)
@@ -100,8 +102,18 @@ class Cell:
 
 
 @dataclasses.dataclass(frozen=True)
-class RegimeMap:
+class RegimeMap(Study):
     """A declared set of cells on one preset, with the overrides every cell shares."""
+
+    command: ClassVar[str] = "regime"
+    noun: ClassVar[str] = "regime map"
+    part_noun: ClassVar[str] = "cell"
+    plan_key: ClassVar[str] = "map"
+    plan_file: ClassVar[str] = "regime.json"
+    plan_schema: ClassVar[int] = PLAN_SCHEMA
+    plan_rerun: ClassVar[str] = "rerun the map with this version"
+    analysis: ClassVar[str] = "testbed.analysis.regime"
+    registry: ClassVar[dict] = {}
 
     name: str
     preset: str
@@ -142,6 +154,22 @@ class RegimeMap:
                              f"choose from {', '.join(known)}")
         return tuple(known[n] for n in names)
 
+    def parts(self, only: tuple[str, ...] = ()) -> list[Part]:
+        return [Part(c.name, tuple(c.overrides(c.arms(self.arms))), {"cell": c.as_dict()}, c)
+                for c in self.select(only)]
+
+    def part_spec(self, part: Part):
+        return self.spec(part.source)
+
+    def plan_fields(self) -> dict:
+        return {"preset": self.preset, "seeds": self.seeds, "shared_overrides": self.shared(),
+                "cap_ms": CAP_MS, "arms": {k: list(v) for k, v in self.arms.items()},
+                "cells": [c.as_dict() for c in self.cells]}
+
+    def kept_files(self) -> tuple[str, ...]:
+        return ("regime.json", "regime-summary.json", "cells.csv", "arms.csv", "report.md",
+                "plots/regime-speedup.png", "plots/regime-over-bound.png")
+
 
 def _grid(durations, losses, controls) -> tuple[Cell, ...]:
     return tuple(Cell(d, p, c) for c in controls for d in durations for p in losses)
@@ -154,14 +182,8 @@ PLACES = (Cell(1000.0, 0.6, "udp", target="server-uplink"),
           Cell(1000.0, 0.6, "udp", target="core-uplinks"),
           Cell(1000.0, 0.6, "udp", kind="congest"))
 
-MAPS: dict[str, RegimeMap] = {}
-
-
-def register(m: RegimeMap) -> RegimeMap:
-    if m.name in MAPS and MAPS[m.name] != m:
-        raise ValueError(f"regime map {m.name!r} is already registered")
-    MAPS[m.name] = m
-    return m
+MAPS: dict[str, RegimeMap] = RegimeMap.registry
+register = RegimeMap.register
 
 
 register(RegimeMap(
@@ -191,47 +213,13 @@ register(RegimeMap(
 
 def execute(m: RegimeMap, out: pathlib.Path, cells: tuple[str, ...] = (),
             run_fn: Callable | None = None) -> dict:
-    """Run every cell not yet done; return the plan with each cell's status and wall time."""
-    out.mkdir(parents=True, exist_ok=True)
-    plan_file = out / "regime.json"
-    chosen = m.select(cells)
-    planned = [batch.PlannedRun(c.name, tuple(c.overrides(c.arms(m.arms))), m.spec(c))
-               for c in chosen]
-    done: dict[str, dict] = {}
-    if plan_file.is_file():
-        old = read_plan(out)
-        if old["map"] != m.name:
-            raise InputError(f"{out} holds regime map {old['map']!r}, not {m.name!r}; "
-                             "give another --out")
-        done = old["runs"]
-    cell_of = {c.name: c for c in m.cells}
-
-    def record(name: str, how: dict) -> None:
-        done[name] = {"cell": cell_of[name].as_dict(), **how}
-        _write_plan(plan_file, m, done)
-
-    batch.run_pending(f"regime {m.name}", planned, out, run_fn, record)
-    for c in chosen:
-        done.setdefault(c.name, {"cell": c.as_dict(), "status": batch.status(out / c.name),
-                                 "wall_s": None})
-    _write_plan(plan_file, m, done)
-    return read_plan(out)
-
-
-def _write_plan(path: pathlib.Path, m: RegimeMap, runs: dict) -> None:
-    batch.write_json(path, {
-        "schema": PLAN_SCHEMA, "map": m.name, "preset": m.preset, "seeds": m.seeds,
-        "shared_overrides": m.shared(), "cap_ms": CAP_MS, "arms": {k: list(v) for k, v in m.arms.items()},
-        "cells": [c.as_dict() for c in m.cells], "runs": runs})
+    """Run every cell not yet done (`Study.execute`); the plan with each cell's status."""
+    return m.execute(out, cells, run_fn)
 
 
 def read_plan(out: pathlib.Path) -> dict:
     """regime.json of ``out``; a missing file or unknown schema is one InputError line."""
-    from testbed.analysis.formats import read_versioned
-
-    return read_versioned(pathlib.Path(out) / "regime.json", PLAN_SCHEMA,
-                          f"run `dblp-testbed regime NAME --out {out}` first",
-                          "rerun the map with this version")
+    return RegimeMap.read_plan(out)
 
 
 @click.command("regime")
@@ -249,25 +237,4 @@ def regime_cmd(name, out, cells, report_only, json_out):
     Maps: reduced (eight cells, at most 30 minutes), full (27 cells, over an hour),
     smoke (one cell on the star, about a minute).
     """
-    if name not in MAPS:
-        raise InputError(f"unknown regime map {name!r}; choose from {', '.join(MAPS)}")
-    m = MAPS[name]
-    m.select(tuple(cells))  # an unknown cell fails before anything runs
-    if out is None:
-        if report_only:
-            raise InputError("--report-only needs --out DIR (the map's directory)")
-        out = f"results/regime-{name}-{time.strftime('%Y%m%dT%H%M%S')}"
-    out_dir = pathlib.Path(out)
-    t0 = time.monotonic()
-    plan = read_plan(out_dir) if report_only else execute(m, out_dir, tuple(cells))
-    from testbed.analysis import regime as analysis
-
-    doc = analysis.write(out_dir, plan)
-    if not report_only:
-        output.say(f"regime {name}: {time.monotonic() - t0:.0f} s")
-    failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
-    results(doc, json_out, lambda: click.echo(analysis.text(doc)))
-    if failed:
-        raise ExperimentFailed(f"regime cell(s) {', '.join(failed)} did not finish "
-                               f"(see {out_dir}/<cell>/manifest.json); rerun the same command "
-                               "to retry only those")
+    run_command(RegimeMap, name, out, tuple(cells), report_only, json_out)

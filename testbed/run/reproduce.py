@@ -12,11 +12,12 @@ rendered from. Three kinds, registered by class as the topologies are
 - `CommandReference`: one or more other `dblp-testbed` commands (a bench,
   a `net check` per fabric size or rate), each run with ``--json FILE``;
   it keeps those JSON files, each named after the command that wrote it.
-- `AblationReference`: a `dblp-testbed ablate` (`testbed.run.ablation`):
-  one arm's setting varied over runs; it keeps the ablation's summary,
-  per-point table, report and plots (not the runs' own tables).
-- `RegimeReference`: a `dblp-testbed regime` map (`testbed.run.regime`):
-  it keeps the map's summary, tables, report and heat-maps.
+- `StudyReference`: a declared study (`testbed.run.study`) run whole, of
+  one of two kinds: `AblationReference`, a `dblp-testbed ablate`
+  (`testbed.run.ablation`: one arm's setting varied over runs; it keeps the
+  ablation's summary, per-point table, report and plots, not the runs' own
+  tables), and `RegimeReference`, a `dblp-testbed regime` map
+  (`testbed.run.regime`: the map's summary, tables, report and heat-maps).
 
 Beside the kept files, ``reproduce.json`` (`RECORD_SCHEMA`) holds the
 commands and their wall times. The files are committed: the tables of
@@ -46,6 +47,9 @@ import click
 from testbed import REPO_ROOT, output
 from testbed.errors import ExperimentFailed, InputError, TestbedError
 from testbed.output import json_option, results
+from testbed.run.ablation import Ablation
+from testbed.run.regime import RegimeMap
+from testbed.run.study import Study
 
 #: Where the committed reference data live.
 REFERENCE_DIR = REPO_ROOT / "results" / "reference"
@@ -196,65 +200,53 @@ class CommandReference(Reference):
 
 
 @dataclasses.dataclass(frozen=True)
-class AblationReference(Reference):
-    """A `dblp-testbed ablate` of a declared ablation: its summary, table, report and plots."""
+class StudyReference(Reference):
+    """A declared study (`testbed.run.study.Study`) run whole: the files its kind keeps.
 
-    kind: ClassVar[str] = "ablation"
+    A subclass names the kind of study (``study_kind``); the reference's
+    ``study`` is a study of that kind by name.
+    """
+
+    study_kind: ClassVar[type[Study]]
     name: str
-    ablation: str
+    study: str
     doc: str
     #: ``run_fn(spec, out_dir) -> status`` for each run (None: the runner's; tests pass a fake).
     run_fn: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
 
+    def declared(self):
+        return self.study_kind.registry[self.study]
+
     def kept_files(self) -> tuple[str, ...]:
-        from testbed.run.ablation import ABLATIONS
-        fields = [a.field for a in ABLATIONS[self.ablation].axes]
-        return ("ablation.json", "ablation-summary.json", "points.csv", "report.md",
-                *[f"plots/{kind}-{f}.png" for f in fields for kind in ("ablation", "phases")])
+        return self.declared().kept_files()
 
     def commands(self) -> list[list[str]]:
-        return [["ablate", self.ablation, "--out", "DIR"]]
+        return [[self.study_kind.command, self.study, "--out", "DIR"]]
 
     def produce(self, out: pathlib.Path) -> tuple[str, dict]:
-        from testbed.analysis import ablation as analysis
-        from testbed.run.ablation import ABLATIONS, execute
-
-        output.say(f"reproduce {self.name}: dblp-testbed ablate {self.ablation} --out {out}")
-        plan = execute(ABLATIONS[self.ablation], out, run_fn=self.run_fn)
-        analysis.write(out, plan)
-        failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
-        return ("ok" if not failed else f"runs {', '.join(failed)} did not finish",
+        study = self.declared()
+        output.say(f"reproduce {self.name}: dblp-testbed {study.command} {self.study} --out {out}")
+        plan = study.execute(out, run_fn=self.run_fn)
+        study.write_outputs(out, plan)
+        failed = study.failed(plan)
+        return ("ok" if not failed else f"{study.part_noun}s {', '.join(failed)} did not finish",
                 {"argv": self.commands()[0]})
 
 
 @dataclasses.dataclass(frozen=True)
-class RegimeReference(Reference):
+class AblationReference(StudyReference):
+    """A `dblp-testbed ablate` of a declared ablation: its summary, table, report and plots."""
+
+    kind: ClassVar[str] = "ablation"
+    study_kind: ClassVar[type[Study]] = Ablation
+
+
+@dataclasses.dataclass(frozen=True)
+class RegimeReference(StudyReference):
     """A `dblp-testbed regime` map: its summary, tables, report and heat-maps."""
 
     kind: ClassVar[str] = "regime"
-    name: str
-    map: str
-    doc: str
-    #: ``run_fn(spec, out_dir) -> status`` for each cell (None: the runner's; tests pass a fake).
-    run_fn: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def kept_files(self) -> tuple[str, ...]:
-        return ("regime.json", "regime-summary.json", "cells.csv", "arms.csv", "report.md",
-                "plots/regime-speedup.png", "plots/regime-over-bound.png")
-
-    def commands(self) -> list[list[str]]:
-        return [["regime", self.map, "--out", "DIR"]]
-
-    def produce(self, out: pathlib.Path) -> tuple[str, dict]:
-        from testbed.analysis import regime as analysis
-        from testbed.run.regime import MAPS, execute
-
-        output.say(f"reproduce {self.name}: dblp-testbed regime {self.map} --out {out}")
-        plan = execute(MAPS[self.map], out, run_fn=self.run_fn)
-        analysis.write(out, plan)
-        failed = sorted(n for n, r in plan["runs"].items() if r["status"] != "ok")
-        return ("ok" if not failed else f"cells {', '.join(failed)} did not finish",
-                {"argv": self.commands()[0]})
+    study_kind: ClassVar[type[Study]] = RegimeMap
 
 
 REFERENCES: dict[str, Reference] = {}
