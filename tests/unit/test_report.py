@@ -162,7 +162,7 @@ def test_bad_capture_inside_run_keeps_the_summary(tmp_path):
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"schema": 4}, "schema version 4 is unknown"),
+    ({"schema": 99}, "schema version 99 is unknown"),
     ({"raw_log_schema": 9}, "raw-log schema version 9 is unknown"),
 ])
 def test_report_refuses_an_unknown_version(tmp_path, change, needle):

@@ -88,8 +88,8 @@ BAD_SPECS = [
     # A link so slow that a full queue outlasts the transports' retransmission timers.
     ("bw-below-useful", '[topology]\nbw_mbps = 1.0', "topology.bw_mbps"),
     ("bw-slow-for-queue", '[topology]\nbw_mbps = 10\nqueue_pkts = 1000', "topology.bw_mbps"),
-    # 1437 training digits over 4 workers: shards of 359.
-    ("batch-above-shard", '[training]\nmodel = "digits_cnn"\nbatch_size = 400', "training.batch_size"),
+    # 1437 training digits over the default's 3 workers: shards of 479.
+    ("batch-above-shard", '[training]\nmodel = "digits_cnn"\nbatch_size = 500', "training.batch_size"),
     ("default-batch-above-shard",
      '[topology]\nkind = "star"\n[placement]\nworkers = 60\n[training]\nmodel = "digits_cnn"',
      "training.batch_size"),
