@@ -33,3 +33,12 @@ class ExperimentFailed(TestbedError):
     was found): exit 1. Logs and partial results stay on disk."""
 
     exit_code = 1
+
+
+class InvalidUnits(ExperimentFailed):
+    """The experiment ran to the end, but some unit broke an emulator invariant
+    (`testbed.invariants`): its figures are kept, marked, and decide nothing,
+    so the run's verdicts may be "not judged" (exit 3, distinct from a failed
+    arm's 1). Logs and results stay on disk."""
+
+    exit_code = 3

@@ -11,7 +11,15 @@ The verdict rule, never read from a point estimate:
 - **refuted** when the whole interval lies outside it;
 - **unresolved** otherwise (the interval straddles an edge of the region),
   and when the interval could not be computed (the arms did not run, no
-  burst rounds, one seed for a per-seed figure, ...), with the reason.
+  burst rounds, one seed for a per-seed figure, ...), with the reason;
+- **not judged** when the emulator did not keep its invariants: every seed
+  of the pair has an invalid unit (`testbed.invariants`), so no measurement
+  is left to judge. Never reproduced, refuted or unresolved: the machine,
+  not the transports, would have set the figure.
+
+Invalid units are left out before anything is measured: a seed takes part
+in a pair's intervals only when both of its units are valid (the bootstrap
+pairs by seed), and each verdict and interval lists the units it left out.
 
 A claim is judged on every pair of arms its comparison finds among those
 that ran (DBLP against the static bound of the same control path and mode:
@@ -31,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -40,6 +48,10 @@ from testbed.analysis import intervals as iv
 from testbed.analysis.tables import arm_kind, is_dblp_arm, static_partner
 
 REPRODUCED, REFUTED, UNRESOLVED = "reproduced", "refuted", "unresolved"
+NOT_JUDGED = "not judged"
+#: Why a verdict is not judged, in a word: every invariant is one the emulator
+#: keeps only while the machine running it keeps up.
+NOT_JUDGED_CAUSE = "emulator saturated"
 # With no spec value, the target lies this fraction of the way from the
 # first evaluation's accuracy (the median over every arm and seed) to the
 # lowest final accuracy over every arm and seed that ran: every run that
@@ -56,7 +68,10 @@ DEFINITIONS = {
                 "rounds within each drawn seed (one seed: a round bootstrap, blind to "
                 f"seed-to-seed spread); {iv.RESAMPLES} replicates, numpy rng seed {iv.RNG_SEED}",
     "verdict": "reproduced: the whole 95 % interval inside the claim's region; refuted: the whole "
-               "interval outside it; unresolved: otherwise, or no interval (the reason says why)",
+               "interval outside it; unresolved: otherwise, or no interval (the reason says why); "
+               f"not judged ({NOT_JUDGED_CAUSE}): every seed of the pair has an invalid unit",
+    "left_out": "the pair's invalid units (summary invalid_units), left out of its intervals and "
+                "verdicts: a seed takes part only when both of its units are valid",
     "time_to_target": "wall time from an (arm, seed)'s first round start to the end of the first "
                       "evaluated round whose test accuracy reaches the target",
     "target": f"spec {'.'.join(TARGET_FIELD)}; unset: {TARGET_FRACTION:.0%} of the way from the "
@@ -228,11 +243,66 @@ def _measure(frames: iv.RunFrames, arm: str, base: str, est: iv.Estimator,
         return None, str(exc)
 
 
-def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame | None, *,
+Invalid = Mapping[tuple[str, int], Sequence[str]]
+
+
+def _without(df: pd.DataFrame | None, invalid: Invalid) -> pd.DataFrame | None:
+    """``df`` without the rows of invalid units (and of rows marked ``valid`` False)."""
+    if df is None or not len(df):
+        return df
+    keep = [(a, int(s)) not in invalid for a, s in zip(df["arm"], df["seed"], strict=True)]
+    if "valid" in df.columns:
+        keep = [k and bool(v) for k, v in zip(keep, df["valid"], strict=True)]
+    return df[keep]
+
+
+def left_out(invalid: Invalid, arm: str, base: str) -> list[dict]:
+    """The invalid units of a pair, as summary.json lists them (arm, seed, reasons)."""
+    return [{"arm": a, "seed": int(s), "reasons": list(why)} for (a, s), why in invalid.items()
+            if a in (arm, base)]
+
+
+def _judgeable(rounds: pd.DataFrame, arm: str, base: str) -> bool:
+    """Some seed has valid rounds of both arms (``rounds``: valid rows only)."""
+    if rounds is None or not len(rounds):
+        return False
+    seeds = [set(rounds.loc[rounds["arm"] == a, "seed"]) for a in (arm, base)]
+    return bool(seeds[0] & seeds[1])
+
+
+def not_judged_reason(units: list[dict]) -> str:
+    """Why a pair is not judged: the cause in a word, then each invalid unit and what it broke."""
+    named = "; ".join(f"{u['arm']} s{u['seed']}: {', '.join(u['reasons'])}" for u in units)
+    return f"{NOT_JUDGED_CAUSE}: no seed with both units valid ({named})"
+
+
+def _figures(frames: iv.RunFrames, arm: str, base: str, units: list[dict], judgeable: bool,
+             resamples: int, rng_seed: int) -> dict:
+    """Every estimator's interval for one pair; none, with the reason, when it is not judgeable."""
+    figures = {}
+    for est in iv.ESTIMATORS.values():
+        if judgeable:
+            interval, reason = _measure(frames, arm, base, est, resamples, rng_seed)
+        else:
+            interval, reason = None, not_judged_reason(units)
+        figures[est.name] = {"estimator": est.name, "unit": est.unit,
+                             "interval": interval.to_dict() if interval else None,
+                             "reason": reason}
+    return figures
+
+
+def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame | None,
+          invalid: Invalid | None = None, *,
           resamples: int = iv.RESAMPLES, rng_seed: int = iv.RNG_SEED) -> dict:
-    """summary.json's ``intervals``, ``verdicts`` and ``time_to_target`` sections (formats.py)."""
+    """summary.json's ``intervals``, ``verdicts`` and ``time_to_target`` sections (formats.py).
+
+    ``invalid``: (arm, seed) -> reasons for the units that broke an invariant
+    (`tables.invalid_units`); their rows are left out of everything here.
+    """
     seed = int(getattr(spec, "seed", 0))
+    invalid = dict(invalid or {})
     rounds, evals = _seeded(rounds, seed), _seeded(evals, seed)
+    rounds, evals = _without(rounds, invalid), _without(evals, invalid)
     target, source = target_metric(spec, evals)
     frames = iv.RunFrames(rounds, evals, target)
     found: dict[str, dict] = {}
@@ -241,14 +311,12 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
             key = f"{arm}_vs_{base}"
             if key in found:
                 continue
-            figures = {}
-            for est in iv.ESTIMATORS.values():
-                interval, reason = _measure(frames, arm, base, est, resamples, rng_seed)
-                figures[est.name] = {"estimator": est.name, "unit": est.unit,
-                                     "interval": interval.to_dict() if interval else None,
-                                     "reason": reason}
+            units = left_out(invalid, arm, base)
+            judgeable = not units or _judgeable(rounds, arm, base)
             found[key] = {"arm": arm, "baseline": base, "comparison": comp.name,
-                          "what": comp.what, "figures": figures}
+                          "what": comp.what, "left_out": units, "judged": judgeable,
+                          "figures": _figures(frames, arm, base, units, judgeable, resamples,
+                                              rng_seed)}
     verdicts = []
     for claim in CLAIMS.values():
         head = {"claim": claim.name, "what": claim.what, "paper": claim.paper,
@@ -257,17 +325,26 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
                 "region_why": claim.region_why}
         pairs = COMPARISONS[claim.comparison].pairs(arms)
         for arm, base in pairs:
-            fig = found[f"{arm}_vs_{base}"]["figures"][claim.estimator]
+            pair = found[f"{arm}_vs_{base}"]
+            fig = pair["figures"][claim.estimator]
             got = iv.Interval(**fig["interval"]) if fig["interval"] else None
-            v, why = verdict(got, claim.region, fig["reason"] or "")
+            if pair["judged"]:
+                v, why = verdict(got, claim.region, fig["reason"] or "")
+                if pair["left_out"]:
+                    why += f"; {len(pair['left_out'])} invalid unit(s) left out"
+            else:
+                v, why = NOT_JUDGED, fig["reason"]
             verdicts.append({**head, "pair": f"{arm}_vs_{base}", "arm": arm, "baseline": base,
                              "verdict": v, "reason": why,
-                             "interval": dict(fig["interval"]) if fig["interval"] else None})
+                             "interval": dict(fig["interval"]) if fig["interval"] else None,
+                             "left_out": pair["left_out"]})
         if not pairs:
             verdicts.append({**head, "pair": None, "arm": None, "baseline": None,
-                             "verdict": UNRESOLVED, "interval": None,
+                             "verdict": UNRESOLVED, "interval": None, "left_out": [],
                              "reason": "no pair of arms for it ran ("
                                        f"{COMPARISONS[claim.comparison].what})"})
+    for pair in found.values():
+        del pair["judged"]   # said by its figures' reasons and its verdicts
     return {"intervals": found, "verdicts": verdicts,
             "time_to_target": _time_to_target(rounds, evals, target, source, arms)}
 
@@ -289,10 +366,10 @@ def _time_to_target(rounds, evals, target, source, arms) -> dict:
 
 
 def with_verdicts(summary: dict, spec, rounds: pd.DataFrame, evals: pd.DataFrame | None,
-                  **kw) -> dict:
+                  invalid: Invalid | None = None, **kw) -> dict:
     """``summary`` with the sections of `judge`, their definitions, each arm's median time
     to target (arms.<arm>.time_to_target_s) and a warning when the intervals have one seed."""
-    out = dict(summary, **judge(spec, summary["arms_order"], rounds, evals, **kw))
+    out = dict(summary, **judge(spec, summary["arms_order"], rounds, evals, invalid, **kw))
     out["definitions"] = {**summary["definitions"], **DEFINITIONS}
     per_arm = out["time_to_target"]["per_arm"]
     out["arms"] = {a: dict(v, time_to_target_s=per_arm.get(a, {}).get("t_s_median"))

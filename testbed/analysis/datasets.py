@@ -28,6 +28,11 @@ Parquet file describes itself wherever it is copied. History:
   missing only in ``bottleneck`` rows outside every unit). Files of
   versions 1 and 2 are refused: their run directories have the old raw/
   layout, which `dblp-testbed report` no longer reads either.
+* 4: invariants decide: ``rounds`` and ``evals`` have ``valid`` (the row's
+  unit kept every invariant of `testbed.invariants`) and
+  ``invalid_reasons`` (what it broke). The other tables are unchanged, so
+  their version-3 files are still read; a version-3 ``rounds`` or
+  ``evals`` file is refused with the command that rebuilds it from raw/.
 
 Kinds: ``int`` (pandas ``Int64``: missing is <NA>, nanosecond timestamps
 stay exact), ``float`` (missing is NaN), ``str`` (pandas ``string``; an
@@ -44,8 +49,8 @@ import pandas as pd
 
 from testbed.errors import InputError
 
-TABLES_SCHEMA = 3
-KNOWN_TABLES_SCHEMAS = frozenset({3})
+TABLES_SCHEMA = 4
+KNOWN_TABLES_SCHEMAS = frozenset({3, 4})
 META_KEY = b"dblp_testbed"
 
 _DTYPES = {"int": "Int64", "float": "float64", "str": "string", "bool": "bool"}
@@ -95,6 +100,12 @@ def _cols(*spec: tuple[str, str, str]) -> tuple[Column, ...]:
     return tuple(Column(*s) for s in spec)
 
 
+# Whether a row's unit counts (tables.invalid_units): rounds and evals carry it.
+_VALIDITY = _cols(
+    ("valid", "bool", "the unit kept every invariant (testbed.invariants); an invalid unit's rows "
+                      "stay here, left out of every per-arm figure, interval and verdict"),
+    ("invalid_reasons", "str", "the invariants the unit broke, '; '-separated (missing: valid)"),
+)
 _ROUND_BASE = _cols(
     ("arm", "str", "spec arm name"),
     ("seed", "int", "the unit's seed: its logs are raw/<arm>/seed-<seed>/"),
@@ -113,7 +124,7 @@ _ROUND_BASE = _cols(
     ("bound", "float", "loss bound the transport used (missing: not bounded)"),
     ("phase", "str", "critical | relaxed (missing: no phase)"),
     ("loss", "float", "mean training loss over workers"),
-)
+) + _VALIDITY
 _ROUND_BURSTS = _cols(
     ("in_burst", "bool", "a burst window covers at least half of the shorter window"),
     ("burst_touch", "bool", "a burst window overlaps the round at all"),
@@ -262,7 +273,7 @@ EVALS = Table("evals", "test accuracy and loss per evaluation", _cols(
     ("t_s", "float", "seconds since the arm's first round started"),
     ("test_accuracy", "float", "a fraction"),
     ("test_loss", "float", ""),
-))
+) + _VALIDITY)
 
 TABLES = {t.name: t for t in (ROUNDS, BURSTS, FLOWS, PACKETS, BOTTLENECK, QUEUE, EVALS)}
 
@@ -353,6 +364,9 @@ def read(run_dir, table: Table) -> pd.DataFrame:
         raise TableError(f"{path}: table schema version {v} is from before repeated seeds (no "
                          f"seed column); this dblp-testbed reads {TABLES_SCHEMA} and cannot "
                          "re-analyse that run directory: run its spec.toml again")
+    if v == 3 and _VALIDITY[0].name in table.names():
+        raise TableError(f"{path}: table schema version 3 is from before the invariants decided "
+                         f"(no valid column); rebuild it with `dblp-testbed report DIR`")
     if v not in KNOWN_TABLES_SCHEMAS or isinstance(v, bool):
         raise TableError(f"{path}: table schema version {v!r} is unknown (this dblp-testbed "
                          f"reads {', '.join(map(str, sorted(KNOWN_TABLES_SCHEMAS)))}); "

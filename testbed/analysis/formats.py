@@ -31,8 +31,15 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #      time_to_target (per arm and seed, the wall time to the target
 #      accuracy) and arms.<arm>.time_to_target_s (its median over seeds).
 #      Optional, so version-1 and -2 summaries still read.
-SUMMARY_SCHEMA = 3
-KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3})
+#   4: invariants decide (testbed.invariants): invalid_units (each unit whose
+#      fidelity record broke one, with its reasons) replaces fidelity_flags;
+#      per-arm figures, speedups, intervals and verdicts pool valid units
+#      only; a verdict may be "not judged" (every seed of its pair has an
+#      invalid unit), and each verdict and interval pair lists the units it
+#      left out (left_out). Versions 1-3 still read: their fidelity_flags
+#      decided nothing, and they have no invalid_units.
+SUMMARY_SCHEMA = 4
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -52,7 +59,12 @@ SUMMARY_FIELDS = (
     Field("physics", "dict", doc="inputs, missing_inputs, pairs (physics.place_speedup)"),
     Field("packets", "dict", doc="arm -> direction -> capture counts"),
     Field("fidelity", "dict", doc="arm -> seed (a string) -> its unit's manifest record"),
-    Field("fidelity_flags", "dict", doc="arm -> flags from its fidelity record"),
+    Field("fidelity_flags", "dict", required=False,
+          doc="versions 1-3 only: arm -> warnings from its fidelity record, which decided nothing"),
+    Field("invalid_units", "list", required=False,
+          doc="SUMMARY_INVALID_UNIT_FIELDS, one per unit that broke an invariant, in run order; "
+              "left out of every per-arm figure, speedup, interval and verdict. Version 4 on "
+              "(required there)"),
     Field("paper", "dict", doc="the paper's figures, for comparison"),
     Field("targets", "list", doc="the default run's targets, each met true/false/null"),
     Field("warnings", "list", doc="what a reader should not miss"),
@@ -98,10 +110,18 @@ INTERVAL_FIELDS = (
     Field("resamples", "int"), Field("level", "num", doc="0.95"),
     Field("rng_seed", "int", doc="seed of the bootstrap's numpy generator"),
 )
+# One unit that broke an invariant (tables.invalid_units).
+SUMMARY_INVALID_UNIT_FIELDS = (
+    Field("arm", "str"), Field("seed", "int"),
+    Field("reasons", "list", doc="one line per broken invariant (testbed.invariants.broken)"),
+)
+_LEFT_OUT = Field("left_out", "list", required=False,
+                  doc="SUMMARY_INVALID_UNIT_FIELDS of the pair's units left out. Version 4 on")
 SUMMARY_INTERVAL_PAIR_FIELDS = (
     Field("arm", "str"), Field("baseline", "str"),
     Field("comparison", "str", doc="claims.COMPARISONS name"), Field("what", "str"),
     Field("figures", "dict", doc="estimator (intervals.ESTIMATORS) -> SUMMARY_FIGURE_FIELDS"),
+    _LEFT_OUT,
 )
 SUMMARY_FIGURE_FIELDS = (
     Field("estimator", "str"), Field("unit", "str", doc="x | % | points"),
@@ -116,9 +136,11 @@ SUMMARY_VERDICT_FIELDS = (
     Field("region_why", "str"),
     Field("pair", "str", nullable=True, doc="'<arm>_vs_<baseline>'; null: no pair ran"),
     Field("arm", "str", nullable=True), Field("baseline", "str", nullable=True),
-    Field("verdict", "str", doc="reproduced | refuted | unresolved"),
+    Field("verdict", "str", doc="reproduced | refuted | unresolved | not judged (version 4 on: "
+                                "every seed of the pair has an invalid unit)"),
     Field("reason", "str"),
     Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS; null: not measurable"),
+    _LEFT_OUT,
 )
 SUMMARY_TIME_TO_TARGET_FIELDS = (
     Field("metric", "str", doc="evals column the target is on"),
@@ -194,6 +216,7 @@ def check_summary(summary: dict, where: str = "summary") -> dict:
         for pair, sp in summary["speedups"].items():
             check_fields(sp, SUMMARY_SPEEDUP_FIELDS, f"{where} speedups.{pair}")
         check_fields(summary["bursts"], SUMMARY_BURST_FIELDS, f"{where} bursts")
+        _check_invariant_sections(summary, where)
         _check_verdict_sections(summary, where)
     except MalformedEvent as exc:
         raise FormatError(str(exc)) from None
@@ -205,10 +228,28 @@ def _check_interval(obj, where: str) -> None:
         check_fields(obj, INTERVAL_FIELDS, where)
 
 
+def _check_units(units, where: str) -> None:
+    for i, u in enumerate(units):
+        check_fields(u, SUMMARY_INVALID_UNIT_FIELDS, f"{where}[{i}]")
+
+
+def _check_invariant_sections(summary: dict, where: str) -> None:
+    """Version 4 on: invalid_units, which replaced fidelity_flags (MalformedEvent naming it)."""
+    if summary["schema"] < 4:
+        return
+    if "invalid_units" not in summary:
+        raise MalformedEvent(f"{where}: field 'invalid_units' missing (schema {summary['schema']})")
+    if "fidelity_flags" in summary:
+        raise MalformedEvent(f"{where}: field 'fidelity_flags' is of schemas 1-3; schema "
+                             f"{summary['schema']} has invalid_units")
+    _check_units(summary["invalid_units"], f"{where} invalid_units")
+
+
 def _check_verdict_sections(summary: dict, where: str) -> None:
     """The version-3 sections, where present (MalformedEvent naming the entry)."""
     for pair, entry in summary.get("intervals", {}).items():
         check_fields(entry, SUMMARY_INTERVAL_PAIR_FIELDS, f"{where} intervals.{pair}")
+        _check_units(entry.get("left_out", []), f"{where} intervals.{pair}.left_out")
         for name, fig in entry["figures"].items():
             w = f"{where} intervals.{pair}.figures.{name}"
             check_fields(fig, SUMMARY_FIGURE_FIELDS, w)
@@ -217,6 +258,7 @@ def _check_verdict_sections(summary: dict, where: str) -> None:
         w = f"{where} verdicts[{i}]"
         check_fields(v, SUMMARY_VERDICT_FIELDS, w)
         _check_interval(v["interval"], f"{w}.interval")
+        _check_units(v.get("left_out", []), f"{w}.left_out")
     if "time_to_target" in summary:
         ttt = check_fields(summary["time_to_target"], SUMMARY_TIME_TO_TARGET_FIELDS,
                            f"{where} time_to_target")

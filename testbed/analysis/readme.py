@@ -141,14 +141,23 @@ def _figure(fig: dict | None) -> str:
 
 
 def verdicts_table(summary: dict) -> str:
-    """One row per claim of the paper and pair of arms: the measured interval and the verdict."""
+    """One row per claim of the paper and pair of arms: the measured interval and the verdict.
+
+    A verdict "not judged" says its cause (every seed of the pair had an
+    invalid unit); the units themselves follow the table, one line each.
+    """
+    from testbed.analysis.answer import invalid_lines, verdict_label
     rows = ["| claim | arm vs baseline | paper | measured, point [95 % interval] | seeds | verdict |",
             "|---|---|---|---|---|---|"]
     for v in summary.get("verdicts", []):
         iv = v.get("interval") or {}
         pair = f"{v['arm']} vs {v['baseline']}" if v.get("pair") else "(did not run)"
         rows.append(f"| {v['claim']} | {pair} | {v['paper']} | {_figure(v)} "
-                    f"| {iv.get('n_seeds', '–')} | {v['verdict']} |")
+                    f"| {iv.get('n_seeds', '–')} | {verdict_label(v)} |")
+    bad = invalid_lines(summary)
+    if bad:
+        rows += ["", "Invalid units, left out of every figure, interval and verdict:", ""]
+        rows += [f"- {line.strip()}" for line in bad]
     return "\n".join(rows) + "\n"
 
 

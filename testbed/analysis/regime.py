@@ -112,19 +112,29 @@ def _s(x) -> str:
     return "–" if x is None else f"{x:.2f} s"
 
 
+def _invalid_reasons(summary: dict, arm: str) -> list[str]:
+    """What ``arm``'s units broke (summary invalid_units, "seed N: reason"); a summary from
+    before the invariants decided (schema 1-3) has only its fidelity_flags."""
+    if "invalid_units" in summary:
+        return [f"seed {u['seed']}: {r}" for u in summary["invalid_units"] if u["arm"] == arm
+                for r in u["reasons"]]
+    return summary.get("fidelity_flags", {}).get(arm) or []
+
+
 def _cell(out: pathlib.Path, name: str, run: dict) -> dict:
     cell = run["cell"]
     d = out / name
     base = {"name": name, **{k: cell[k] for k in ("duration", "p", "control", "target", "kind")},
             "status": run["status"], "wall_s": run.get("wall_s")}
-    if run["status"] != "ok" or not (d / "summary.json").is_file():
+    # "invalid": the run finished but some unit broke an invariant; its summary says which.
+    if run["status"] not in ("ok", "invalid") or not (d / "summary.json").is_file():
         return {**base, "pairs": [], "arms": [], "sentence": f"did not finish ({run['status']})"}
     summary = json.loads((d / "summary.json").read_text())
     rounds = pd.read_csv(d / "rounds.csv") if (d / "rounds.csv").is_file() else pd.DataFrame()
     arms = []
     for arm in summary["arms_order"]:
         a = summary["arms"][arm]
-        flags = summary.get("fidelity_flags", {}).get(arm) or []
+        flags = _invalid_reasons(summary, arm)
         over = _f(a.get("burst_round_over_phys_bound"))
         capped = int((rounds["arm"].eq(arm) & rounds["in_burst"].astype(bool)
                       & rounds["burst_capped"].astype(bool)).sum()) if len(rounds) else 0

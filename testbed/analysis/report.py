@@ -19,6 +19,7 @@ import click
 from testbed.analysis import datasets
 from testbed.analysis import physics as phys
 from testbed.analysis.formats import write_summary
+from testbed.invariants import INVARIANTS
 
 DERIVED = datasets.files() + ["summary.json", "report.md", "report.html", "plots"]
 # Derived files earlier versions wrote that no longer mean what their name
@@ -120,6 +121,12 @@ def _region(region: list, unit: str) -> str:
     return f"{f.format(lo)} to {f.format(hi)}"
 
 
+def _verdict_cell(v: dict) -> str:
+    """Reproduced and refuted shout; unresolved and not judged (with its cause) do not."""
+    from testbed.analysis.answer import verdict_label
+    return v["verdict"].upper() if v["verdict"] in ("reproduced", "refuted") else verdict_label(v)
+
+
 def _verdict_section(s: dict) -> dict:
     """The paper's claims, each judged from its interval (claims.py): the report's first answer."""
     rows = []
@@ -127,19 +134,34 @@ def _verdict_section(s: dict) -> dict:
         iv = v["interval"]
         rows.append([v["claim"], v["pair"] or "–", v["paper"], _region(v["region"], v["unit"]),
                      _iv(iv, v["unit"]), str(iv["n_seeds"]) if iv else "–",
-                     v["verdict"].upper() if v["verdict"] != "unresolved" else v["verdict"],
-                     v["reason"]])
+                     _verdict_cell(v), v["reason"]])
     claims = {v["claim"]: v for v in s.get("verdicts", [])}
     return {"title": "Verdicts on the paper's claims",
             "text": ["Reproduced when the whole 95 % interval lies inside the claim's region, "
                      "refuted when it lies wholly outside, unresolved otherwise (or when there "
-                     "is no interval: the reason says why). Never from a point estimate. "
-                     "Intervals: hierarchical bootstrap, seeds then rounds within each seed "
-                     "(one seed: rounds only, blind to seed-to-seed spread).",
+                     "is no interval: the reason says why), not judged when every seed of the "
+                     "pair has an invalid unit (the emulator broke an invariant). Never from a "
+                     "point estimate. Intervals: hierarchical bootstrap, seeds then rounds within "
+                     "each seed (one seed: rounds only, blind to seed-to-seed spread), over the "
+                     "seeds whose units of both arms are valid.",
                      *(f"{name}: {v['what']}. Region: {v['region_why']}."
                        for name, v in claims.items())],
             "tables": [(["claim", "pair", "paper", "region", "measured [95 % interval]", "seeds",
                          "verdict", "why"], rows)] if rows else []}
+
+
+def _invalid_section(s: dict) -> dict:
+    """The units that broke an invariant: in the tables, marked, and in no figure or verdict."""
+    rows = [[u["arm"], str(u["seed"]), "; ".join(u["reasons"])] for u in s.get("invalid_units", [])]
+    limits = ", ".join(f"{i.name} {'at most' if i.most else 'at least'} {100 * i.limit:g} %"
+                       for i in INVARIANTS.values())
+    return {"title": f"Invalid units ({len(rows)})",
+            "text": ["A unit (an arm with one seed) counts only while the emulator kept its "
+                     f"invariants ({limits}; testbed/invariants.py). An invalid unit's rows stay "
+                     "in rounds and evals (valid false) and are left out of every per-arm "
+                     "figure, speedup, interval and verdict above and below."]
+            + ([] if rows else ["None: every unit kept every invariant its record measured."]),
+            "tables": [(["arm", "seed", "invariants broken"], rows)] if rows else []}
 
 
 def _intervals_section(s: dict) -> dict:
@@ -181,6 +203,7 @@ def _sections(s: dict, rounds, bursts) -> list[dict]:
                          "of a round; a burst round is one whose window overlaps a burst window."],
                 "tables": []})
     sec.append(_verdict_section(s))
+    sec.append(_invalid_section(s))
     sec.append(_intervals_section(s))
     # Paper-style table.
     dblp_arms = [x for x in arms if a[x]["transport"] == "dblp"]
@@ -374,19 +397,25 @@ def render_html(sections: list[dict], pngs) -> str:
 @click.option("--rate-mbps", type=float, default=None,
               help="Bottleneck rate for the physical bound (default: spec topology.bw_mbps).")
 def report_cmd(run_dir, rtt_ms, rate_mbps):
-    """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json)."""
+    """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json).
+
+    Ends with the run's answer, as `run` does: the verdict on each claim and
+    pair, then the invalid units (those that broke an emulator invariant).
+    """
     override = {}
     if rtt_ms is not None:
         override["rtt_s"] = rtt_ms / 1000.0
     if rate_mbps is not None:
         override["rate_bps"] = rate_mbps * 1e6
+    from testbed.analysis import answer
     s = build_outputs(run_dir, override or None)
     click.echo(f"{run_dir}: status {s['status']}; wrote " + ", ".join(DERIVED))
     for key, sp in sorted(s["speedups"].items()):
         if s["arms"][sp["arm"]]["transport"] == "dblp":
             click.echo(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
                        f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
-    for v in s["verdicts"]:
-        click.echo(f"  claim {v['claim']} {v['pair'] or ''}: {v['verdict']} ({v['reason']})")
     for w in s["warnings"]:
         click.echo(f"  warning: {w}")
+    # The answer last, as `run` ends: what a reader looks at first.
+    for line in answer.lines(s):
+        click.echo(line)

@@ -2,8 +2,15 @@
 
 A run trains every arm once per seed; one arm with one seed is a unit, whose
 logs are under RUN/raw/<arm>/seed-<seed>/. Every table has a `seed` column
-beside `arm`; the per-arm figures of summary.json pool all seeds of an arm
-(`summarize`), and `unit_summary` keeps the per-seed figures for intervals.
+beside `arm`; the per-arm figures of summary.json pool the valid seeds of an
+arm (`summarize`), and `unit_summary` keeps the per-seed figures for intervals.
+
+A unit whose fidelity record (manifest ``units[].fidelity``) breaks one of
+the emulator's invariants (`testbed.invariants`) is invalid: its rows stay in
+the rounds and evals tables, marked (``valid`` False, ``invalid_reasons``),
+and it is left out of every per-arm figure, speedup, interval and verdict,
+so the summary's medians are those the verdicts rest on; summary.json lists
+it under ``invalid_units``.
 
 Every number here is recomputed from RUN/raw/ (the JSON-line events that
 `workloads.runlog.EVENTS` declares), so a report can always be regenerated;
@@ -40,8 +47,8 @@ from testbed.analysis import datasets
 from testbed.analysis import physics as phys
 from testbed.analysis.formats import SUMMARY_SCHEMA
 from testbed.config import spec as specmod
-from testbed.cpustat import STEAL_FLAG
 from testbed.errors import InputError
+from testbed.invariants import broken
 from testbed.run.rundir import read_manifest, unit_dir, unit_records
 from workloads.runlog import MalformedEvent, check_event, seed_of_dir
 
@@ -62,9 +69,13 @@ DEFINITIONS = {
     "latency": "critical-path communication time: max worker comm end - max worker comm start",
     "burst_round": "overlap of round window and burst actual window (same arm and seed) "
                    ">= half the shorter window",
-    "seeds": "per-arm figures pool every seed of the arm: percentiles over the rounds of all "
-             "seeds; train_time_s, final_accuracy and phase_switches are means over seeds "
+    "seeds": "per-arm figures pool every valid seed of the arm: percentiles over the rounds of "
+             "those seeds; train_time_s, final_accuracy and phase_switches are means over them "
              "(phase_switches rounded to a whole switch)",
+    "invalid_unit": "an (arm, seed) whose manifest fidelity record breaks an invariant of "
+                    "testbed.invariants.INVARIANTS; its rows stay in rounds and evals (valid "
+                    "false) and it is left out of every per-arm figure, speedup, interval and "
+                    "verdict (invalid_units lists it with its reasons)",
     "speedup": "baseline figure / arm figure (> 1: the arm is faster)",
     "baselines": "every arm whose transport is not dblp",
     "train_time_reduction_pct": "100 * (1 - arm train time / baseline train time)",
@@ -411,6 +422,7 @@ def rounds_table(raw: RawRun) -> pd.DataFrame:
             rows.append(row)
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=ROUND_COLUMNS)
     df["bound"] = pd.to_numeric(df["bound"], errors="coerce")
+    df = mark_validity(df, invalid_units(raw))
     return df.sort_values(["arm", "seed", "round"], kind="stable").reset_index(drop=True)
 
 
@@ -483,7 +495,7 @@ def evals_table(raw: RawRun, rounds: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"arm": arm, "seed": seed, "round": e["round"], "rank": e["rank"],
                              "t_s": (e["t_ns"] - t0) / 1e9 if t0 is not None else math.nan,
                              "test_accuracy": e["test_accuracy"], "test_loss": e["test_loss"]})
-    df = pd.DataFrame(rows, columns=datasets.EVALS.names())
+    df = mark_validity(pd.DataFrame(rows, columns=datasets.EVALS.names()), invalid_units(raw))
     return df.sort_values(["arm", "seed", "round", "rank"], kind="stable").reset_index(drop=True)
 
 
@@ -593,33 +605,46 @@ def _ratio(base: np.ndarray, arm: np.ndarray, what: str, pair: str) -> dict:
     return out
 
 
-# An arm whose numbers the emulator rather than the network decided (Mininet-HiFi's
-# invariants): the host CPU was saturated, the bottleneck never reached its
-# shaped rate, or OVS itself dropped packets.
-CPU_BUSY_FLAG = 0.90
-RATE_SHORTFALL_FLAG = 0.80
+def invalid_units(raw: RawRun) -> dict[tuple[str, int], list[str]]:
+    """(arm, seed) -> the invariants its fidelity record breaks, for every invalid unit of the
+    spec, in run order (`testbed.invariants.broken`: one reason a line).
 
-
-def fidelity_flags(f: dict) -> list[str]:
-    """Human-readable flags from a unit's fidelity record (manifest units[].fidelity)."""
-    out = []
-    cpu = f.get("cpu_busy_frac")
-    if cpu is not None and cpu >= CPU_BUSY_FLAG:
-        out.append(f"CPU {100 * cpu:.0f} % busy: the emulator, not the network, may have set "
-                   "the latencies")
-    steal = f.get("cpu_steal_frac")
-    if steal is not None and steal >= STEAL_FLAG:
-        out.append(f"CPU steal {100 * steal:.0f} %: the host ran other guests on these cores, "
-                   "so a neighbour may have set the latencies")
-    ach, shp = f.get("achieved_mbps"), f.get("shaped_mbps")
-    if ach is not None and shp and ach < RATE_SHORTFALL_FLAG * shp:
-        out.append(f"bottleneck reached {ach:.3g} of {shp:.3g} Mbit/s shaped: emulator-bound")
-    if f.get("ovs_drops"):
-        out.append(f"Open vSwitch dropped {f['ovs_drops']:.0f} packets itself")
+    A unit with no fidelity record, or without some of its fields, is not
+    judged on what it lacks: a failed unit is its status's business.
+    """
+    records = {(u["arm"], u["seed"]): u for u in unit_records(raw.manifest)}
+    out = {}
+    for arm, seed in raw.units:
+        reasons = broken(records.get((arm, seed), {}).get("fidelity"))
+        if reasons:
+            out[(arm, seed)] = reasons
     return out
 
 
-UNIT_COLUMNS = ["arm", "seed", "status", "rounds", "burst_rounds", "train_time_s",
+def mark_validity(df: pd.DataFrame, invalid: dict[tuple[str, int], list[str]]) -> pd.DataFrame:
+    """A rounds or evals table with its unit's ``valid`` and ``invalid_reasons`` on every row."""
+    df = df.copy()
+    keys = [(a, int(s)) for a, s in zip(df["arm"], df["seed"], strict=True)]
+    df["valid"] = pd.Series([k not in invalid for k in keys], index=df.index, dtype=bool)
+    df["invalid_reasons"] = pd.Series(["; ".join(invalid.get(k, ())) for k in keys],
+                                      index=df.index, dtype=object)
+    return df
+
+
+def valid_rows(df: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The rows of valid units only (a table without ``valid``: all of it)."""
+    if df is None or "valid" not in df.columns:
+        return df
+    return df[df["valid"].astype(bool)]
+
+
+def invalid_units_section(invalid: dict[tuple[str, int], list[str]]) -> list[dict]:
+    """summary.json's ``invalid_units``: one entry per invalid unit, in run order."""
+    return [{"arm": arm, "seed": seed, "reasons": list(reasons)}
+            for (arm, seed), reasons in invalid.items()]
+
+
+UNIT_COLUMNS = ["arm", "seed", "status", "valid", "rounds", "burst_rounds", "train_time_s",
                 "final_accuracy", "phase_switches"]
 
 
@@ -629,18 +654,21 @@ def unit_summary(raw: RawRun, rounds: pd.DataFrame) -> pd.DataFrame:
     intervals over seeds.
 
     status: ok | error | incomplete | no data (from the workers' end events).
+    valid: the unit kept every invariant (`invalid_units`).
     train_time_s: the slowest worker's training time, else the unit's span of
     rounds. final_accuracy: the mean over workers of the last evaluation (a
     fraction). phase_switches: NaN for an arm without a phase.
     """
     rows = []
+    invalid = invalid_units(raw)
     for arm, seed in raw.units:
         r = rounds[(rounds["arm"] == arm) & (rounds["seed"] == seed)] if len(rounds) else rounds
         evs = raw.unit_events(arm, seed)
         status, train = _arm_status(evs)
         if not math.isfinite(train) and len(r):
             train = (r["t_end_ns"].max() - r["t_start_ns"].min()) / 1e9
-        rows.append({"arm": arm, "seed": seed, "status": status, "rounds": int(len(r)),
+        rows.append({"arm": arm, "seed": seed, "status": status,
+                     "valid": (arm, seed) not in invalid, "rounds": int(len(r)),
                      "burst_rounds": int(r["in_burst"].sum()) if "in_burst" in r else 0,
                      "train_time_s": float(train), "final_accuracy": _final_accuracy(evs),
                      "phase_switches": float(phase_switches(r)) if is_dblp_arm(arm)
@@ -697,14 +725,20 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
     tr = raw.spec["transport"]
     arms, warnings = {}, list(raw.problems) + list(notes)
     units = unit_summary(raw, rounds)
+    invalid = invalid_units(raw)
+    warnings += [f"arm {a} seed {s}: invalid, left out of every figure, interval and verdict "
+                 f"({'; '.join(why)})" for (a, s), why in invalid.items()]
+    # From here on, every figure pools the valid units only (the verdicts' data).
+    rounds = valid_rows(rounds)
     for arm in raw.arms:
-        # Every seed's rounds pooled: the percentiles are over all of them.
+        # Every valid seed's rounds pooled: the percentiles are over all of them.
         r = rounds[rounds["arm"] == arm]
-        u = units[units["arm"] == arm]
+        every = units[units["arm"] == arm]
+        u = every[every["valid"].astype(bool)]
         lat = r["latency_ms"].to_numpy(dtype=float)
         burst = r[r["in_burst"]]["latency_ms"].to_numpy(dtype=float)
         normal = r[~r["in_burst"]]["latency_ms"].to_numpy(dtype=float)
-        status, train = _pooled_status(list(u["status"])), _mean(u["train_time_s"])
+        status, train = _pooled_status(list(every["status"])), _mean(u["train_time_s"])
         switches = _mean(u["phase_switches"])
         bb_p50 = _q(r[r["in_burst"]]["phys_bound_ms"].to_numpy(dtype=float), 50)
         burst_p50 = _q(burst, 50)
@@ -730,7 +764,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             warnings.append(f"arm {arm}: status {status}")
         if len(raw.seeds) > 1:
             warnings += [f"arm {arm} seed {x.seed}: status {x.status}"
-                         for x in u.itertuples(index=False) if x.status != "ok"]
+                         for x in every.itertuples(index=False) if x.status != "ok"]
     baselines = [a for a in raw.arms if not is_dblp_arm(a)]
     speedups = {}
     for arm in raw.arms:
@@ -809,12 +843,8 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         pl["speedup_relaxed_rounds"] = relaxed["ratio"]
         pl["relaxed_rounds"] = relaxed["n_arm"]
         physics["pairs"][f"{arm}_vs_{static}"] = pl
-    # Per arm, its units' manifest records by seed; flags name the seed they came from.
+    # Per arm, its units' manifest records by seed (the invariants judge their fidelity).
     fidelity = {a: unit_fidelity(raw.manifest, a) for a in raw.arms}
-    flags = {a: [f"seed {seed}: {f}" if len(raw.seeds) > 1 else f
-                 for seed, rec in fidelity[a].items() for f in fidelity_flags(rec.get("fidelity", {}))]
-             for a in raw.arms}
-    warnings += [f"arm {a}: {f}" for a in raw.arms for f in flags[a]]
     ok = [a for a in raw.arms if arms[a]["status"] == "ok"]
     status = "ok" if raw.arms and len(ok) == len(raw.arms) else ("partial" if ok else "failed")
     summary = _finite({
@@ -829,7 +859,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "physics": physics,
         "packets": packet_summary(packets, raw.arms),
         "fidelity": fidelity,
-        "fidelity_flags": flags,
+        "invalid_units": invalid_units_section(invalid),
         "paper": {"burst_round_speedup_max": 5.88, "burst_round_speedup_range": [4.0, 5.9],
                   "train_time_reduction_pct_mean": 24.4, "train_time_reduction_pct_max": 33.9,
                   "accuracy_delta_points": 0.5},
@@ -838,7 +868,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "definitions": DEFINITIONS,
     })
     from testbed.analysis.claims import with_verdicts  # claims imports this module
-    return with_verdicts(summary, raw.spec, rounds, evals)
+    return with_verdicts(summary, raw.spec, rounds, valid_rows(evals), invalid)
 
 
 # The default run's acceptance figures.

@@ -2,7 +2,8 @@
 
 Each command lives in the module that owns its subject and is registered
 here; this file only wires them together and maps errors to exit codes
-(2: bad input, nothing created; 1: the experiment failed).
+(2: bad input, nothing created; 1: the experiment failed; 3: `run` finished
+but some unit broke an emulator invariant, `testbed.errors.InvalidUnits`).
 """
 import signal
 import sys
@@ -80,7 +81,19 @@ def main(quiet, verbose):
               help="Run every arm once per seed: --seed, --seed+1, ... (= --set seeds=N).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
 def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
-    """Run an experiment: fabric, controller, bursts, every arm, report."""
+    """Run an experiment: fabric, controller, bursts, every arm, report.
+
+    Ends with its answer on stdout: the verdict on each claim and pair
+    (point, 95 % interval, verdict), then every unit that broke an emulator
+    invariant (testbed/invariants.py), which is left out of every figure,
+    interval and verdict.
+
+    \b
+    Exit codes: 0 every arm finished and every unit is valid;
+    1 an arm failed or the run was stopped; 2 bad input (nothing run);
+    3 every arm finished but some unit is invalid (its verdicts may be
+    "not judged"). Results and logs stay in the run directory whatever the code.
+    """
     from testbed.config import spec as specmod
     from testbed.run.rundir import check_out
 
@@ -98,9 +111,11 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
         click.echo(spec.to_toml(), nl=False)
         return
     check_out(out)  # before anything is built or created
-    from testbed.run.runner import run_experiment
+    from testbed.errors import ExperimentFailed, InvalidUnits
+    from testbed.run.runner import INVALID, run_experiment
     status = run_experiment(spec, out)
-    sys.exit(0 if status == "ok" else 1)
+    sys.exit(0 if status == "ok" else InvalidUnits.exit_code if status == INVALID
+             else ExperimentFailed.exit_code)
 
 
 @main.command()

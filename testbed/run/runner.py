@@ -14,6 +14,12 @@ resolved once from the spec's seed and hits every unit the same way: the
 bursts are the treatment, the seeds vary model initialisation and data order.
 Whatever happens (a crashed worker, Ctrl-C, SIGTERM), the fabric is torn
 down, the manifest says how the run ended and `raw/` keeps what was measured.
+
+The run ends with its answer on stdout (`testbed.analysis.answer`): the
+verdict on each claim and pair, then the units that broke an emulator
+invariant. A run whose arms all finished but which has such a unit returns
+``INVALID``: the manifest still says "ok" (every arm ran; validity is the
+analysis's judgement, which `report` can make again under other limits).
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import signal
 import sys
 import time
 
+import click
+
 from dblp.wire import DEFAULT_PORT
 from testbed import output
 from testbed.config.arms import get as get_arm
@@ -37,6 +45,9 @@ from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
 from testbed.run.rundir import Manifest, new_run_dir, unit_dir
+
+#: The status of a run whose arms all finished but some unit broke an invariant.
+INVALID = "invalid"
 
 
 class Interrupted(Exception):
@@ -56,7 +67,8 @@ def _raise_interrupted(signum, frame):
 
 
 def run_experiment(spec: Spec, out: str | None) -> str:
-    """Run every arm of `spec` once per seed; return the run's status ("ok" or a failure).
+    """Run every arm of `spec` once per seed; return the run's status: "ok", ``INVALID``
+    (every arm finished, some unit broke an invariant) or a failure.
 
     Nothing is created before the machine is known to be able to run it:
     a missing emulator piece or another live run is a `MachineError`.
@@ -89,19 +101,41 @@ def run_experiment(spec: Spec, out: str | None) -> str:
         manifest.finish(status, error)
         if error:
             output.warn(f"dblp-testbed: run {status}: {error}")
-        _build_outputs(run_dir, manifest)
-    output.say(f"run {status}: {run_dir}")
+        summary = _build_outputs(run_dir, manifest)
+    return finish(status, summary, run_dir)
+
+
+def finish(status: str, summary: dict | None, run_dir: pathlib.Path) -> str:
+    """Print the run's answer (stdout) and its status line; the status, ``INVALID`` when
+    every arm finished but some unit broke an invariant."""
+    bad = (summary or {}).get("invalid_units", [])
+    if summary is not None:
+        from testbed.analysis import answer
+        for line in answer.lines(summary):
+            click.echo(line)
+    if status == "ok" and bad:
+        status = INVALID
+        output.warn(f"run {status}: {len(bad)} unit(s) broke an emulator invariant; their "
+                    f"figures decide nothing (exit 3): {run_dir}")
+    elif status == "ok":
+        output.say(f"run ok: every unit valid: {run_dir}")
+    else:
+        output.warn(f"run {status}: {run_dir}")
     return status
 
 
-def _build_outputs(run_dir: pathlib.Path, manifest: Manifest):
-    """Derive tables, plots and the report from raw/; never lose the run to it."""
+def _build_outputs(run_dir: pathlib.Path, manifest: Manifest) -> dict | None:
+    """Derive tables, plots and the report from raw/; never lose the run to it.
+
+    Returns the summary, None when the analysis failed (the manifest says why).
+    """
     try:
         from testbed.analysis.report import build_outputs
-        build_outputs(run_dir)
+        return build_outputs(run_dir)
     except Exception as exc:  # noqa: BLE001
         manifest.update(report_error=f"{type(exc).__name__}: {exc}")
         output.warn(f"dblp-testbed: report failed: {exc}")
+        return None
 
 
 def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,

@@ -17,7 +17,7 @@ from testbed.cli import main
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "testbed.cli"]
 # Every command that prints results, by its path under `dblp-testbed`.
-RESULT_COMMANDS = [("doctor",), ("net", "check"), ("clean",), ("bench", "bursts"),
+RESULT_COMMANDS = [("doctor",), ("net", "check"), ("clean",), ("bench", "bursts"), ("compare",),
                    ("bench", "transport")]
 
 

@@ -188,10 +188,19 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
     assert "summary.json: file not found" in res.stderr and "dblp-testbed report" in res.stderr
 
 
-def test_version_1_and_2_summaries_without_their_successors_fields_still_read(tmp_path):
+def test_version_1_to_3_summaries_without_their_successors_fields_still_read(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run, figures=False)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 3
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 4
+    # Version 3: fidelity flags, which decided nothing, instead of invalid units; nothing
+    # left out of a verdict or an interval.
+    s["schema"] = 3
+    s["fidelity_flags"] = {arm: [] for arm in s["arms"]}
+    del s["invalid_units"]
+    for entry in [*s["verdicts"], *s["intervals"].values()]:
+        del entry["left_out"]
+    (run / "summary.json").write_text(json.dumps(s))
+    assert formats.read_summary(run / "summary.json")["schema"] == 3
     # Version 2: no intervals, verdicts or time to target.
     s["schema"] = 2
     for key in ("intervals", "verdicts", "time_to_target"):
@@ -204,3 +213,88 @@ def test_version_1_and_2_summaries_without_their_successors_fields_still_read(tm
         del a["phase_switches"]
     (run / "summary.json").write_text(json.dumps(s))
     assert formats.read_summary(run / "summary.json")["schema"] == 1
+
+
+# -- against a reference directory: does the run reproduce its verdicts? -----------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _reference_dir(tmp_path, summary: dict) -> pathlib.Path:
+    d = tmp_path / "reference"
+    d.mkdir()
+    formats.write_summary(d / "summary.json", summary)
+    return d
+
+
+def _verdict(summary, claim) -> dict:
+    return next(v for v in summary["verdicts"] if v["claim"] == claim)
+
+
+def test_a_run_reproduces_a_reference_with_its_verdicts(runs, tmp_path):
+    ref = _reference_dir(tmp_path, formats.read_summary(runs["r1"]))
+    res = _cli("compare", runs["r1"], "--reference", ref)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("same     burst_speedup dblp_vs_static: unresolved")
+    assert lines[-1].startswith(f"reproduces {ref}: every verdict the same")
+
+
+def test_a_run_that_differs_says_which_and_by_how_much(runs, tmp_path):
+    run = formats.read_summary(runs["r1"])
+    ref = json.loads(json.dumps(run))
+    cut = _verdict(run, "train_time_cut")["interval"]["point"]
+    # The reference's interval lies 1 to 3 points below the run's cut; its accuracy verdict
+    # is another label.
+    _verdict(ref, "train_time_cut")["interval"].update(point=cut - 2, lo=cut - 3, hi=cut - 1)
+    _verdict(ref, "accuracy")["verdict"] = "reproduced"
+    d = _reference_dir(tmp_path, ref)
+    res = _cli("compare", runs["r1"], "--reference", d)
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("same     burst_speedup")
+    assert lines[1] == (f"DIFFERS  train_time_cut dblp_vs_static: point {cut:.1f} % above the "
+                        f"reference's interval {cut - 2:.1f} % [{cut - 3:.1f} %, {cut - 1:.1f} %] "
+                        "by 1.0 % (difference from its point +2.0 %)")
+    assert lines[2] == ("DIFFERS  accuracy dblp_vs_static: verdict unresolved, the reference's "
+                        "reproduced")
+    assert res.stderr.strip() == (f"dblp-testbed: error: does not reproduce {d}: 2 of 3 "
+                                  "verdict(s) differ (train_time_cut dblp_vs_static, accuracy "
+                                  "dblp_vs_static)")
+    res = _cli("compare", runs["r1"], "--reference", d, "--json")
+    assert res.returncode == 1
+    obj = json.loads(res.stdout)
+    assert res.stdout.count("\n") == 1 and obj["reproduces"] is False
+    assert [r["same"] for r in obj["verdicts"]] == [True, False, False]
+    assert obj["verdicts"][2]["differences"] == ["verdict unresolved, the reference's reproduced"]
+
+
+def test_a_not_judged_verdict_never_reproduces_a_judged_one(runs, tmp_path):
+    run = formats.read_summary(runs["r1"])
+    ref = _reference_dir(tmp_path, run)
+    saturated = json.loads(json.dumps(run))
+    for v in saturated["verdicts"]:
+        v.update(verdict="not judged", interval=None, reason="emulator saturated: ...")
+    d = tmp_path / "saturated"
+    d.mkdir()
+    formats.write_summary(d / "summary.json", saturated)
+    ok, rows, _ = compare.compare_verdicts(d, ref)
+    assert not ok
+    assert rows[1]["differences"] == ["verdict not judged, the reference's unresolved",
+                                      "no point (emulator saturated: ...)"]
+
+
+def test_a_committed_reference_reproduces_itself():
+    ref = ROOT / "results" / "reference" / "default"
+    ok, rows, _ = compare.compare_verdicts(ref, ref)
+    assert ok and len(rows) == 3 and all(r["same"] for r in rows)
+
+
+def test_reference_directory_mistakes_are_one_line_exit_2(runs, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = _cli("compare", runs["r1"], "--reference", empty)
+    assert res.returncode == 2 and "summary.json: file not found" in res.stderr
+    res = _cli("compare", runs["r1"], "--reference", empty, "--update")
+    assert res.returncode == 2 and "is a directory" in res.stderr
+    assert res.stderr.strip().count("\n") == 0

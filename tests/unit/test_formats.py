@@ -194,7 +194,7 @@ def _v3_summary(tmp_path) -> dict:
 
 def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
     s = _v3_summary(tmp_path)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 3 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 4 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
     assert [(v["claim"], v["pair"]) for v in s["verdicts"]] == [
         ("burst_speedup", "dblp_vs_static"), ("train_time_cut", "dblp_vs_static"),
         ("accuracy", "dblp_vs_static")]
@@ -229,7 +229,31 @@ def test_summary_reader_names_the_bad_field_of_the_new_sections(tmp_path, path, 
 
 def test_summary_reader_refuses_a_version_from_the_future(tmp_path):
     s = _v3_summary(tmp_path)
-    s["schema"] = 4
+    s["schema"] = 5
     (tmp_path / "run" / "summary.json").write_text(json.dumps(s))
-    with pytest.raises(formats.FormatError, match="schema version 4, this dblp-testbed reads 1, 2, 3"):
+    with pytest.raises(formats.FormatError,
+                       match="schema version 5, this dblp-testbed reads 1, 2, 3, 4"):
+        formats.read_summary(tmp_path / "run")
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    (("invalid_units", 0, "seed"), "2", "invalid_units[0]: field 'seed' must be int"),
+    (("verdicts", 0, "left_out", 0, "reasons"), None,
+     "verdicts[0].left_out[0]: field 'reasons' is null"),
+    (("intervals", "dblp_vs_static", "left_out", 0, "why"), "x",
+     "intervals.dblp_vs_static.left_out[0]: undeclared field(s) why"),
+])
+def test_summary_4_names_the_bad_field_of_its_invalid_units(tmp_path, path, value, needle):
+    unit = {"arm": "static", "seed": 1, "reasons": ["cpu busy 95.0 % above 85.0 %"]}
+    s = _v3_summary(tmp_path)
+    s["invalid_units"] = [dict(unit)]
+    s["verdicts"][0]["left_out"] = [dict(unit)]
+    s["intervals"]["dblp_vs_static"]["left_out"] = [dict(unit)]
+    formats.check_summary(s)
+    node = s
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(formats.FormatError, match=re.escape(needle)):
         formats.read_summary(tmp_path / "run")

@@ -32,8 +32,13 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     res = subprocess.run([str(CLI), "report", str(run)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "dblp_vs_static: burst-round 4.00x" in res.stdout
-    assert ("claim accuracy dblp_vs_static: unresolved (one value per seed and only 1 seed: "
-            "no spread to resample (run more seeds, `run --seeds N`))") in res.stdout
+    # The answer last: the verdicts, each without an interval saying why, then the invalid units.
+    accuracy = [line for line in res.stdout.splitlines() if line.startswith("  accuracy ")]
+    assert accuracy[0].split()[:5] == ["accuracy", "dblp", "vs", "static", "–"]
+    assert accuracy[0].endswith("unresolved (one value per seed and only 1 seed: no spread to "
+                                "resample (run more seeds, `run --seeds N`))")
+    assert res.stdout.splitlines()[-1] == ("invalid units: none (every unit kept the emulator's "
+                                           "invariants)")
     first = _digest(run)
     # 6 CSVs, 7 Parquet tables, summary, report.md/html, 9 plots as PNG and SVG
     # (the eighth: the dblp arm's phase timeline; the ninth: the intervals' forest plot)
@@ -69,20 +74,22 @@ def test_report_on_a_non_run_dir_is_one_line(tmp_path):
     assert "no raw/ directory" in res.stderr
 
 
-def test_fidelity_flags_reach_the_report(tmp_path):
+def test_broken_invariants_make_units_invalid_and_the_rest_are_kept(tmp_path):
     run = make_run(tmp_path / "run")
-    _set_fidelity(run, {("static", 1): {"cpu_busy_frac": 0.97, "achieved_mbps": 9.0,
-                                        "shaped_mbps": 20.0},
+    _set_fidelity(run, {("static", 1): {"cpu_busy_frac": 0.97, "cpu_steal_frac": 0.06},
                         ("dblp", 1): {"cpu_busy_frac": 0.5, "ovs_drops": 0,
                                       "cpu_steal_frac": 0.01},
                         ("gloo", 1): {"cpu_busy_frac": 0.6, "cpu_steal_frac": 0.08}})
     s = build_outputs(run)
-    assert s["fidelity_flags"]["dblp"] == []
-    assert s["fidelity_flags"]["gloo"] == ["CPU steal 8 %: the host ran other guests on these "
-                                           "cores, so a neighbour may have set the latencies"]
-    flags = s["fidelity_flags"]["static"]
-    assert len(flags) == 2 and "CPU 97 % busy" in flags[0] and "9 of 20 Mbit/s" in flags[1]
-    assert "arm static: CPU 97 % busy" in (run / "report.md").read_text()
+    assert s["invalid_units"] == [        # in run order: the spec's arms gloo, static, dblp
+        {"arm": "gloo", "seed": 1, "reasons": ["cpu steal 8.0 % above 5.0 %"]},
+        {"arm": "static", "seed": 1, "reasons": ["cpu busy 97.0 % above 85.0 %",
+                                                 "cpu steal 6.0 % above 5.0 %"]}]
+    # The manifest's records are kept whole beside the judgement.
+    assert s["fidelity"]["dblp"]["1"]["fidelity"] == {"cpu_busy_frac": 0.5, "ovs_drops": 0,
+                                                      "cpu_steal_frac": 0.01}
+    assert "| static | 1 | cpu busy 97.0 % above 85.0 %; cpu steal 6.0 % above 5.0 % |" in (
+        run / "report.md").read_text()
 
 
 def _set_fidelity(run, records):
@@ -93,12 +100,11 @@ def _set_fidelity(run, records):
     (run / "manifest.json").write_text(json.dumps(man))
 
 
-def test_fidelity_flags_name_the_seed_they_come_from(tmp_path):
+def test_a_record_without_a_field_is_not_judged_on_it(tmp_path):
     run = make_run(tmp_path / "run", seeds=(1, 2))
     _set_fidelity(run, {("static", 2): {"cpu_busy_frac": 0.95}, ("static", 1): {"ovs_drops": 0}})
     s = build_outputs(run, figures=False)
-    assert s["fidelity_flags"]["static"] == ["seed 2: CPU 95 % busy: the emulator, not the "
-                                             "network, may have set the latencies"]
+    assert [(u["arm"], u["seed"]) for u in s["invalid_units"]] == [("static", 2)]
     assert s["fidelity"]["static"]["1"]["fidelity"] == {"ovs_drops": 0}
 
 
