@@ -225,3 +225,14 @@ def test_schema_4_needs_invalid_units_and_older_summaries_still_read(saturated, 
     ref = formats.read_summary(root / "default")
     assert ref["schema"] == 3 and "invalid_units" not in ref
     assert answer.lines(ref)[-1].startswith("invalid units: none")
+
+
+def test_a_rounds_table_from_before_the_invariants_is_refused_with_the_rebuild(two_seeds, tmp_path):
+    import pyarrow.parquet as pq
+    run, _ = two_seeds
+    arrow = pq.read_table(run / "rounds.parquet").drop_columns(["valid", "invalid_reasons"])
+    meta = {**arrow.schema.metadata, datasets.META_KEY: b'{"table": "rounds", "schema": 3}'}
+    pq.write_table(arrow.replace_schema_metadata(meta), tmp_path / "rounds.parquet")
+    with pytest.raises(datasets.TableError, match="before the invariants decided.*dblp-testbed "
+                                                  "report DIR"):
+        datasets.read(tmp_path, datasets.ROUNDS)

@@ -134,3 +134,13 @@ def test_plans_and_summaries_of_another_version_are_refused_in_one_line(tmp_path
     (tmp_path / "regime-summary.json").write_text("{not json")
     with pytest.raises(InputError, match="is not readable JSON .* rebuild it"):
         analysis.read_summary(tmp_path)
+
+
+def test_an_arm_kept_up_only_while_none_of_its_units_broke_an_invariant():
+    unit = {"arm": "static", "seed": 2, "reasons": ["cpu busy 95.0 % above 85.0 %"]}
+    now = {"invalid_units": [unit]}
+    assert analysis._invalid_reasons(now, "static") == ["seed 2: cpu busy 95.0 % above 85.0 %"]
+    assert analysis._invalid_reasons(now, "dblp") == []
+    # A summary from before the invariants decided (schema 3) has only its flags.
+    assert analysis._invalid_reasons({"fidelity_flags": {"static": ["CPU 95 % busy"]}},
+                                     "static") == ["CPU 95 % busy"]
