@@ -16,23 +16,26 @@ in well under a minute per arm. `ci`, `star` and `smoke` keep the digits
 CNN: its 109-chunk gradient is quick, but a 0.8 % bound drops nothing from
 it, so the verdict presets train `byte_lm` (1,260 chunks).
 
-Rates: the verdict workload's gradient is 1.78 MB, which at 20 Mbit/s makes
-a round several seconds. The fat-tree runs at 40 Mbit/s: four concurrent
-cross-pod flows get 95 % of their shaped rate up to 60 Mbit/s on an idle
-machine (`dblp-testbed net check --bw B --flows 4`, the capacity table,
-docs/results/capacity.md), but only 61 % of 60 Mbit/s in a check while other work took CPU
-from the one OVS forwarding thread, and in a run the workers and the
-transport share the two cores with it; at 40 Mbit/s the default's runs
-reach their shaped rate. The one-switch star runs at 100 Mbit/s, where two
-concurrent flows got 92 %. Every run still checks the achieved rate per arm (fidelity).
+Rates: the default is sized to a 2-core machine with headroom (CPU busy at
+most 75 % in every unit, `testbed.invariants` invalidates a unit above
+85 %; docs/results/default.md, "CPU budget"). The fabric's one forwarding
+thread costs about three quarters of a core whenever traffic flows, at
+20 Mbit/s as at 40 (it polls every port on each wake-up), and each transport
+process a share that follows its datagrams; so the default runs three
+workers at 20 Mbit/s (a 1.78 MB round about a second) and 40 rounds, where
+it ran four at 40 Mbit/s and 80 rounds at 86-100 % CPU busy. Its bursts
+last 1.8 s, the second of the old preset scaled with its round. The
+one-switch star runs at 100 Mbit/s, where two concurrent flows got 92 %.
+Every run checks the emulator's invariants per unit (the bottleneck's rate
+while busy and its packet spacing, CPU busy and steal, the pacing error).
 
 The phase detector's signal: `default` uses the drop-corrected norm
 (``transport.signal = "rescaled"``); `paper`, `ci`, `star` and `smoke` keep
 the paper's zero-filled norm, which they mirror (and which the CI reference
 was measured with).
 
-Bursts in the verdict presets last a fixed second from the start of their
-round, the same for every arm: about one loss-free round of the slowest arm,
+Bursts in the verdict presets last a fixed time from the start of their
+round (a second; 1.8 s in the default), the same for every arm: about one loss-free round of the slowest arm,
 the paper's "a burst hits about one round", and never cut short by a cap
 (a round-locked burst under which a round takes longer than its 3 s cap
 measures the cap).
