@@ -70,15 +70,25 @@ MIN_BATCH = 4
 COALESCE_SECONDS = BATCH_SECONDS
 
 
+#: ...and at most this: a receiver that only waits (a pull) sleeps this long
+#: between reads, so the round's last datagram may wait as long before it is
+#: read. A parameter-server worker paces at 1/N of the server's rate, and one
+#: batch of its own rate (10 ms at 4.75 Mbit/s) would delay its pull's end by
+#: up to that; 2.5 ms is about one batch of a 19 Mbit/s sender.
+COALESCE_MAX_SECONDS = 0.0025
+
+
 def coalesce_seconds(rate_bps: float | None, batch_max: int, wire_bytes: int) -> float:
     """How long a batched engine lets arrivals gather: one batch at its pacing rate.
 
-    The peers pace as it does (one job, one config), so their batches arrive
-    that far apart: waking sooner reads a part of one.
+    Peers pace as it does (sharded: one job, one config), so their batches
+    arrive about that far apart: waking sooner reads a part of one.
+    Between COALESCE_SECONDS and COALESCE_MAX_SECONDS.
     """
     if rate_bps is None:
         return COALESCE_SECONDS
-    return max(COALESCE_SECONDS, batch_max * wire_bytes * 8 / rate_bps)
+    return min(COALESCE_MAX_SECONDS,
+               max(COALESCE_SECONDS, batch_max * wire_bytes * 8 / rate_bps))
 #: Receive buffer of a batched engine (bytes; root may exceed rmem_max). A GSO
 #: sender can outpace a Python receiver on the same small machine for a while; a
 #: deeper buffer turns that into queueing instead of loss, which would cost a

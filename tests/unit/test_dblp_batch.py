@@ -546,3 +546,15 @@ def test_an_engine_reads_what_its_ring_holds_though_the_socket_is_idle():
     finally:
         tx.close()
         eng.close()
+
+
+def test_receive_coalescing_waits_one_batch_of_the_pacing_rate_within_bounds():
+    wire_bytes = Engine.wire_size(wire.MAX_DATAGRAM)
+    # a sharded rank at 19 Mbit/s: four datagrams of 1514 wire bytes, 2.55 ms, capped at 2.5
+    assert batch.coalesce_seconds(19e6, 4, wire_bytes) == batch.COALESCE_MAX_SECONDS
+    # a parameter-server worker's 4.75 Mbit/s would be 10 ms: the cap keeps its pull's end close
+    assert batch.coalesce_seconds(4.75e6, 4, wire_bytes) == batch.COALESCE_MAX_SECONDS
+    # fast links and unpaced engines keep the half millisecond
+    assert batch.coalesce_seconds(1e9, 41, wire_bytes) == batch.COALESCE_SECONDS
+    assert batch.coalesce_seconds(None, 44, wire_bytes) == batch.COALESCE_SECONDS
+    assert batch.coalesce_seconds(50e6, 4, wire_bytes) == pytest.approx(4 * wire_bytes * 8 / 50e6)
