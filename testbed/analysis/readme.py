@@ -319,7 +319,7 @@ def seeds_table(ref_dir: pathlib.Path) -> str:
     return out
 
 
-# -- tables of command references (testbed.run.reproduce.CommandReference) --------------
+# -- tables of command references (testbed.references.CommandReference) -----------------
 
 def _json(path: pathlib.Path) -> dict:
     if not path.is_file():
@@ -720,7 +720,7 @@ def bursts_table(ref_dir: pathlib.Path) -> str:
 
 def wall_times_table(reference_dir: pathlib.Path) -> str:
     """Every reference's commands and wall time (reproduce.json), and their sum."""
-    from testbed.run.reproduce import REFERENCES, read_record
+    from testbed.references import REFERENCES, read_record
 
     out = ["| reference | commands | wall time |", "|---|---|---|"]
     total = 0.0
@@ -810,14 +810,14 @@ TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     **_ablation_tables(),
     **_regime_tables(),
 }
-#: Tables of every reference at once: their blocks name `reproduce.EVERY` ("all").
+#: Tables of every reference at once: their blocks name `testbed.references.EVERY` ("all").
 EVERY_TABLES = ("wall-times",)
 
 
 def render(ref: str, table: str, reference_dir: pathlib.Path) -> str:
     """The markdown of one marked block; a reference without a folder is an InputError."""
     from testbed.errors import InputError
-    from testbed.run.reproduce import EVERY
+    from testbed.references import EVERY
 
     if table not in TABLES:
         raise ValueError(f"README block names table {table!r}; known: {', '.join(TABLES)}")

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from testbed import REPO_ROOT
+from testbed import references as refs
 from testbed.run import reproduce as rp
 
 CLI = [sys.executable, "-m", "testbed.cli"]
@@ -18,17 +19,17 @@ CLI = [sys.executable, "-m", "testbed.cli"]
 
 @pytest.mark.e2e
 def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
-    ref = rp.RunReference("tiny", "smoke", "test", overrides=("training.rounds=8", "seeds=2",
+    ref = refs.RunReference("tiny", "smoke", "test", overrides=("training.rounds=8", "seeds=2",
                                                               "arms=static,dblp-sharded",
                                                               "capture.enabled=false"))
     dest = tmp_path / "reference"
     done = rp.reproduce([ref], tmp_path / "runs", reference_dir=dest)
     assert done["tiny"]["status"] == "ok", done
     kept = dest / "tiny"
-    assert sorted(p.name for p in kept.iterdir()) == sorted([*rp.KEPT_FILES, "reproduce.json"])
+    assert sorted(p.name for p in kept.iterdir()) == sorted([*refs.KEPT_FILES, "reproduce.json"])
     summary = json.loads((kept / "summary.json").read_text())
     assert set(summary["arms"]) == {"static", "dblp-sharded"}
-    record = rp.read_record(kept)
+    record = refs.read_record(kept)
     assert record["argv"][:3] == ["run", "--preset", "smoke"] and record["kind"] == "run"
     # The rounds table of both seeds, as the results pages read it.
     rows = (kept / "rounds.csv").read_text().splitlines()

@@ -137,16 +137,17 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
 
 def test_an_ablation_reference_keeps_its_summary_and_plots_and_renders_readme_tables(tmp_path):
     from testbed.analysis import readme as rd
-    from testbed.run import reproduce as rp
+    from testbed import references as refs
+from testbed.run import reproduce as rp
 
-    ref = rp.AblationReference("ab", "smoke", "test", run_fn=fake_run([]))
+    ref = refs.AblationReference("ab", "smoke", "test", run_fn=fake_run([]))
     done = rp.reproduce([ref], tmp_path / "runs", reference_dir=tmp_path / "ref")
     assert done["ab"]["status"] == "ok", done
     kept = tmp_path / "ref" / "ab"
     assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
-        [*ref.kept_files(), rp.RECORD])
-    assert "plots/phases-p_high.png" in ref.kept_files()
-    rec = rp.read_record(kept)
+        [*rp.kept_files(ref), refs.RECORD])
+    assert "plots/phases-p_high.png" in rp.kept_files(ref)
+    rec = refs.read_record(kept)
     assert rec["kind"] == "ablation" and rec["argv"] == ["ablate", "smoke", "--out", "DIR"]
     doc = analysis.read_summary(kept)
     table = rd.render("ab", "ablation-p_high", tmp_path / "ref")

@@ -9,11 +9,12 @@ import json
 import pytest
 
 from testbed import REPO_ROOT
+from testbed import references as refs
 from testbed.analysis import readme as rd
 from testbed.errors import ExperimentFailed, InputError
 from testbed.run import reproduce as rp
 
-PAGES = {page.relative_to(REPO_ROOT).as_posix(): page.read_text() for page in rp.pages()}
+PAGES = {page.relative_to(REPO_ROOT).as_posix(): page.read_text() for page in refs.pages()}
 
 
 def test_every_page_is_rendered_and_checked():
@@ -24,23 +25,23 @@ def test_every_page_is_rendered_and_checked():
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_page_tables_match_the_committed_reference_runs(page):
-    assert rd.stale(PAGES[page], rp.REFERENCE_DIR) == []
+    assert rd.stale(PAGES[page], refs.REFERENCE_DIR) == []
 
 
 def test_each_reference_has_its_page_with_only_its_own_tables():
-    for name, ref in rp.REFERENCES.items():
+    for name, ref in refs.REFERENCES.items():
         page = f"docs/results/{name}.md"
         assert page in PAGES, f"{page} missing: every reference has one page"
         shown = rd.blocks(PAGES[page])
         assert shown and {r for r, _ in shown} == {name}, page
-        for f in (*ref.kept_files(), rp.RECORD):
-            assert (rp.REFERENCE_DIR / name / f).is_file(), f"results/reference/{name}/{f} not committed"
-    pages = {p.stem for p in rp.RESULTS_PAGES.glob("*.md")}
-    assert pages == {*rp.REFERENCES, "index"}  # no page of a reference that is gone
+        for f in (*rp.kept_files(ref), refs.RECORD):
+            assert (refs.REFERENCE_DIR / name / f).is_file(), f"results/reference/{name}/{f} not committed"
+    pages = {p.stem for p in refs.RESULTS_PAGES.glob("*.md")}
+    assert pages == {*refs.REFERENCES, "index"}  # no page of a reference that is gone
 
 
 def test_the_wall_times_of_every_reference_are_on_the_results_index():
-    assert rd.blocks(PAGES["docs/results/index.md"]) == [(rp.EVERY, "wall-times")]
+    assert rd.blocks(PAGES["docs/results/index.md"]) == [(refs.EVERY, "wall-times")]
 
 
 def test_readme_is_a_front_door_with_the_headline_verdicts():
@@ -59,11 +60,11 @@ def test_the_default_page_keeps_a_place_for_the_cpu_budget_and_preset_changes():
 def test_update_readme_renders_every_page_it_is_given(tmp_path, monkeypatch):
     (tmp_path / "ref" / "r").mkdir(parents=True)
     (tmp_path / "ref" / "r" / "summary.json").write_text(json.dumps(_summary()))
-    (tmp_path / "ref" / "r" / rp.RECORD).write_text("{}")
+    (tmp_path / "ref" / "r" / refs.RECORD).write_text("{}")
     a, b = tmp_path / "a.md", tmp_path / "b.md"
     for page in (a, b):
         page.write_text("<!-- reference:r arms -->\nold\n<!-- /reference -->\n")
-    monkeypatch.setattr(rp, "REFERENCES", {"r": rp.RunReference("r", "p", "t")})
+    monkeypatch.setattr(refs, "REFERENCES", {"r": refs.RunReference("r", "p", "t")})
     changed, missing = rp.update_readme(tmp_path / "ref", [a, b])
     assert changed == ["r arms"] and missing == []  # one block, however many pages show it
     assert a.read_text() == b.read_text() and "| dblp | 1500 ms |" in a.read_text()
@@ -106,17 +107,17 @@ def test_keep_refuses_an_incomplete_run_and_leaves_the_reference(tmp_path):
     with pytest.raises(ExperimentFailed, match="rounds.csv"):
         rp.keep(run, dest)
     assert (dest / "summary.json").read_text() == "{}"
-    for f in rp.KEPT_FILES:
+    for f in refs.KEPT_FILES:
         (run / f).write_text(f)
     rp.keep(run, dest, record={"wall_s": 1.0})
-    assert sorted(p.name for p in dest.iterdir()) == sorted([*rp.KEPT_FILES, rp.RECORD])
-    assert rp.read_record(dest) == {"wall_s": 1.0}
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*refs.KEPT_FILES, refs.RECORD])
+    assert refs.read_record(dest) == {"wall_s": 1.0}
 
 
 def test_an_unknown_reference_is_one_input_error():
     with pytest.raises(InputError, match="unknown reference 'nope'"):
-        rp.select(["nope"])
-    assert rp.select([]) == list(rp.REFERENCES.values())
+        refs.select(["nope"])
+    assert refs.select([]) == list(refs.REFERENCES.values())
 
 
 def test_levels_table_groups_burst_rounds_by_the_requested_loss(tmp_path):

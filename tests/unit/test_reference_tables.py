@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from dblp.stats import RoundStats
+from testbed import references as refs
 from testbed.analysis import physics
 from testbed.analysis import readme as rd
 from testbed.bench import bursts as bb
@@ -209,7 +210,7 @@ def fake_machine(monkeypatch, tmp_path, fake_veth_pair):
 
 def _make(tmp_path, runner, *steps, name="r"):
     """A command reference of ``steps`` (file, argv) kept under tmp_path/reference via `reproduce`."""
-    ref = rp.CommandReference(name, "test", tuple(rp.Command(f, a) for f, a in steps), runner=runner)
+    ref = refs.CommandReference(name, "test", tuple(refs.Command(f, a) for f, a in steps), runner=runner)
     done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
     assert done[name]["status"] == "ok", done
     return tmp_path / "reference"
@@ -228,8 +229,8 @@ def test_a_command_reference_keeps_each_json_and_records_its_commands(tmp_path):
             json.dump({"argv": argv[:-2]}, f)
         return 0
 
-    ref = rp.CommandReference("c", "test", (rp.Command("net-check-k4.json", ("net", "check")),
-                                            rp.Command("bench-bursts.json", ("bench", "bursts"))),
+    ref = refs.CommandReference("c", "test", (refs.Command("net-check-k4.json", ("net", "check")),
+                                            refs.Command("bench-bursts.json", ("bench", "bursts"))),
                               runner=runner)
     done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
     assert done["c"]["status"] == "ok"
@@ -237,8 +238,8 @@ def test_a_command_reference_keeps_each_json_and_records_its_commands(tmp_path):
     assert sorted(p.name for p in kept.iterdir()) == ["bench-bursts.json", "net-check-k4.json",
                                                        "reproduce.json"]
     assert seen[0][:-1] == ["net", "check", "--json"] and seen[0][-1].endswith("net-check-k4.json")
-    rec = rp.read_record(kept)
-    assert rec["schema"] == rp.RECORD_SCHEMA and rec["kind"] == "commands"
+    rec = refs.read_record(kept)
+    assert rec["schema"] == refs.RECORD_SCHEMA and rec["kind"] == "commands"
     assert [c["argv"] for c in rec["commands"]] == [["net", "check", "--json", "net-check-k4.json"],
                                                      ["bench", "bursts", "--json", "bench-bursts.json"]]
     assert rec["wall_s"] >= 0 and all(c["wall_s"] >= 0 for c in rec["commands"])
@@ -256,9 +257,9 @@ def test_a_failing_command_leaves_its_reference_and_the_next_one_still_runs(tmp_
         log.write_text("it broke")
         return 1 if argv[0] == "boom" else 0
 
-    bad = rp.CommandReference("bad", "t", (rp.Command("x.json", ("ok",)), rp.Command("y.json", ("boom",))),
-                              runner=failing)
-    good = rp.CommandReference("good", "t", (rp.Command("x.json", ("ok",)),), runner=failing)
+    bad = refs.CommandReference("bad", "t", (refs.Command("x.json", ("ok",)),
+                                             refs.Command("y.json", ("boom",))), runner=failing)
+    good = refs.CommandReference("good", "t", (refs.Command("x.json", ("ok",)),), runner=failing)
     done = rp.reproduce([bad, good], tmp_path / "runs", dest)
     assert "boom exited 1" in done["bad"]["status"] and done["good"]["status"] == "ok"
     assert (dest / "bad" / "x.json").read_text() == "old"  # left as it was
@@ -269,30 +270,30 @@ def test_a_failing_command_leaves_its_reference_and_the_next_one_still_runs(tmp_
 
 def test_a_command_reference_needs_one_json_file_per_command():
     with pytest.raises(ValueError, match="own FILE.json"):
-        rp.CommandReference("c", "t", (rp.Command("a.json", ("x",)), rp.Command("a.json", ("y",))))
+        refs.CommandReference("c", "t", (refs.Command("a.json", ("x",)), refs.Command("a.json", ("y",))))
     with pytest.raises(ValueError, match="own FILE.json"):
-        rp.CommandReference("c", "t", (rp.Command("reproduce.json", ("x",)),))
+        refs.CommandReference("c", "t", (refs.Command("reproduce.json", ("x",)),))
 
 
 def test_every_is_not_a_reference_name_and_records_of_other_versions_are_refused(tmp_path):
     with pytest.raises(ValueError):
-        rp.register(rp.RunReference(rp.EVERY, "default", "t"))
+        refs.register(refs.RunReference(refs.EVERY, "default", "t"))
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "reproduce.json").write_text(json.dumps({"schema": 99, "wall_s": 1}))
     with pytest.raises(InputError, match="schema 99"):
-        rp.read_record(tmp_path / "r")
+        refs.read_record(tmp_path / "r")
     # Written before the version existed: a run's argv and wall time, read as version 1.
     (tmp_path / "r" / "reproduce.json").write_text(json.dumps({"argv": ["run"], "wall_s": 1}))
-    assert rp.read_record(tmp_path / "r")["wall_s"] == 1
+    assert refs.read_record(tmp_path / "r")["wall_s"] == 1
 
 
 def test_registered_references_are_instances_of_the_kinds():
-    assert all(isinstance(r, rp.RunReference | rp.CommandReference | rp.AblationReference
-                          | rp.RegimeReference) for r in rp.REFERENCES.values())
-    assert rp.REFERENCES["star"].commands() == [["run", "--preset", "star", "--out", "DIR"]]
-    assert rp.REFERENCES["regime"].commands() == [["regime", "reduced", "--out", "DIR"]]
+    assert all(isinstance(r, refs.RunReference | refs.CommandReference | refs.AblationReference
+                          | refs.RegimeReference) for r in refs.REFERENCES.values())
+    assert refs.REFERENCES["star"].commands() == [["run", "--preset", "star", "--out", "DIR"]]
+    assert refs.REFERENCES["regime"].commands() == [["regime", "reduced", "--out", "DIR"]]
     # The prototype reference keeps MTU-sized chunks (docs/results/paper-prototype.md: 8 KB ones stall).
-    assert rp.REFERENCES["paper-prototype"].commands() == [
+    assert refs.REFERENCES["paper-prototype"].commands() == [
         ["run", "--preset", "paper-prototype", "--out", "DIR", "--set", "transport.chunk_bytes=1416"]]
 
 
@@ -401,15 +402,15 @@ def test_wall_times_table_lists_every_reference_and_the_sum(tmp_path, monkeypatc
             f.write("{}")
         return 0
 
-    refs = {"a": rp.CommandReference("a", "t", (rp.Command("one.json", ("bench", "x")),
-                                                rp.Command("two.json", ("net", "check"))),
+    made = {"a": refs.CommandReference("a", "t", (refs.Command("one.json", ("bench", "x")),
+                                                refs.Command("two.json", ("net", "check"))),
                                      runner=runner)}
-    rp.reproduce(list(refs.values()), tmp_path / "runs", tmp_path)
+    rp.reproduce(list(made.values()), tmp_path / "runs", tmp_path)
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "reproduce.json").write_text(json.dumps({"argv": ["run", "--preset", "p"],
                                                                "wall_s": 600.0}))
-    monkeypatch.setattr(rp, "REFERENCES", {**refs, "b": rp.RunReference("b", "p", "t")})
-    a = rp.read_record(tmp_path / "a")["wall_s"]
+    monkeypatch.setattr(refs, "REFERENCES", {**made, "b": refs.RunReference("b", "p", "t")})
+    a = refs.read_record(tmp_path / "a")["wall_s"]
     assert rd.render("all", "wall-times", tmp_path).splitlines() == [
         "| reference | commands | wall time |", "|---|---|---|",
         f"| a | `dblp-testbed bench x --json one.json`<br>`dblp-testbed net check --json two.json` "
@@ -431,9 +432,9 @@ def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, mo
             json.dump({"rows": [], "topology": "t", "bw_mbps": 20.0, "queue_pkts": 10}, f)
         return 0
 
-    ref = rp.CommandReference("bursts", "t", (rp.Command("bench-bursts.json", ("bench", "bursts")),),
+    ref = refs.CommandReference("bursts", "t", (refs.Command("bench-bursts.json", ("bench", "bursts")),),
                               runner=runner)
-    monkeypatch.setattr(rp, "REFERENCES", {"bursts": ref, "fabric": ref})
+    monkeypatch.setattr(refs, "REFERENCES", {"bursts": ref, "fabric": ref})
     readme = tmp_path / "README.md"
     text = ("<!-- reference:bursts bursts -->\nold\n<!-- /reference -->\n"
             "<!-- reference:fabric fat-trees -->\nold\n<!-- /reference -->\n"
@@ -457,7 +458,7 @@ def test_each_registered_command_reference_renders_its_table(tmp_path, fake_mach
     """The registered commands, run by the real CLI, write the files their README table reads."""
     import dataclasses
 
-    ref = dataclasses.replace(rp.REFERENCES[name], runner=fake_machine)
+    ref = dataclasses.replace(refs.REFERENCES[name], runner=fake_machine)
     done = rp.reproduce([ref], tmp_path / "runs", tmp_path / "reference")
     assert done[name]["status"] == "ok", done
     text = rd.render(name, table, tmp_path / "reference")

@@ -1,0 +1,284 @@
+"""The references behind the measured tables: what each is, and its record.
+
+Each `Reference` regenerates some tables (its page, docs/results/NAME.md, and
+the README's headline) and names the folder of ``results/reference/`` that
+keeps the small files they are rendered from. Its kinds, registered by class
+as the topologies are (`REFERENCES` holds instances of the subclasses):
+
+- `RunReference`: a `dblp-testbed run` of a preset (seeds, overrides); it
+  keeps the run's derived tables (`KEPT_FILES`: summary, per-round and
+  per-burst tables, evaluations, the resolved spec).
+- `CommandReference`: one or more other `dblp-testbed` commands (a bench,
+  a `net check` per fabric size or rate), each run with ``--json FILE``;
+  it keeps those JSON files, each named after the command that wrote it.
+- `StudyReference`: a declared study (`testbed.run.study`) run whole, of
+  one of two kinds: `AblationReference`, a `dblp-testbed ablate`
+  (`testbed.run.ablation`: one arm's setting varied over runs; it keeps the
+  ablation's summary, per-point table, report and plots, not the runs' own
+  tables), and `RegimeReference`, a `dblp-testbed regime` map
+  (`testbed.run.regime`: the map's summary, tables, report and heat-maps).
+
+Beside the kept files, ``reproduce.json`` (`RECORD_SCHEMA`) holds the
+commands and their wall times.
+
+Why here, beside the sub-packages rather than in one of them: the
+declarations are read from both sides. `dblp-testbed reproduce`
+(`testbed.run.reproduce`) makes each reference and keeps its files; the
+tables of the README and of every page under docs/ are rendered from those
+files (`testbed.analysis.readme`), which needs the references' names, order
+and records but must not import the run. So this module declares, and
+imports nothing that runs anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable
+from typing import ClassVar
+
+from testbed import REPO_ROOT
+from testbed.errors import InputError
+
+#: Where the committed reference data live.
+REFERENCE_DIR = REPO_ROOT / "results" / "reference"
+#: Where the pages of measured tables live: one page per reference (``NAME.md``).
+RESULTS_PAGES = REPO_ROOT / "docs" / "results"
+
+
+def pages(root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
+    """The pages whose marked tables `reproduce` renders: the README and every page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+#: The derived files kept per reference run: small, and enough to rebuild
+#: every table of its page and to check each figure by hand.
+KEPT_FILES = ("summary.json", "rounds.csv", "bursts.csv", "evals.csv", "spec.toml")
+#: The file beside the kept ones that says how they were made.
+RECORD = "reproduce.json"
+#: Version of ``reproduce.json``: ``kind`` ("run" | "commands" | "ablation" | "regime"),
+#: ``wall_s`` (the whole reference), and for a run or an ablation ``argv`` (the `dblp-testbed`
+#: arguments, the run directory as DIR), for commands ``commands`` (one
+#: ``{"file", "argv", "wall_s"}`` per command, ``--json`` naming the kept
+#: file). Files written before the version existed (a run's ``argv`` and
+#: ``wall_s`` only) read as version 1.
+RECORD_SCHEMA = 1
+
+
+class Reference:
+    """What regenerates some measured tables: its name, what it is and its commands.
+
+    A subclass sets ``kind`` and says which `dblp-testbed` commands make it;
+    `testbed.run.reproduce` makes it (one maker per subclass) and keeps its files.
+    """
+
+    kind: ClassVar[str]
+    name: str
+    doc: str
+
+    def commands(self) -> list[list[str]]:
+        """The `dblp-testbed` argument lists that regenerate it (output paths as placeholders)."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReference(Reference):
+    """A `dblp-testbed run` of a preset whose tables a results page shows."""
+
+    kind: ClassVar[str] = "run"
+    name: str
+    preset: str
+    doc: str
+    overrides: tuple[str, ...] = ()
+
+    def argv(self, out: pathlib.Path) -> list[str]:
+        """The `dblp-testbed run` arguments that regenerate it (also shown on the results pages)."""
+        args = ["run", "--preset", self.preset, "--out", str(out)]
+        for o in self.overrides:
+            args += ["--set", o]
+        return args
+
+    def commands(self) -> list[list[str]]:
+        return [self.argv(pathlib.Path("DIR"))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One `dblp-testbed` command of a `CommandReference` and the JSON file it writes."""
+
+    file: str
+    argv: tuple[str, ...]
+
+    def full_argv(self, json_path: str) -> list[str]:
+        return [*self.argv, "--json", json_path]
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandReference(Reference):
+    """`dblp-testbed` commands run with ``--json FILE``, each file kept.
+
+    ``runner(argv, log) -> exit code`` runs one command (None: a child
+    `dblp-testbed`, `testbed.run.reproduce.run_cli`; tests pass a fake). A
+    command that exits non-zero or writes no JSON fails the reference; the
+    files the others wrote stay in the run directory.
+    """
+
+    kind: ClassVar[str] = "commands"
+    name: str
+    doc: str
+    steps: tuple[Command, ...]
+    runner: Callable[[list[str], pathlib.Path], int] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        files = [c.file for c in self.steps]
+        if not files or len(set(files)) != len(files) or RECORD in files \
+                or any(not f.endswith(".json") or "/" in f for f in files):
+            raise ValueError(f"reference {self.name}: each command needs its own FILE.json")
+
+    def files(self) -> tuple[str, ...]:
+        """The JSON files its commands write, in their order."""
+        return tuple(c.file for c in self.steps)
+
+    def commands(self) -> list[list[str]]:
+        return [c.full_argv(c.file) for c in self.steps]
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyReference(Reference):
+    """A declared study run whole (`testbed.run.study.Study`): its kind's command and files.
+
+    A subclass names the command of its kind of study (``command``); the
+    reference's ``study`` is a study of that kind by name.
+    """
+
+    command: ClassVar[str]
+    name: str
+    study: str
+    doc: str
+    #: ``run_fn(spec, out_dir) -> status`` for each run (None: a real run; tests pass a fake).
+    run_fn: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def commands(self) -> list[list[str]]:
+        return [[self.command, self.study, "--out", "DIR"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationReference(StudyReference):
+    """A `dblp-testbed ablate` of a declared ablation: its summary, table, report and plots."""
+
+    kind: ClassVar[str] = "ablation"
+    command: ClassVar[str] = "ablate"
+
+
+@dataclasses.dataclass(frozen=True)
+class RegimeReference(StudyReference):
+    """A `dblp-testbed regime` map: its summary, tables, report and heat-maps."""
+
+    kind: ClassVar[str] = "regime"
+    command: ClassVar[str] = "regime"
+
+
+REFERENCES: dict[str, Reference] = {}
+#: Not a reference: blocks naming it are rendered from every reference.
+EVERY = "all"
+
+
+def register(ref: Reference) -> Reference:
+    if ref.name == EVERY or (ref.name in REFERENCES and REFERENCES[ref.name] != ref):
+        raise ValueError(f"reference {ref.name!r} is already registered")
+    REFERENCES[ref.name] = ref
+    return ref
+
+
+register(RunReference("default", "default",
+                      "what `dblp-testbed run` does with no argument: the like-for-like arms, "
+                      "seeds and bursts of the default preset"))
+register(RunReference("paper", "paper",
+                      "the paper's star with the parameter server, both control paths, "
+                      "five bursts at each of 60/70/80/90 %"))
+# The prototype's costs but its 8 KB chunks: with them the run stops at its
+# first burst (a 1 s burst leaves the server's IP reassembly memory full of
+# incomplete datagrams, and every fragmented one is dropped until they expire
+# 30 s later, past the round deadline; docs/results/paper-prototype.md).
+register(RunReference("paper-prototype", "paper-prototype",
+                      "the paper preset with the authors' prototype's fixed chunk order, 1 s probe "
+                      "wait and Nagle on TCP control (MTU-sized chunks)",
+                      ("transport.chunk_bytes=1416",)))
+register(RunReference("star", "star",
+                      "the accuracy check: the paper's star without bursts, every transport arm, "
+                      "400 rounds with the rate annealed, two seeds"))
+# The transport bench with UDP control (TCP rows miss their deadlines for
+# minutes at 50-80 % loss) and gloo beside it: gloo's two deadline misses at
+# 50 and 80 % cost about a minute each, and its column is the like-for-like
+# peer of the sharded rows.
+register(CommandReference(
+    "transport", "the transport benchmark: every bound, PS and sharded, UDP control, with and "
+    "without a secret, and gloo's all-reduce, on a 100 Mbit/s veth pair at 0-80 % loss",
+    (Command("bench-transport.json", ("bench", "transport", "--controls", "udp", "--reps", "3",
+                                      "--losses", "0,0.1,0.5,0.8")),)))
+#: Link rates (Mbit/s) and gradient sizes (MiB) of the line-rate bench: sizes that keep
+#: a round trip above ~0.1 s; 100 Mbit/s is the transport reference's own rate. Medians
+#: of 7: a round trip of 0.2-0.4 s varied by up to 25 % between repetitions here.
+LINE_RATES = ((100, 4), (1000, 32), (3000, 32), (10000, 64))
+#: Runs of the whole set, one after the other: the ratio of one run's medians moves by
+#: a fifth or more between runs here (sharded / gloo at 10 Gbit/s: 1.19 to 1.44x in one
+#: reference, 1.21 to 1.65x in another), so each line-rate claim is read from its range
+#: over these runs, never from one.
+LINE_RUNS = 5
+register(CommandReference(
+    "linerate", "the transport bench on faster links: reliable PS and sharded, UDP control, "
+    f"no secret, and gloo's all-reduce, at 0 and 10 % loss, from 0.1 to 10 Gbit/s, "
+    f"{LINE_RUNS} runs",
+    tuple(Command(f"bench-transport-{r}mbit-run{i}.json",
+                  ("bench", "transport", "--rate-mbit", str(r), "--mbytes", str(m),
+                   "--losses", "0,0.1", "--controls", "udp", "--bounds", "0", "--auth", "off",
+                   "--reps", "7", "--round-timeout", "60"))
+          for i in range(1, LINE_RUNS + 1) for r, m in LINE_RATES)))
+#: The fat-tree sizes `net check` builds for its results page (k=8 routes in ~20 s).
+FABRIC_KS = (4, 6, 8)
+register(CommandReference(
+    "fabric", "`net check` of the fat-tree at each size: start-up, reachability, core spread, "
+    "one TCP flow", tuple(Command(f"net-check-k{k}.json", ("net", "check", "--k", str(k)))
+                          for k in FABRIC_KS)))
+#: Shaping rates (Mbit/s) and concurrent flows of the capacity table.
+CAPACITY_RATES, CAPACITY_FLOWS = (20, 30, 40, 50, 60, 100), (1, 4)
+register(CommandReference(
+    "capacity", "cross-pod TCP goodput on the k=4 fat-tree at each shaping rate, one flow and "
+    "four at once: where the emulator, not the link, sets the rate",
+    tuple(Command(f"net-check-bw{b}-flows{f}.json",
+                  ("net", "check", "--bw", str(b), "--flows", str(f)))
+          for b in CAPACITY_RATES for f in CAPACITY_FLOWS)))
+# The detector's ablation (testbed.run.ablation): about an hour.
+register(AblationReference(
+    "detector", "detector", "DBLP's P_high, phase threshold and detector signal, each varied "
+    "alone on the paper's set-up over three seeds, against static and static-high"))
+register(CommandReference(
+    "bursts", "requested against measured burst loss and timing on the k=4 fat-tree",
+    (Command("bench-bursts.json", ("bench", "bursts")),)))
+# The reduced burst regime map (testbed.run.regime): at most 30 minutes.
+register(RegimeReference(
+    "regime", "reduced", "the reduced burst regime map: 90 % bursts of 200 ms and 1 s, "
+    "round-locked 60 % ones, both control paths, the pull path and congestion, both bounds "
+    "and gloo"))
+
+
+def select(names: tuple[str, ...] | list[str]) -> list[Reference]:
+    """The references called ``names`` (all when empty); an unknown name is an InputError."""
+    if not names:
+        return list(REFERENCES.values())
+    unknown = [n for n in names if n not in REFERENCES]
+    if unknown:
+        raise InputError(f"unknown reference {unknown[0]!r}; choose from {', '.join(REFERENCES)}")
+    return [REFERENCES[n] for n in names]
+
+
+def read_record(ref_dir: pathlib.Path) -> dict:
+    """A reference folder's reproduce.json; a missing file or an unknown version is an InputError."""
+    path = ref_dir / RECORD
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; run `dblp-testbed reproduce {ref_dir.name}`")
+    rec = json.loads(path.read_text())
+    if rec.get("schema", RECORD_SCHEMA) != RECORD_SCHEMA:
+        raise InputError(f"{path} has schema {rec['schema']}; this version reads "
+                         f"{RECORD_SCHEMA} only: run `dblp-testbed reproduce {ref_dir.name}`")
+    return rec
