@@ -145,7 +145,7 @@ def _mean(values) -> float | None:
 
 def analyse(out: pathlib.Path, plan: dict, **kw) -> dict:
     """ablation-summary.json's content (``SCHEMA``) from the finished runs of ``plan``."""
-    from testbed.analysis.tables import load_spec
+    from testbed.analysis.raw import load_spec
 
     rounds, evals = join(out, plan)
     target, source = claims.target_metric(load_spec(out / "base"), evals)

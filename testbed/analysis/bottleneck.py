@@ -28,7 +28,7 @@ import pandas as pd
 
 from testbed.analysis.datasets import BOTTLENECK, QUEUE
 from testbed.config.spec import Spec, build_topology
-from testbed.run.rundir import unit_records
+from testbed.rundir import unit_records
 from workloads.runlog import PORT_COUNTER_FIELDS, MalformedEvent, check_port_stats
 
 COUNTERS = [f.name for f in PORT_COUNTER_FIELDS]

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from testbed.analysis import intervals as iv
-from testbed.analysis.tables import arm_kind, is_dblp_arm, static_partner
+from testbed.analysis.arms import arm_kind, is_dblp_arm, static_partner
 
 REPRODUCED, REFUTED, UNRESOLVED = "reproduced", "refuted", "unresolved"
 NOT_JUDGED = "not judged"

@@ -23,9 +23,9 @@ import pandas as pd
 
 from testbed.analysis import datasets
 from testbed.analysis.formats import read_summary
-from testbed.analysis.tables import load_spec
+from testbed.analysis.raw import load_spec
 from testbed.config.spec import Spec
-from testbed.run.rundir import read_manifest
+from testbed.rundir import read_manifest
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class RunData:
     evals: pd.DataFrame        # test accuracy per evaluation
     summary: dict              # summary.json (testbed.analysis.formats)
     spec: Spec                 # the resolved spec.toml; spec["topology"]["bw_mbps"], ...
-    manifest: dict             # manifest.json (testbed.run.rundir)
+    manifest: dict             # manifest.json (testbed.rundir)
 
 
 def load_run(run_dir) -> RunData:

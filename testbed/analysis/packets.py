@@ -32,7 +32,8 @@ import pandas as pd
 from dblp import scapy_layer, wire
 from dblp.server import DEFAULT_PORT
 from testbed.analysis import datasets
-from testbed.run.rundir import unit_dir
+from testbed.analysis.arms import arm_transport
+from testbed.rundir import unit_dir
 from workloads.runlog import seed_of_dir
 
 PACKET_COLUMNS = datasets.CAPTURE_COLUMNS
@@ -73,8 +74,6 @@ def read_pcap(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.DataFra
     capture is dissected with scapy instead.
     """
     from scapy.utils import RawPcapReader
-
-    from testbed.analysis.tables import arm_transport
 
     hdr = struct.Struct(wire.HEADER_FORMAT)
     names = wire.FIELD_NAMES
@@ -170,8 +169,6 @@ def _read_pcap_scapy(path, arm: str, host: str, port: int = DEFAULT_PORT) -> pd.
     """Full scapy dissection, packet by packet: slow (~4k packets/s), any link type."""
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.utils import PcapReader
-
-    from testbed.analysis.tables import arm_transport
 
     DBLP = dblp_layer(port)
     tcp_is_control = arm_transport(arm) in _UDP_DATA_TRANSPORTS
@@ -320,8 +317,6 @@ def packet_table(run_dir, arms: list[str], rounds: pd.DataFrame, port: int = DEF
                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict, list[str]]:
     """(per-round table, every packet, {(arm, seed): {role: address, "server_address": ...}},
     notes), over every unit directory of the arms (`unit_seeds`)."""
-    from testbed.analysis.tables import arm_transport
-
     captures, notes = {}, []
     units = [(arm, seed) for arm in arms for seed in unit_seeds(run_dir, arm)]
     for arm, seed in units:

@@ -1,10 +1,9 @@
-"""Build every derived file of a run directory from raw/: tables, summary, plots, report.
+"""The pipeline's last stage for people: plots/ and report.md/html from the summary and tables.
 
-`build_outputs(run_dir)` is the one entry point (the orchestrator calls it at
-the end of a run, `dblp-testbed report DIR` calls it later). It only reads
-raw/, spec.toml and manifest.json and only writes derived files, and it is
-deterministic: rebuilding a run directory gives byte-identical outputs, so
-"every number recomputes from raw/" is something a test can check.
+`write` is called by `testbed.analysis.pipeline.write_outputs` after the
+tables and summary.json are on disk; it reads nothing but what it is given,
+so the report can never disagree with summary.json. report.html is
+self-contained (the plots embedded), report.md links plots/.
 """
 from __future__ import annotations
 
@@ -14,82 +13,36 @@ import json
 import math
 import pathlib
 
-import click
-
-from testbed.analysis import datasets
-from testbed.analysis import physics as phys
-from testbed.analysis.formats import write_summary
 from testbed.invariants import INVARIANTS
 
-DERIVED = datasets.files() + ["summary.json", "report.md", "report.html", "plots"]
-# Derived files earlier versions wrote that no longer mean what their name
-# says (packets.csv held per-round flow counts, now flows.csv): a rebuild
-# removes them rather than leave a stale file beside packets.parquet.
-RETIRED = ["packets.csv"]
 
+def write(run_dir: pathlib.Path, summary: dict, t) -> list[pathlib.Path]:
+    """plots/*.png, report.md and report.html of ``t`` (a `pipeline.Tables`); the plots' paths."""
+    from testbed.analysis import plots  # matplotlib: only when drawing
 
-def _grad_bytes(raw) -> int | None:
-    """Gradient bytes per worker and round, as the workers measured their model."""
-    gb = [e["grad_bytes"] for arm in raw.arms for e in raw.events[arm]
-          if e["event"] == "start" and e["role"] == "worker"]
-    return max(gb) if gb else None
-
-
-def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
-                  port: int | None = None, figures: bool = True) -> dict:
-    """Rebuild the tables (datasets.TABLES), summary.json, plots/ and report.md/html.
-
-    physics: optional PhysicsInputs (or a dict of its fields) overriding what
-    the spec and manifest say (see physics.inputs_for_run). port: the DBLP UDP
-    port in the pcaps (default: manifest `dblp_port`, else the transport's).
-    figures=False skips plots/ and report.md/html (a second per call saved for
-    callers that only need the numbers, e.g. tests).
-    A capture that cannot be read costs only its own packets (a warning
-    names it); summary.json is written first, so a failing table or plot
-    never costs it either. Returns the summary that was written.
-    """
-    from testbed.analysis import bottleneck as bn
-    from testbed.analysis import packets as pkts
-    from testbed.analysis import plots  # pandas/matplotlib: only when building
-    from testbed.analysis import tables as analysis
-    run_dir = pathlib.Path(run_dir)
-    raw = analysis.load_raw(run_dir)
-    if isinstance(physics, phys.PhysicsInputs):
-        inputs, missing = physics, []
-    else:
-        inputs, missing = phys.inputs_for_run(raw.spec, raw.manifest, _grad_bytes(raw), physics)
-    rounds = analysis.rounds_table(raw)
-    packet_table, packet_rows, addrs, notes = pkts.packet_table(
-        run_dir, raw.arms, rounds, port or raw.manifest.get("dblp_port") or pkts.DEFAULT_PORT)
-    bursts = pkts.burst_receptions(packet_rows, analysis.bursts_table(raw), addrs)
-    rounds = analysis.join_bursts(rounds, bursts)
-    bursts = analysis.count_rounds_hit(bursts, rounds)
-    rounds = analysis.add_physics(rounds, inputs)
-    link = bn.bottleneck_table(run_dir, raw.spec, raw.manifest, notes)
-    queue = bn.queue_table(raw.queue, bursts)
-    evals = analysis.evals_table(raw, rounds)
-    summary = analysis.summarize(raw, rounds, bursts, inputs, missing, packet_table, notes, evals)
-
-    write_summary(run_dir / "summary.json", summary)
-    for name in RETIRED:
-        (run_dir / name).unlink(missing_ok=True)
-    for table, df in ((datasets.ROUNDS, rounds), (datasets.BURSTS, bursts),
-                      (datasets.FLOWS, packet_table), (datasets.PACKETS, packet_rows),
-                      (datasets.BOTTLENECK, link), (datasets.QUEUE, queue),
-                      (datasets.EVALS, evals)):
-        datasets.write(run_dir, table, df)
-    if not figures:
-        return summary
-    pngs = plots.all_plots(run_dir / "plots", rounds, bursts, packet_table, evals, summary, raw.arms,
-                           link, queue)
-    phased = [a for a in raw.arms if summary["arms"][a].get("phase_switches") is not None]
+    arms = t.raw.arms
+    pngs = plots.all_plots(run_dir / "plots", t.rounds, t.bursts, t.flows, t.evals, summary,
+                           arms, t.bottleneck, t.queue)
+    phased = [a for a in arms if summary["arms"][a].get("phase_switches") is not None]
     if phased:
-        pngs.append(plots.phase_timeline(rounds, phased, run_dir / "plots" / "phase_timeline.png"))
+        pngs.append(plots.phase_timeline(t.rounds, phased, run_dir / "plots" / "phase_timeline.png"))
     pngs.append(plots.forest(summary, run_dir / "plots" / "intervals.png"))
-    sections = _sections(summary, rounds, bursts)
+    sections = _sections(summary, t.rounds, t.bursts)
     (run_dir / "report.md").write_text(render_md(sections, pngs, run_dir))
     (run_dir / "report.html").write_text(render_html(sections, pngs))
-    return summary
+    return pngs
+
+
+def summary_lines(s: dict) -> list[str]:
+    """What `dblp-testbed report` prints of a summary: DBLP's speedups and the warnings (the
+    run's answer, `testbed.analysis.answer`, follows them)."""
+    out = []
+    for key, sp in sorted(s["speedups"].items()):
+        if s["arms"][sp["arm"]]["transport"] == "dblp":
+            out.append(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
+                       f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
+    out += [f"  warning: {w}" for w in s["warnings"]]
+    return out
 
 
 # ------------------------------------------------------------- rendering --
@@ -388,34 +341,3 @@ def render_html(sections: list[dict], pngs) -> str:
         out.append(f"<p><img alt='{e(pathlib.Path(p).stem)}' src='data:image/png;base64,{data}'></p>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
-
-
-@click.command("report")
-@click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--rtt-ms", type=float, default=None,
-              help="Measured worker-server RTT for the physical bound (default: manifest.json).")
-@click.option("--rate-mbps", type=float, default=None,
-              help="Bottleneck rate for the physical bound (default: spec topology.bw_mbps).")
-def report_cmd(run_dir, rtt_ms, rate_mbps):
-    """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json).
-
-    Ends with the run's answer, as `run` does: the verdict on each claim and
-    pair, then the invalid units (those that broke an emulator invariant).
-    """
-    override = {}
-    if rtt_ms is not None:
-        override["rtt_s"] = rtt_ms / 1000.0
-    if rate_mbps is not None:
-        override["rate_bps"] = rate_mbps * 1e6
-    from testbed.analysis import answer
-    s = build_outputs(run_dir, override or None)
-    click.echo(f"{run_dir}: status {s['status']}; wrote " + ", ".join(DERIVED))
-    for key, sp in sorted(s["speedups"].items()):
-        if s["arms"][sp["arm"]]["transport"] == "dblp":
-            click.echo(f"  {key}: burst-round {_f(sp['burst_round'], '{:.2f}x', 'n/a')}, "
-                       f"train time {_f(sp['train_time'], '{:.2f}x', 'n/a')}")
-    for w in s["warnings"]:
-        click.echo(f"  warning: {w}")
-    # The answer last, as `run` ends: what a reader looks at first.
-    for line in answer.lines(s):
-        click.echo(line)

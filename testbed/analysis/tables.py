@@ -1,4 +1,4 @@
-"""Raw run logs -> pandas tables (rounds, bursts) and the summary.json content.
+"""The pipeline's tables stage: a `RawRun` -> pandas tables (rounds, bursts) and the summary.
 
 A run trains every arm once per seed; one arm with one seed is a unit, whose
 logs are under RUN/raw/<arm>/seed-<seed>/. Every table has a `seed` column
@@ -45,12 +45,11 @@ import pandas as pd
 
 from testbed.analysis import datasets
 from testbed.analysis import physics as phys
+from testbed.analysis.arms import arm_mode, arm_transport, is_dblp_arm, static_partner
 from testbed.analysis.formats import SUMMARY_SCHEMA
-from testbed.config import spec as specmod
-from testbed.errors import InputError
+from testbed.analysis.raw import RawRun
 from testbed.invariants import broken
-from testbed.run.rundir import read_manifest, unit_dir, unit_records
-from workloads.runlog import MalformedEvent, check_event, seed_of_dir
+from testbed.rundir import unit_records
 
 # A ratio of two medians whose quartile range spans more than this factor is
 # flagged: its value depends on which rounds happened to be sampled.
@@ -84,74 +83,6 @@ DEFINITIONS = {
 }
 
 
-class RawError(InputError):
-    """RUN/ is not a run directory this version can read; the message says which file."""
-
-
-@dataclasses.dataclass
-class RawRun:
-    """Everything read from a run directory, grouped by arm, plus what could not be read.
-
-    Each event dict carries ``seed``, its unit's seed (the directory it was
-    read from), so one arm's list holds all its seeds; `unit_events` picks
-    one unit's.
-    """
-
-    run_dir: pathlib.Path
-    arms: list[str]
-    events: dict[str, list[dict]]          # arm -> worker/server events, every seed
-    bursts: dict[str, list[dict]]          # arm -> burst events, every seed
-    spec: specmod.Spec
-    manifest: dict
-    problems: list[str]
-    queue: dict[str, list[dict]] = dataclasses.field(default_factory=dict)  # arm -> queue samples
-    seeds: list[int] = dataclasses.field(default_factory=list)   # the spec's seed values
-
-    @property
-    def units(self) -> list[tuple[str, int]]:
-        """(arm, seed) in the order they ran: seed by seed, the spec's arms within each."""
-        return [(arm, seed) for seed in self.seeds for arm in self.arms]
-
-    def unit_events(self, arm: str, seed: int) -> list[dict]:
-        return [e for e in self.events[arm] if e["seed"] == seed]
-
-
-def arm_kind(arm: str) -> tuple[str, str | None, str | None]:
-    """(transport, control path, mode) of an arm: the analysis's one use of the arms registry."""
-    from testbed.config.arms import ARMS
-    a = ARMS[arm]
-    return a.transport, a.control, a.mode
-
-
-def arm_transport(arm: str) -> str:
-    return arm_kind(arm)[0]
-
-
-def arm_mode(arm: str) -> str | None:
-    """"ps" or "sharded" for the dblp transports, else None."""
-    return arm_kind(arm)[2]
-
-
-def is_dblp_arm(arm: str) -> bool:
-    return arm_transport(arm) == "dblp"
-
-
-def static_partner(arm: str, arms, bound_from: str | None = None) -> str | None:
-    """The static-bound arm among ``arms`` that differs from dblp arm ``arm`` only in
-    its transport (same control path, same mode): DBLP's like-for-like baseline.
-
-    ``bound_from`` picks which of the registry's static arms: None, the one at
-    the spec's p_static (what DBLP is measured against); "p_high", the one at
-    DBLP's relaxed bound (what phase-awareness is measured against).
-    """
-    from testbed.config.arms import ARMS
-    _, control, mode = arm_kind(arm)
-    for other in arms:
-        if arm_kind(other) == ("static", control, mode) and ARMS[other].bound_from == bound_from:
-            return other
-    return None
-
-
 def phase_switches(rounds: pd.DataFrame) -> int:
     """How often one arm's phase changed from one logged round to the next.
 
@@ -160,113 +91,6 @@ def phase_switches(rounds: pd.DataFrame) -> int:
     """
     phases = [p for p in rounds.sort_values("round")["phase"] if isinstance(p, str) and p]
     return sum(a != b for a, b in zip(phases[:-1], phases[1:], strict=True))
-
-
-def _read_jsonl(path: pathlib.Path, arm: str, seed: int | None, problems: list[str]) -> list[dict]:
-    """The events of one unit's log, each given its unit's ``seed``; a line that is not
-    one of `EVENTS`, or names another arm or seed, is skipped and said.
-
-    ``seed`` None: a log outside the seed directories (a manual burst's), whose
-    lines keep the seed they carry, if any.
-    """
-    out = []
-    rel = path.relative_to(path.parents[1 if seed is None else 2]).as_posix()
-    rel = f"raw/{rel}"
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = check_event(json.loads(line))
-            except json.JSONDecodeError:
-                # A crashed process can leave a truncated last line: keep the rest.
-                problems.append(f"{rel}:{n}: not a JSON line, skipped")
-                continue
-            except MalformedEvent as exc:
-                problems.append(f"{rel}:{n}: {exc}, skipped")
-                continue
-            if obj["arm"] != arm:
-                problems.append(f"{rel}:{n}: event of arm {obj['arm']!r} in raw/{arm}/, skipped")
-                continue
-            if seed is not None and obj.get("seed", seed) != seed:
-                problems.append(f"{rel}:{n}: event of seed {obj['seed']!r} in "
-                                f"raw/{arm}/seed-{seed}/, skipped")
-                continue
-            if seed is not None:
-                obj["seed"] = seed
-            out.append(obj)
-    return out
-
-
-def load_spec(run_dir: pathlib.Path) -> specmod.Spec:
-    """RUN/spec.toml, validated as `dblp-testbed run` validated it."""
-    path = run_dir / "spec.toml"
-    if not path.exists():
-        raise RawError(f"{path}: not found (is {run_dir} a run directory?)")
-    try:
-        return specmod.load(str(path))
-    except InputError as exc:
-        raise RawError(f"{path}: {exc}") from None
-
-
-def load_raw(run_dir) -> RawRun:
-    """Read RUN/raw/<arm>/seed-<seed>/*.jsonl for the spec's arms and seeds, RUN/spec.toml
-    and RUN/manifest.json.
-
-    A unit directory that is not one of the spec's arms and seeds is
-    ignored and said. Burst lines in RUN/raw/<arm>/bursts.jsonl (manual
-    bursts, which no unit announced) go to the unit of that arm whose
-    manifest window [started_ns, ended_ns] holds the burst's start.
-    """
-    run_dir = pathlib.Path(run_dir)
-    raw = run_dir / "raw"
-    if not raw.is_dir():
-        raise RawError(f"{raw}: no raw/ directory (is {run_dir} a run directory?)")
-    spec = load_spec(run_dir)
-    manifest = read_manifest(run_dir)
-    problems: list[str] = []
-    # The spec's arms, in its order: an arm that never started is reported as such.
-    arms, seeds = spec.arms, spec.seed_values
-    for p in sorted(raw.iterdir()):
-        if p.is_dir() and p.name not in arms and any(p.glob("**/*.jsonl")):
-            problems.append(f"raw/{p.name}/: not an arm of the spec, ignored")
-    events, bursts, queue = {}, {}, {}
-    for arm in arms:
-        evs, bs, qs = [], [], []
-        for p in sorted((raw / arm).glob("*/")):
-            if seed_of_dir(p.name) not in seeds and any(p.glob("*.jsonl")):
-                problems.append(f"raw/{arm}/{p.name}/: not a seed of the spec "
-                                f"({', '.join(map(str, seeds))}), ignored")
-        for seed in seeds:
-            d = unit_dir(run_dir, arm, seed)
-            if not d.is_dir():
-                problems.append(f"arm {arm} seed {seed}: no raw/{arm}/seed-{seed}/ directory "
-                                "(the unit never started)")
-            for path in sorted(d.glob("*.jsonl")):
-                for obj in _read_jsonl(path, arm, seed, problems):
-                    {"burst": bs, "queue": qs}.get(obj["event"], evs).append(obj)
-        bs += _manual_bursts(raw / arm / "bursts.jsonl", arm, manifest, problems)
-        events[arm], bursts[arm], queue[arm] = evs, bs, qs
-    return RawRun(run_dir, arms, events, bursts, spec, manifest, problems, queue, seeds)
-
-
-def _manual_bursts(path: pathlib.Path, arm: str, manifest: dict, problems: list[str]) -> list[dict]:
-    """Burst lines outside the seed directories, each placed in its unit by time."""
-    if not path.exists():
-        return []
-    windows = [(u["seed"], u["started_ns"], u["ended_ns"]) for u in unit_records(manifest, arm)
-               if "started_ns" in u and "ended_ns" in u]
-    out = []
-    for b in _read_jsonl(path, arm, None, problems):
-        t = b["actual_start_ns"] if b["actual_start_ns"] is not None else b["requested_start_ns"]
-        seeds = [s for s, start, end in windows if start <= t <= end]
-        if not seeds:
-            problems.append(f"raw/{arm}/bursts.jsonl: burst {b['id']} started outside every "
-                            f"unit of arm {arm}, ignored")
-            continue
-        out.append({**b, "seed": seeds[0]})
-    return out
 
 
 def _q(values, q) -> float:
@@ -288,22 +112,9 @@ BURST_COLUMNS = datasets.BURSTS.names()
 CAP_SLACK_MS = 5.0
 
 
-def burst_models(spec, run_dir: pathlib.Path | None = None) -> dict[str, tuple[str, float]]:
-    """burst id -> (model, cap in ms), from the schedule the run recorded and ran.
-
-    The runner writes `raw/burst_schedule.json` before the first unit; that
-    record, not a fresh resolution of the spec by today's code, says what
-    each burst was. A raw directory without it (one built by hand) falls
-    back to resolving the spec's bursts.
-    """
-    from controllers.bursts import BurstSchedule
-    from testbed.run.bursts import resolve_bursts
-
-    recorded = run_dir / "raw" / "burst_schedule.json" if run_dir is not None else None
-    if recorded is not None and recorded.is_file():
-        schedule = BurstSchedule.from_dict(json.loads(recorded.read_text()))
-    else:
-        schedule = resolve_bursts(spec)
+def burst_models(schedule) -> dict[str, tuple[str, float]]:
+    """burst id -> (model, cap in ms), from the schedule the run recorded and ran
+    (`RawRun.schedule`, read by `testbed.rundir.read_burst_schedule`)."""
     out = {}
     for b in schedule:
         if b.rounds is not None:
@@ -315,7 +126,7 @@ def burst_models(spec, run_dir: pathlib.Path | None = None) -> dict[str, tuple[s
 
 def bursts_table(raw: RawRun) -> pd.DataFrame:
     rows = []
-    models = burst_models(raw.spec, raw.run_dir)
+    models = burst_models(raw.schedule or [])
     for arm in raw.arms:
         # A burst may be logged twice (a failed start, then its end): the last line wins.
         last = {(b["seed"], b["id"]): b for b in raw.bursts[arm]}
@@ -468,6 +279,15 @@ def join_bursts(rounds: pd.DataFrame, bursts: pd.DataFrame) -> pd.DataFrame:
     df["burst_loss"] = pd.Series(bloss, index=df.index, dtype=float)
     df["burst_capped"] = pd.Series(capped, index=df.index, dtype=bool)
     return df
+
+
+def join(rounds: pd.DataFrame, bursts: pd.DataFrame, inputs: phys.PhysicsInputs | None
+         ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rounds, bursts) joined: each round's bursts (`join_bursts`), each burst's rounds hit
+    (`count_rounds_hit`), and each round's physical bound (`add_physics`)."""
+    rounds = join_bursts(rounds, bursts)
+    bursts = count_rounds_hit(bursts, rounds)
+    return add_physics(rounds, inputs), bursts
 
 
 def count_rounds_hit(bursts: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
@@ -712,15 +532,13 @@ def packet_summary(table: pd.DataFrame | None, arms) -> dict:
 
 def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
               inputs: phys.PhysicsInputs | None, physics_missing: list[str],
-              packets: pd.DataFrame | None = None, notes: list[str] = (),
-              evals: pd.DataFrame | None = None) -> dict:
-    """The whole summary.json (declared in testbed.analysis.formats); its only author.
+              packets: pd.DataFrame | None = None, notes: list[str] = ()) -> dict:
+    """summary.json (declared in testbed.analysis.formats) but for the claims' sections.
 
-    `packets` is the per-round packet table (None: no captures read),
-    `notes` what reading the captures had to say and `evals` the evaluations
-    table (None: the accuracy and time-to-target figures are unresolved).
-    The intervals and the verdicts on the paper's claims are
-    `testbed.analysis.claims`'s.
+    `packets` is the per-round packet table (None: no captures read) and
+    `notes` what reading the captures had to say. The intervals and the
+    verdicts on the paper's claims are `testbed.analysis.claims`'s, which the
+    pipeline's summary stage (`testbed.analysis.pipeline.summarize`) adds.
     """
     tr = raw.spec["transport"]
     arms, warnings = {}, list(raw.problems) + list(notes)
@@ -867,8 +685,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "warnings": warnings,
         "definitions": DEFINITIONS,
     })
-    from testbed.analysis.claims import with_verdicts  # claims imports this module
-    return with_verdicts(summary, raw.spec, rounds, valid_rows(evals), invalid)
+    return summary
 
 
 # The default run's acceptance figures.

@@ -81,7 +81,7 @@ def main(quiet, verbose):
               help="Run every arm once per seed: --seed, --seed+1, ... (= --set seeds=N).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
 def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
-    """Run an experiment: fabric, controller, bursts, every arm, report.
+    """Run an experiment: fabric, controller, bursts, every arm; then `report` on it.
 
     Ends with its answer on stdout: the verdict on each claim and pair
     (point, 95 % interval, verdict), then every unit that broke an emulator
@@ -95,7 +95,7 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
     "not judged"). Results and logs stay in the run directory whatever the code.
     """
     from testbed.config import spec as specmod
-    from testbed.run.rundir import check_out
+    from testbed.rundir import check_out
 
     overrides = list(overrides)
     if arms is not None:
@@ -112,8 +112,8 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
         return
     check_out(out)  # before anything is built or created
     from testbed.errors import ExperimentFailed, InvalidUnits
-    from testbed.run.runner import INVALID, run_experiment
-    status = run_experiment(spec, out)
+    from testbed.run.experiment import INVALID, run_and_report
+    status = run_and_report(spec, out)
     sys.exit(0 if status == "ok" else InvalidUnits.exit_code if status == INVALID
              else ExperimentFailed.exit_code)
 
@@ -144,7 +144,7 @@ def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):
 
 # Analysis commands (their modules keep pandas/matplotlib imports lazy).
 from testbed.analysis.compare import compare_cmd  # noqa: E402
-from testbed.analysis.report import report_cmd  # noqa: E402
+from testbed.analysis.pipeline import report_cmd  # noqa: E402
 
 main.add_command(report_cmd)
 main.add_command(compare_cmd)

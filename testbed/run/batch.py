@@ -18,7 +18,7 @@ from collections.abc import Callable
 from testbed import output
 from testbed.errors import ExperimentFailed
 
-#: The status `run_experiment` returns when SIGINT or SIGTERM stopped a run.
+#: The status a run ends with when SIGINT or SIGTERM stopped it.
 INTERRUPTED = "interrupted"
 
 
@@ -43,15 +43,15 @@ def run_pending(label: str, runs: list[PlannedRun], out: pathlib.Path,
                 run_fn: Callable | None, record: Callable[[str, dict], None]) -> None:
     """Run every run of ``runs`` not yet done under ``out``, in order.
 
-    ``run_fn(spec, out_dir) -> status`` runs one experiment (the runner's
-    `run_experiment`; tests pass their own). ``record(name, {"status",
+    ``run_fn(spec, out_dir) -> status`` runs one experiment (the run and its
+    analysis, `testbed.run.experiment.run_and_report`; tests pass their own). ``record(name, {"status",
     "wall_s"})`` is called after each run, so the caller's plan file is
     current whenever the job is interrupted. A run stopped by SIGINT or
     SIGTERM stops the batch (ExperimentFailed): Ctrl-C means the whole job,
     not only the run it landed in.
     """
     if run_fn is None:
-        from testbed.run.runner import run_experiment as run_fn
+        from testbed.run.experiment import run_and_report as run_fn
     for i, r in enumerate(runs, 1):
         d = out / r.name
         if status(d) == "ok":

@@ -1,10 +1,13 @@
-"""`dblp-testbed run`: one experiment from a validated spec to its report.
+"""`dblp-testbed run`: one experiment from a validated spec to its raw/ directory.
 
 The path of one run (docs/architecture.md): a fresh run directory with the resolved spec and a
 manifest; the capability check; one routed fabric with the controller and
 its burst schedule; for each unit (an arm trained with one seed) the server
-and workers on their hosts with packet captures around them; then the
-derived tables, plots and report.
+and workers on their hosts with packet captures around them. The run stops
+at raw/: the tables, plots and report are the analysis's
+(`testbed.analysis.pipeline`), which `testbed.run.experiment` chains after it
+exactly as `dblp-testbed report` runs it later, so there is one way to
+derive them and a failed analysis can never cost the run.
 
 Repetition: every arm runs once per seed (`Spec.seed_values`), all on the
 one fabric, seed by seed with the arms in the spec's order inside each seed,
@@ -14,12 +17,6 @@ resolved once from the spec's seed and hits every unit the same way: the
 bursts are the treatment, the seeds vary model initialisation and data order.
 Whatever happens (a crashed worker, Ctrl-C, SIGTERM), the fabric is torn
 down, the manifest says how the run ended and `raw/` keeps what was measured.
-
-The run ends with its answer on stdout (`testbed.analysis.answer`): the
-verdict on each claim and pair, then the units that broke an emulator
-invariant. A run whose arms all finished but which has such a unit returns
-``INVALID``: the manifest still says "ok" (every arm ran; validity is the
-analysis's judgement, which `report` can make again under other limits).
 """
 from __future__ import annotations
 
@@ -33,21 +30,15 @@ import signal
 import sys
 import time
 
-import click
-
 from dblp.wire import DEFAULT_PORT
 from testbed import output
 from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
 from testbed.errors import MachineError
 from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
-from testbed.run.bursts import resolve_bursts
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
-from testbed.run.rundir import Manifest, new_run_dir, unit_dir
-
-#: The status of a run whose arms all finished but some unit broke an invariant.
-INVALID = "invalid"
+from testbed.rundir import Manifest, new_run_dir, unit_dir, write_burst_schedule
 
 
 class Interrupted(Exception):
@@ -66,9 +57,16 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
-def run_experiment(spec: Spec, out: str | None) -> str:
-    """Run every arm of `spec` once per seed; return the run's status: "ok", ``INVALID``
-    (every arm finished, some unit broke an invariant) or a failure.
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """How a run ended: its status ("ok" or a failure) and its run directory."""
+
+    status: str
+    run_dir: pathlib.Path
+
+
+def run_experiment(spec: Spec, out: str | None) -> Finished:
+    """Run every arm of `spec` once per seed into a fresh run directory's raw/.
 
     Nothing is created before the machine is known to be able to run it:
     a missing emulator piece or another live run is a `MachineError`.
@@ -88,8 +86,7 @@ def run_experiment(spec: Spec, out: str | None) -> str:
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     status, error = "ok", None
     try:
-        schedule = resolve_bursts(spec).to_dict()
-        (run_dir / "raw" / "burst_schedule.json").write_text(json.dumps(schedule, indent=2))
+        schedule = write_burst_schedule(run_dir, spec)
         status = _run_on_fabric(spec, run_dir, manifest, schedule)
     except Interrupted as exc:
         status, error = "interrupted", f"stopped by {exc}"
@@ -101,41 +98,7 @@ def run_experiment(spec: Spec, out: str | None) -> str:
         manifest.finish(status, error)
         if error:
             output.warn(f"dblp-testbed: run {status}: {error}")
-        summary = _build_outputs(run_dir, manifest)
-    return finish(status, summary, run_dir)
-
-
-def finish(status: str, summary: dict | None, run_dir: pathlib.Path) -> str:
-    """Print the run's answer (stdout) and its status line; the status, ``INVALID`` when
-    every arm finished but some unit broke an invariant."""
-    bad = (summary or {}).get("invalid_units", [])
-    if summary is not None:
-        from testbed.analysis import answer
-        for line in answer.lines(summary):
-            click.echo(line)
-    if status == "ok" and bad:
-        status = INVALID
-        output.warn(f"run {status}: {len(bad)} unit(s) broke an emulator invariant; their "
-                    f"figures decide nothing (exit 3): {run_dir}")
-    elif status == "ok":
-        output.say(f"run ok: every unit valid: {run_dir}")
-    else:
-        output.warn(f"run {status}: {run_dir}")
-    return status
-
-
-def _build_outputs(run_dir: pathlib.Path, manifest: Manifest) -> dict | None:
-    """Derive tables, plots and the report from raw/; never lose the run to it.
-
-    Returns the summary, None when the analysis failed (the manifest says why).
-    """
-    try:
-        from testbed.analysis.report import build_outputs
-        return build_outputs(run_dir)
-    except Exception as exc:  # noqa: BLE001
-        manifest.update(report_error=f"{type(exc).__name__}: {exc}")
-        output.warn(f"dblp-testbed: report failed: {exc}")
-        return None
+    return Finished(status, run_dir)
 
 
 def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,

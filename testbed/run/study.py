@@ -94,8 +94,8 @@ class Study:
                 run_fn: Callable | None = None) -> dict:
         """Run every part not yet done; return the plan with each run's status and wall time.
 
-        ``run_fn(spec, out_dir) -> status`` runs one experiment (the runner's
-        `run_experiment`; tests pass their own). Every part's spec is
+        ``run_fn(spec, out_dir) -> status`` runs one experiment (run and analysis:
+        `testbed.run.experiment.run_and_report`; tests pass their own). Every part's spec is
         resolved before the first run. Resuming: `testbed.run.batch`.
         """
         out.mkdir(parents=True, exist_ok=True)

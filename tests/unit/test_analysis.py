@@ -18,8 +18,10 @@ import pytest
 
 from testbed.analysis import physics
 from testbed.analysis import tables as analysis
-from testbed.analysis.report import build_outputs
-from testbed.run.rundir import MANIFEST_SCHEMA
+from testbed.analysis.arms import static_partner
+from testbed.analysis.raw import RawError, load_raw
+from testbed.analysis.pipeline import build_outputs
+from testbed.rundir import MANIFEST_SCHEMA
 from workloads.runlog import SCHEMA_VERSION
 
 pytestmark = pytest.mark.unit
@@ -161,7 +163,7 @@ def run_dir(tmp_path):
 
 
 def test_rounds_latency_is_the_critical_path_and_join_is_exact(run_dir):
-    raw = analysis.load_raw(run_dir)
+    raw = load_raw(run_dir)
     assert raw.arms == ["gloo", "static", "dblp"]  # spec order, not alphabetical
     bursts = analysis.bursts_table(raw)
     rounds = analysis.join_bursts(analysis.rounds_table(raw), bursts)
@@ -300,8 +302,8 @@ def test_incomplete_arm_and_truncated_line(tmp_path):
 
 
 def test_no_raw_dir_is_a_clear_error(tmp_path):
-    with pytest.raises(analysis.RawError, match="no raw/ directory"):
-        analysis.load_raw(tmp_path)
+    with pytest.raises(RawError, match="no raw/ directory"):
+        load_raw(tmp_path)
 
 
 def test_spread_warning_on_wide_burst_rounds(tmp_path):
@@ -322,7 +324,7 @@ def test_spread_warning_on_wide_burst_rounds(tmp_path):
                 e["comm_s"] -= 0.3
             out.append(json.dumps(e))
         f.write_text("\n".join(out) + "\n")
-    raw = analysis.load_raw(run)
+    raw = load_raw(run)
     b = analysis.bursts_table(raw)
     r = analysis.join_bursts(analysis.rounds_table(raw), b)
     s = analysis.summarize(raw, analysis.add_physics(r, None), analysis.count_rounds_hit(b, r),
@@ -423,9 +425,9 @@ def test_static_high_separates_the_loose_bound_from_phase_awareness(tmp_path):
     assert sp["dblp_vs_static-high"]["train_time"] == pytest.approx(1.2 / 1.5)
     # The physics pairs DBLP with the static arm at P_low only, found through the registry.
     assert sorted(s["physics"]["pairs"]) == ["dblp_vs_static"]
-    assert analysis.static_partner("dblp", s["arms_order"]) == "static"
-    assert analysis.static_partner("dblp", s["arms_order"], "p_high") == "static-high"
-    assert analysis.static_partner("dblp-tcp", s["arms_order"], "p_high") is None
+    assert static_partner("dblp", s["arms_order"]) == "static"
+    assert static_partner("dblp", s["arms_order"], "p_high") == "static-high"
+    assert static_partner("dblp-tcp", s["arms_order"], "p_high") is None
 
 
 def test_summary_counts_each_dblp_arms_phase_switches(tmp_path):
@@ -507,7 +509,7 @@ def test_summary_pools_every_seed_of_an_arm(tmp_path):
 
 def test_unit_summary_keeps_each_seeds_figures(tmp_path):
     run = make_run(tmp_path / "run", arms=("static", "dblp"), seeds=(2, 3))
-    raw = analysis.load_raw(run)
+    raw = load_raw(run)
     assert raw.seeds == [2, 3] and raw.units == [("static", 2), ("dblp", 2), ("static", 3),
                                                  ("dblp", 3)]
     b = analysis.bursts_table(raw)
@@ -547,7 +549,7 @@ def test_raw_lines_of_another_seed_or_outside_the_seeds_are_said(tmp_path):
     for f in unit_raw(run, "static", 2).iterdir():
         f.unlink()
     unit_raw(run, "static", 2).rmdir()
-    raw = analysis.load_raw(run)
+    raw = load_raw(run)
     p = raw.problems
     assert any(x.startswith("raw/dblp/seed-2/bursts.jsonl:3: event of seed 1") for x in p), p
     assert "raw/static/seed-9/: not a seed of the spec (1, 2), ignored" in p

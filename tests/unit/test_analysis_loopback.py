@@ -9,9 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from testbed.analysis.report import build_outputs
+from testbed.analysis.pipeline import build_outputs
 from testbed.config import spec as specmod
-from testbed.run.rundir import Manifest
+from testbed.rundir import Manifest
 from workloads.loopback import read_jsonl, run_arm
 
 pytestmark = pytest.mark.unit

@@ -19,7 +19,7 @@ from scapy.utils import wrpcap
 
 from dblp import scapy_layer, wire
 from testbed.analysis import packets
-from testbed.analysis.report import build_outputs
+from testbed.analysis.pipeline import build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_analysis import MS, make_run, round_start, unit_raw  # noqa: E402
@@ -170,7 +170,8 @@ def test_header_round_offset_and_address_resolution(captured_run):
     assert set(pk["kind"]) == {"data", "probe"}
     assert pk["hdr_round"].min() == 3                # counter = logged round + 1
     from testbed.analysis import tables as analysis
-    raw = analysis.load_raw(captured_run)
+    from testbed.analysis.raw import load_raw
+    raw = load_raw(captured_run)
     rt = analysis.rounds_table(raw)
     got = packets.assign_rounds(pk, rt[rt["arm"] == "dblp"])
     assert sorted(set(got)) == [2.0, 3.0]

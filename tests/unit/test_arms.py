@@ -91,7 +91,7 @@ def test_cli_lists_the_registry_and_an_unknown_arm_is_one_line():
 
 @pytest.mark.unit
 def test_analysis_reads_transport_and_mode_from_the_registry():
-    from testbed.analysis.tables import arm_mode, arm_transport
+    from testbed.analysis.arms import arm_mode, arm_transport
 
     assert arm_transport("static-tcp") == "static" and arm_mode("dblp-sharded") == "sharded"
     assert arm_mode("dblp-tcp") == "ps" and arm_mode("gloo") is None

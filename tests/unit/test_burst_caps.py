@@ -22,10 +22,13 @@ def test_a_burst_is_capped_only_when_round_locked_and_it_lasted_its_cap():
 
 
 def test_each_burst_s_model_comes_from_the_run_s_schedule():
-    smoke = tables.burst_models(load(None, PRESETS["smoke"]))
+    from testbed.rundir import resolve_bursts
+
+    smoke = tables.burst_models(resolve_bursts(load(None, PRESETS["smoke"])))
     assert smoke and set(smoke.values()) == {("round-locked", 3000.0)}
-    assert [m for m, _ in tables.burst_models(load(None, PRESETS["ci"])).values()] == ["fixed"] * 5
-    default = tables.burst_models(load(None, PRESETS["default"]))
+    assert [m for m, _ in tables.burst_models(resolve_bursts(load(None, PRESETS["ci"]))).values()
+            ] == ["fixed"] * 5
+    default = tables.burst_models(resolve_bursts(load(None, PRESETS["default"])))
     assert [m for m, _ in default.values()] == ["fixed"] * 5
 
 
@@ -33,14 +36,16 @@ def test_the_recorded_schedule_wins_over_the_spec(tmp_path):
     """A run's burst_schedule.json says what ran, even if the spec would resolve otherwise."""
     import json
 
-    from testbed.run.bursts import resolve_bursts
+    from testbed.rundir import read_burst_schedule, resolve_bursts
 
     spec = load(None, PRESETS["default"])
     doc = resolve_bursts(load(None, PRESETS["smoke"])).to_dict()   # one round-locked burst
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "burst_schedule.json").write_text(json.dumps(doc))
-    assert tables.burst_models(spec, tmp_path) == {"b000": ("round-locked", 3000.0)}
-    assert [m for m, _ in tables.burst_models(spec, tmp_path / "nothing").values()] == ["fixed"] * 5
+    assert tables.burst_models(read_burst_schedule(tmp_path, spec)) == {
+        "b000": ("round-locked", 3000.0)}
+    assert [m for m, _ in tables.burst_models(read_burst_schedule(tmp_path / "nothing", spec))
+            .values()] == ["fixed"] * 5
 
 
 def _frames(capped: bool):

@@ -6,7 +6,7 @@ import pytest
 from controllers.bursts import BurstSchedule
 from testbed.config.presets import PRESETS
 from testbed.config.spec import load
-from testbed.run.bursts import resolve_bursts
+from testbed.rundir import resolve_bursts
 
 
 @pytest.mark.unit

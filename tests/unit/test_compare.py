@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from testbed.analysis import compare, formats
-from testbed.analysis.report import build_outputs
+from testbed.analysis.pipeline import build_outputs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_analysis import ACC, BURST, make_run  # noqa: E402

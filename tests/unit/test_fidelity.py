@@ -8,7 +8,7 @@ import time
 import pytest
 
 from testbed.run.fidelity import BottleneckMonitor, bounded_queue, parse_qdiscs
-from testbed.run.rundir import FIDELITY_FIELDS
+from testbed.rundir import FIDELITY_FIELDS
 from workloads import runlog
 
 

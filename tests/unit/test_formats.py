@@ -8,7 +8,7 @@ import pytest
 from controllers.bursts import BurstRecord, BurstSpec
 from testbed.analysis import formats
 from testbed.config import spec as specmod
-from testbed.run import rundir
+from testbed import rundir
 from workloads import runlog
 
 pytestmark = pytest.mark.unit
@@ -188,7 +188,7 @@ def _v3_summary(tmp_path) -> dict:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
     from test_analysis import make_run
 
-    from testbed.analysis.report import build_outputs
+    from testbed.analysis.pipeline import build_outputs
     return build_outputs(make_run(tmp_path / "run"), figures=False)
 
 

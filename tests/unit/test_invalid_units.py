@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from testbed.analysis import answer, claims, datasets, formats, readme
-from testbed.analysis.report import build_outputs
+from testbed.analysis.pipeline import build_outputs
 from testbed.invariants import INVARIANTS
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -177,19 +177,19 @@ def test_report_ends_with_the_verdict_table_and_the_invalid_units(saturated):
 # -- `run`: its last lines, status and exit code ------------------------------------------------
 
 def test_run_finishes_with_the_answer_and_says_invalid(saturated, two_seeds, capsys):
-    from testbed.run import runner
+    from testbed.run import experiment
     run, s = saturated
-    assert runner.finish("ok", s, run) == runner.INVALID
+    assert experiment.finish("ok", s, run) == experiment.INVALID
     cap = capsys.readouterr()
     assert cap.out.splitlines() == answer.lines(s)
     assert cap.err.strip().splitlines()[-1].startswith("run invalid: 1 unit(s) broke an emulator "
                                                        "invariant")
     valid = dict(s, invalid_units=[])
-    assert runner.finish("ok", valid, run) == "ok"
+    assert experiment.finish("ok", valid, run) == "ok"
     assert capsys.readouterr().out.splitlines()[-1].startswith("invalid units: none")
     # A failed run stays failed, whatever its units; no analysis, no answer.
-    assert runner.finish("failed", s, run) == "failed"
-    assert runner.finish("error", None, run) == "error"
+    assert experiment.finish("failed", s, run) == "failed"
+    assert experiment.finish("error", None, run) == "error"
     cap = capsys.readouterr()
     assert cap.out.splitlines() == answer.lines(s) and "run error" in cap.err
 
@@ -198,8 +198,8 @@ def test_run_finishes_with_the_answer_and_says_invalid(saturated, two_seeds, cap
                                          ("interrupted", 1)])
 def test_run_exit_code_says_invalid_apart_from_failed(monkeypatch, tmp_path, status, code):
     from testbed.cli import main
-    from testbed.run import runner
-    monkeypatch.setattr(runner, "run_experiment", lambda spec, out: status)
+    from testbed.run import experiment
+    monkeypatch.setattr(experiment, "run_and_report", lambda spec, out: status)
     res = CliRunner().invoke(main, ["run", "--preset", "smoke", "--out", str(tmp_path / "r")])
     assert res.exit_code == code, res.output
 

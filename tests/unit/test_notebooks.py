@@ -18,9 +18,9 @@ import pytest
 from PIL import Image
 
 from testbed.analysis import datasets, formats, load_run
-from testbed.analysis.report import build_outputs
+from testbed.analysis.pipeline import build_outputs
 from testbed.errors import InputError
-from testbed.run.rundir import MANIFEST_SCHEMA
+from testbed.rundir import MANIFEST_SCHEMA
 from workloads.runlog import MalformedEvent, check_port_stats
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))

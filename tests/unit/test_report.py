@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from testbed.analysis.report import DERIVED, build_outputs
+from testbed.analysis.pipeline import DERIVED, build_outputs
 from testbed.config.arms import ARMS, Arm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -150,21 +150,28 @@ def test_raw_log_with_wrong_types_is_a_warning_naming_it(tmp_path):
 
 
 def test_bad_capture_inside_run_keeps_the_summary(tmp_path):
-    """`run` builds the outputs at its end: one bad capture must not cost summary.json."""
-    from testbed.run.runner import _build_outputs
-
-    class Recorder:
-        def update(self, **fields):
-            self.fields = fields
+    """`run` builds the outputs after the run: one bad capture must not cost summary.json."""
+    from testbed.run.experiment import report_kept
 
     run = make_run(tmp_path / "run")
     (unit_raw(run, "gloo") / "worker0.pcap").write_bytes(b"not a pcap")
-    rec = Recorder()
-    _build_outputs(run, rec)
-    assert not hasattr(rec, "fields"), rec.fields          # no report_error recorded
+    assert report_kept(run) is not None
+    assert "report_error" not in json.loads((run / "manifest.json").read_text())
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "ok"
     assert any("raw/gloo/seed-1/worker0.pcap unreadable" in w for w in s["warnings"])
+
+
+def test_a_failed_analysis_after_a_run_is_recorded_and_keeps_the_run(tmp_path):
+    """The analysis chained after `run` never costs the run: the manifest says why it failed."""
+    from testbed.run.experiment import report_kept
+
+    run = make_run(tmp_path / "run")
+    (run / "spec.toml").write_text("this is = not [a spec\n")
+    assert report_kept(run) is None
+    man = json.loads((run / "manifest.json").read_text())
+    assert man["report_error"].startswith("RawError: ") and "spec.toml" in man["report_error"]
+    assert (run / "raw").is_dir() and not (run / "summary.json").exists()
 
 
 @pytest.mark.parametrize("change,needle", [

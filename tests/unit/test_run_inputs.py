@@ -75,7 +75,7 @@ def test_unusable_out_is_one_line_exit_2_and_creates_nothing(tmp_path, where):
 @pytest.mark.unit
 def test_run_directories_of_runs_started_in_the_same_second_do_not_collide(tmp_path, monkeypatch):
     """Another run takes each name between a look and a claim: no look may decide."""
-    from testbed.run import rundir
+    from testbed import rundir
 
     results = tmp_path / "results"
     monkeypatch.setattr(rundir, "RESULTS", results)
@@ -100,7 +100,7 @@ def test_run_directories_of_runs_started_in_the_same_second_do_not_collide(tmp_p
 @pytest.mark.unit
 def test_of_two_runs_given_the_same_empty_out_one_is_refused(tmp_path, monkeypatch):
     """The first claims it between the second's look (empty) and its claim."""
-    from testbed.run.rundir import RunDirError, new_run_dir
+    from testbed.rundir import RunDirError, new_run_dir
 
     spec = load(None, PRESETS["smoke"])
     out = tmp_path / "run"
@@ -113,7 +113,7 @@ def test_of_two_runs_given_the_same_empty_out_one_is_refused(tmp_path, monkeypat
 
 @pytest.mark.unit
 def test_default_run_directory_is_the_repository_results():
-    from testbed.run import rundir
+    from testbed import rundir
 
     assert rundir.RESULTS == pathlib.Path(__file__).resolve().parents[2] / "results"
 
@@ -151,7 +151,7 @@ def test_spec_file_with_multiline_and_control_characters_round_trips(tmp_path):
 
 @pytest.mark.unit
 def test_run_directory_spec_toml_parses_to_the_resolved_spec(tmp_path):
-    from testbed.run.rundir import new_run_dir
+    from testbed.rundir import new_run_dir
 
     base = load(None, PRESETS["smoke"])
     spec = Spec(dict(base.data, **{"": dict(base.data[""], description=DESCRIPTION)}))

@@ -54,7 +54,7 @@ def test_make_lock_rewrites_constraints_from_the_venv():
 
 
 def test_the_manifest_records_every_python_and_debian_package():
-    from testbed.run.rundir import describe_environment
+    from testbed.rundir import describe_environment
     env = describe_environment()
     locked = _pins((ROOT / "constraints.txt").read_text().splitlines())
     recorded = {n.lower().replace("_", "-"): v for n, v in env["python_packages"].items()}

@@ -180,7 +180,7 @@ def test_seeds_are_the_spec_seed_and_those_after_it():
     assert load(None, PRESETS["ci"]).seed_values == [load(None, PRESETS["ci"]).seed]
     assert load(None, PRESETS["default"]).seed_values == [1, 2, 3]  # the default repeats
     # One burst schedule per run, from the spec's seed: the same for one seed or many.
-    from testbed.run.bursts import resolve_bursts
+    from testbed.rundir import resolve_bursts
     one = load(None, PRESETS["default"], ["seed=7"])
     assert resolve_bursts(spec).to_dict() == resolve_bursts(one).to_dict()
     assert len(resolve_bursts(spec)) > 0

@@ -1,4 +1,10 @@
-"""Run directories: created fresh, never overwritten, self-describing.
+"""The run directory's format: its layout, spec.toml, the burst schedule and manifest.json.
+
+Why here, beside the sub-packages rather than in one of them: the run
+(`testbed.run`) writes a run directory and the analysis (`testbed.analysis`)
+reads it, and `report DIR` reads one a year later. Both sides import this
+one declaration, so the analysis never imports the run and the format has
+one home.
 
 A run directory holds the resolved spec, a manifest (what ran, on what, and
 how it ended), `raw/` (everything measured) and the files derived from `raw/`.
@@ -21,6 +27,7 @@ import subprocess
 import tempfile
 import time
 
+from controllers.bursts import BurstEvery, BurstSchedule, spec_bursts
 from testbed import REPO_ROOT
 from testbed.config.spec import Spec
 from testbed.errors import InputError
@@ -107,6 +114,42 @@ def write_spec(run_dir: pathlib.Path, spec: Spec) -> pathlib.Path:
     path = run_dir / "spec.toml"
     path.write_text(spec.to_toml(), encoding="utf-8")
     return path
+
+
+#: The bursts every unit of the run is hit by: ``controllers.bursts.BurstSchedule.to_dict``.
+BURST_SCHEDULE = "burst_schedule.json"
+
+
+def resolve_bursts(spec: Spec) -> BurstSchedule:
+    """The spec's bursts as one explicit, seeded schedule for every arm.
+
+    The generator (`[burst_every]`) and the explicit `[[bursts]]` become one
+    schedule before the first arm starts, so every arm is hit at the same
+    rounds by the same bursts.
+    """
+    return BurstSchedule.resolve(spec_bursts(spec.bursts), BurstEvery(**spec["burst_every"]),
+                                 spec["training"]["rounds"], spec.seed)
+
+
+def write_burst_schedule(run_dir: pathlib.Path, spec: Spec) -> dict:
+    """Resolve the spec's bursts into ``raw/burst_schedule.json``; the document the
+    controller is handed too."""
+    schedule = resolve_bursts(spec).to_dict()
+    (pathlib.Path(run_dir) / "raw" / BURST_SCHEDULE).write_text(json.dumps(schedule, indent=2))
+    return schedule
+
+
+def read_burst_schedule(run_dir, spec: Spec) -> BurstSchedule:
+    """The schedule the run recorded and ran.
+
+    That record, not a fresh resolution of the spec by today's code, says
+    what each burst was. A raw directory without it (one built by hand)
+    falls back to resolving the spec's bursts.
+    """
+    recorded = pathlib.Path(run_dir) / "raw" / BURST_SCHEDULE
+    if recorded.is_file():
+        return BurstSchedule.from_dict(json.loads(recorded.read_text()))
+    return resolve_bursts(spec)
 
 
 def _version(dist: str) -> str | None:
@@ -345,6 +388,14 @@ class Manifest:
             "environment": describe_environment(),
             "capabilities": capabilities or {},
         })
+
+    @classmethod
+    def of(cls, run_dir) -> Manifest:
+        """The manifest of a run directory that exists, to add to (`report_error`)."""
+        self = cls.__new__(cls)
+        self.path = pathlib.Path(run_dir) / "manifest.json"
+        self.data = read_manifest(run_dir)
+        return self
 
     def unit(self, arm: str, seed: int, **fields):
         """Update the record of the unit (arm, seed); a unit the run does not have is a bug."""

@@ -1,0 +1,57 @@
+"""One experiment end to end: the run, which stops at raw/, then the analysis of raw/.
+
+Why apart from the runner: the run measures and the analysis derives, and
+they meet only in the run directory (`testbed.rundir`). The runner never
+calls the analysis; this module chains the analysis after it with the very
+call `dblp-testbed report DIR` makes (`testbed.analysis.pipeline.build_outputs`),
+so `run` and `report` derive the same files the same way. `dblp-testbed run`,
+`reproduce`, `ablate` and `regime` all run an experiment through here.
+
+A failed analysis never costs the run: raw/ stays, the manifest records
+why (``report_error``) and the status is the run's own. A failed run still
+gets its partial outputs: the analysis runs on whatever raw/ holds.
+
+The experiment ends with its answer on stdout (`testbed.analysis.answer`):
+the verdict on each claim and pair, then the units that broke an emulator
+invariant. An experiment whose arms all finished but which has such a unit
+returns ``INVALID``: the manifest still says "ok" (every arm ran; validity
+is the analysis's judgement, which `report` can make again under other
+limits).
+"""
+from __future__ import annotations
+
+import pathlib
+
+import click
+
+from testbed import output
+from testbed.config.spec import Spec
+
+#: The status of a run whose arms all finished but some unit broke an invariant.
+INVALID = "invalid"
+
+
+def run_and_report(spec: Spec, out: str | None) -> str:
+    """Run ``spec`` into a fresh run directory, then derive its outputs; the run's status."""
+    from testbed.run import runner  # looked up at the call: tests replace run_experiment
+
+    finished = runner.run_experiment(spec, out)
+    report_kept(finished.run_dir)
+    return finished.status
+
+
+def report_kept(run_dir: pathlib.Path) -> dict | None:
+    """Derive every output of ``run_dir`` from raw/; on failure, say why in its manifest
+    (``report_error``) and return None instead of raising: the run is kept as it is."""
+    from testbed.analysis.pipeline import build_outputs
+    from testbed.rundir import Manifest
+
+    try:
+        return build_outputs(run_dir)
+    except Exception as exc:  # noqa: BLE001 - recorded, the run is kept
+        output.warn(f"dblp-testbed: report failed: {exc}")
+        try:
+            Manifest.of(run_dir).update(report_error=f"{type(exc).__name__}: {exc}")
+        except Exception as why:  # noqa: BLE001 - an unreadable manifest was the failure
+            output.warn(f"dblp-testbed: could not record it in the manifest: {why}")
+        return None
