@@ -35,10 +35,8 @@ Definitions (also written into summary.json under "definitions"):
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import pathlib
 
 import numpy as np
 import pandas as pd

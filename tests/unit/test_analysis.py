@@ -19,8 +19,8 @@ import pytest
 from testbed.analysis import physics
 from testbed.analysis import tables as analysis
 from testbed.analysis.arms import static_partner
-from testbed.analysis.raw import RawError, load_raw
 from testbed.analysis.pipeline import build_outputs
+from testbed.analysis.raw import RawError, load_raw
 from testbed.rundir import MANIFEST_SCHEMA
 from workloads.runlog import SCHEMA_VERSION
 

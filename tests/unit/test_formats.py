@@ -6,9 +6,9 @@ import re
 import pytest
 
 from controllers.bursts import BurstRecord, BurstSpec
+from testbed import rundir
 from testbed.analysis import formats
 from testbed.config import spec as specmod
-from testbed import rundir
 from workloads import runlog
 
 pytestmark = pytest.mark.unit
