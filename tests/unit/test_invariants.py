@@ -151,7 +151,7 @@ def test_unit_cpu_judges_the_window_not_the_start_up():
 
 @pytest.mark.unit
 def test_every_invariant_names_a_declared_fidelity_field():
-    from testbed.run.rundir import FIDELITY_FIELDS
+    from testbed.rundir import FIDELITY_FIELDS
     declared = {f.name for f in FIDELITY_FIELDS}
     assert {inv.field for inv in invariants.INVARIANTS.values()} <= declared
     assert invariants.broken({"cpu_busy_frac": 0.9, "cpu_steal_frac": 0.01}) == [
