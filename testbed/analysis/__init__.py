@@ -1,4 +1,5 @@
-"""Raw run logs to tables, summary, plots, report and the regression check.
+"""A run directory's analysis: one pipeline (`pipeline.py`) from raw/ to tables, summary,
+plots and report, and the regression check.
 
 `load_run(DIR)` (testbed.analysis.load) gives a run's tables as DataFrames
 for notebooks; it is imported on first use, so importing this package stays
