@@ -32,12 +32,31 @@ INVALID = "invalid"
 
 
 def run_and_report(spec: Spec, out: str | None) -> str:
-    """Run ``spec`` into a fresh run directory, then derive its outputs; the run's status."""
+    """Run ``spec`` into a fresh run directory, derive its outputs and print its answer;
+    the status: the run's own, or ``INVALID`` (see `finish`)."""
     from testbed.run import runner  # looked up at the call: tests replace run_experiment
 
     finished = runner.run_experiment(spec, out)
-    report_kept(finished.run_dir)
-    return finished.status
+    return finish(finished.status, report_kept(finished.run_dir), finished.run_dir)
+
+
+def finish(status: str, summary: dict | None, run_dir: pathlib.Path) -> str:
+    """Print the run's answer (stdout) and its status line; the status, ``INVALID`` when
+    every arm finished but some unit broke an invariant."""
+    bad = (summary or {}).get("invalid_units", [])
+    if summary is not None:
+        from testbed.analysis import answer
+        for line in answer.lines(summary):
+            click.echo(line)
+    if status == "ok" and bad:
+        status = INVALID
+        output.warn(f"run {status}: {len(bad)} unit(s) broke an emulator invariant; their "
+                    f"figures decide nothing (exit 3): {run_dir}")
+    elif status == "ok":
+        output.say(f"run ok: every unit valid: {run_dir}")
+    else:
+        output.warn(f"run {status}: {run_dir}")
+    return status
 
 
 def report_kept(run_dir: pathlib.Path) -> dict | None:
