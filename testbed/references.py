@@ -31,6 +31,7 @@ imports nothing that runs anything.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import pathlib
@@ -64,7 +65,7 @@ RECORD = "reproduce.json"
 RECORD_SCHEMA = 1
 
 
-class Reference:
+class Reference(abc.ABC):
     """What regenerates some measured tables: its name, what it is and its commands.
 
     A subclass sets ``kind`` and says which `dblp-testbed` commands make it;
@@ -75,9 +76,9 @@ class Reference:
     name: str
     doc: str
 
+    @abc.abstractmethod
     def commands(self) -> list[list[str]]:
         """The `dblp-testbed` argument lists that regenerate it (output paths as placeholders)."""
-        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)

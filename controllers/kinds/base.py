@@ -11,6 +11,7 @@ Standard library only.
 """
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -76,7 +77,7 @@ class Param:
     doc: str
 
 
-class BurstKind:
+class BurstKind(abc.ABC):
     """The interface of a burst kind; one instance is one burst switched on in the fabric.
 
     Declaration (class attributes and class methods, used by spec checks and
@@ -130,7 +131,8 @@ class BurstKind:
 
     @classmethod
     def close(cls, app, shared: Any) -> None:
-        """Release what `open` made, when the controller stops."""
+        """Release what `open` made, when the controller stops (by default nothing to release)."""
+        return None
 
     def __init__(self, app, rec: BurstRecord, ports: list[TargetPort], shared: Any = None):
         self.app, self.rec, self.ports, self.shared = app, rec, list(ports), shared
@@ -144,16 +146,18 @@ class BurstKind:
         seed = "" if self.rec.seed is None else f"s{self.rec.seed}_"
         return f"{self.rec.arm}{sep}{seed}{self.spec.id}"
 
+    @abc.abstractmethod
     def start(self) -> int | None:
         """Switch the burst on; return when it took effect (ns) if the mechanism knows, else None."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stop(self) -> None:
         """Switch it off and write into ``self.rec`` its actual end and what it dropped."""
-        raise NotImplementedError
 
     def switch_reconnected(self, dpid: int) -> None:
-        """A switch came back (its flows and meters are gone): reinstall what this burst needs."""
+        """A switch came back (its flows and meters are gone): reinstall what this burst needs
+        (by default nothing: a kind whose state lives outside the switches)."""
+        return None
 
 
 KINDS: dict[str, type[BurstKind]] = {}

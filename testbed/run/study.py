@@ -10,6 +10,7 @@ back, drives the command line and regenerates a reference
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 import pathlib
@@ -35,7 +36,7 @@ class Part:
     source: object = None    # the declared piece it comes from (a point, a cell)
 
 
-class Study:
+class Study(abc.ABC):
     """The base of a declared study; subclasses are frozen dataclasses with ``name`` and ``preset``.
 
     A subclass says what it is called (``command``, ``noun``, ``part_noun``,
@@ -58,28 +59,29 @@ class Study:
     preset: str
 
     # ------------------------------------------------------------------ declared by each study
+    @abc.abstractmethod
     def parts(self, only: tuple[str, ...] = ()) -> list[Part]:
         """The runs of ``only`` (by the study's own names; all when empty), in order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def select(self, only: tuple[str, ...]) -> tuple:
         """The declared pieces called ``only``; an unknown name is one InputError line."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def part_spec(self, part: Part):
         """The resolved spec of one part."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def plan_fields(self) -> dict:
         """What the plan file says about the study besides its name, schema and runs."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def kept_files(self) -> tuple[str, ...]:
         """The files of its directory a reference keeps."""
-        raise NotImplementedError
 
     def prepare(self, out: pathlib.Path) -> None:
         """Work before the runs (the ablation's loss-tolerance sweep); nothing by default."""
+        return None
 
     # ------------------------------------------------------------------ shared
     @classmethod
