@@ -58,9 +58,10 @@ BATCH_SECONDS = 0.0005
 #: ...but at least this many datagrams. Below ~100 Mbit/s half a millisecond is
 #: under one datagram, and a loop that wakes for every datagram it sends, and
 #: for every one it receives, spends its CPU per wake-up, not per byte: a
-#: sharded rank paced at 19 Mbit/s (3 ranks, 1.78 MB, loopback) used 0.26 CPU
-#: seconds per 1.06 s round with batches of one and 0.15 with batches of three
-#: or four, the round as long. The fabric's 20 Mbit/s links queue 100 packets;
+#: sharded rank paced at 19 Mbit/s (3 ranks, 1.78 MB, keyed, loopback, idle
+#: machine, three alternated pairs) used 0.30-0.32 CPU seconds per 1.064 s round
+#: with batches of one and 0.13 with batches of four and receive coalescing,
+#: the round 1.072 s (+0.8 %). The fabric's 20 Mbit/s links queue 100 packets;
 #: a batch of four is 2.4 ms of such a link.
 MIN_BATCH = 4
 #: After a read that drained the socket with a few datagrams, a batched engine
