@@ -31,9 +31,9 @@ unit: setup
 clean: setup
 	$(VENV)/bin/dblp-testbed clean
 
-# Refresh results/reference/ci.json: three runs of the `ci` preset, their
+# Refresh results/reference/ci.json: five runs of the `ci` preset, their
 # medians as the reference and their run-to-run spread as the tolerances.
-REF_RUNS ?= 3
+REF_RUNS ?= 5
 reference: setup
 	@stamp=$$(date -u +%Y%m%dT%H%M%SZ); dirs=""; \
 	for i in $$(seq 1 $(REF_RUNS)); do \

@@ -27,6 +27,10 @@ CONFIG_FILE = "transport.json"
 SECRET_ENV = "DBLP_SECRET"
 #: Environment variable naming a config file ``from_env`` starts from.
 CONFIG_ENV = "DBLP_CONFIG"
+#: Environment variable that permits the test-only ``slowdown`` setting ("1").
+#: Only the regression test sets it: a slowed transport must never be
+#: mistaken for the real one in a result.
+SLOWDOWN_ENV = "DBLP_TEST_SLOWDOWN"
 
 CONTROLS = ("udp", "tcp")  # control path: UDP with own timers, or TCP (the paper's)
 MODES = ("ps", "sharded")  # one parameter server, or every rank aggregates a shard
@@ -238,6 +242,12 @@ class TransportConfig:
                                 "reads handled as arrays (with UDP receive offload where the C "
                                 "core is built), the same bytes on the wire; false = "
                                 "one system call per datagram")
+    # -- test only ---------------------------------------------------------------------
+    slowdown: float = _setting(0.0, "float", "test only: after each round a member waits this "
+                               "fraction of the round's exchange time (0.1 = every exchange "
+                               "10 % slower), so a test can show that the CI guard fails a "
+                               "slower transport; refused unless DBLP_TEST_SLOWDOWN=1",
+                               lo=0.0, hi=1.0)
     # -- identity of the job -----------------------------------------------------------
     session_id: int | None = _setting(None, "int", "64-bit job id (None = the aggregator "
                                       "draws one)", lo=1, hi=2**64 - 1, optional=True)
@@ -248,6 +258,10 @@ class TransportConfig:
         for f in dataclasses.fields(self):
             v = _check(f.name, getattr(self, f.name), f.metadata)
             object.__setattr__(self, f.name, v)
+        if self.slowdown and os.environ.get(SLOWDOWN_ENV) != "1":
+            raise ValueError(f"slowdown={self.slowdown} is a test-only setting (it slows the "
+                             f"transport on purpose); set {SLOWDOWN_ENV}=1 to allow it, as the "
+                             "CI regression test does")
         # Cross-field rules live with the policy (p_high >= p_low, epoch needs its
         # length): building it once here reports them before anything starts.
         self.make_policy()

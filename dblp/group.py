@@ -219,6 +219,10 @@ class TransportGroup:
                         owner_residual=self.owner_residual, settle=True,
                         signal=self._round_signal())
         t1 = time.monotonic()
+        if self.config.slowdown:
+            # Test only (TransportConfig.slowdown): the same exchange, made longer on purpose.
+            time.sleep(self.config.slowdown * (t1 - t0))
+            t1 = time.monotonic()
         self.round = r
         self.last_result = res
         # Error feedback: what the aggregator did not take is carried to the next round.

@@ -4,19 +4,30 @@ The reference file (e.g. results/reference/ci.json, declared in
 `testbed.analysis.formats`) holds the reference figures and, next to them,
 the tolerances they are guarded with:
 
-    {"schema": 1, "figures": {"speedups.dblp_vs_static.burst_round": 2.9, ...},
+    {"schema": 2, "figures": {"speedups.dblp_vs_static.burst_round": 1.3, ...},
      "tolerances": {"speedups.dblp_vs_static.burst_round":
-                        {"rel": 0.25, "direction": "higher"}, ...},
-     "runs": ["results/ci-1", ...], "spread": {...}, "shown": {...}, "note": "..."}
+                        {"rel": 0.05, "direction": "higher"}, ...},
+     "runs": [...], "summaries": ["results/reference/ci-runs/1/summary.json", ...],
+     "commit": "<git revision>", "spread": {...}, "shown": {...}, "method": "...", "note": "..."}
 
 A figure regresses when it moves in the bad direction by more than its
 tolerance (`rel`: a fraction of the reference value, `abs`: absolute units;
 both given: the larger allowance wins). Only bad moves fail: a faster DBLP
-is not a regression. Tolerances come from the measured run-to-run spread
-of the runs the reference was made from (`make_reference`), never below a
-floor, so that noise on a shared machine does not fail CI. Exit codes: 0
-within tolerance, 1 a regression (ExperimentFailed), 2 a missing, malformed
-or unknown-version file (InputError), always one line.
+is not a regression. Tolerances are one-sided and come from the spread of
+at least five runs of the reference's commit (`make_reference`): the bad
+move one new run of the same code exceeds with 1 % probability (Student's t
+prediction bound), never below a floor of 5 % (accuracy: 2 points), so
+noise on this kind of machine does not fail CI while a 10 % slowdown does.
+A run with an invalid unit (one the emulator's invariants flag: CPU busy,
+steal, a broken link or pacing figure) is not judged: its figures decide
+nothing. Exit codes: 0 within tolerance, 1 a regression (ExperimentFailed),
+2 a missing, malformed or unknown-version file, or a run that cannot be
+judged (InputError), always one line.
+
+``--arm NAME`` judges arm NAME in dblp's place (its figures under the
+reference's ``arms.dblp`` and ``speedups.dblp_vs_*`` keys): the CI test
+runs DBLP's deliberately slowed twin (``dblp-slowed``) beside it in the
+same run and shows that the twin fails.
 
 A reference *directory* (``results/reference/NAME``, a run's kept files with
 its summary.json) asks another question: does the run reproduce it? It does
@@ -27,25 +38,39 @@ does not reproduce.
 """
 from __future__ import annotations
 
+import json
 import math
 import pathlib
+import shutil
 import statistics
 
 import click
 
 from testbed import output
-from testbed.analysis.formats import GUARDED, FormatError, read_reference, read_summary, write_reference
+from testbed.analysis.formats import (
+    GUARDED,
+    MIN_REFERENCE_RUNS,
+    FormatError,
+    read_reference,
+    read_summary,
+    write_reference,
+)
 from testbed.errors import ExperimentFailed
 
 # Shown side by side but not guarded (context for a human reading CI logs).
 SHOWN = [
     "arms.static.burst_round_ms_p50", "arms.dblp.burst_round_ms_p50", "arms.gloo.burst_round_ms_p50",
     "arms.static.normal_round_ms_p50", "arms.dblp.normal_round_ms_p50",
+    "arms.dblp.burst_round_phys_bound_ms_p50", "arms.dblp.normal_round_phys_bound_ms_p50",
+    "speedups.dblp_vs_static.normal_round", "speedups.dblp_vs_gloo.normal_round",
     "speedups.dblp_vs_static.train_time", "speedups.dblp_vs_gloo.train_time",
     "arms.static.final_accuracy", "arms.gloo.final_accuracy", "bursts.count", "bursts.measured_loss",
 ]
-# Tolerance = SPREAD_FACTOR x the relative run-to-run range, at least the floor.
-SPREAD_FACTOR = 1.5
+#: One-sided probability that one new run of unchanged code exceeds its tolerance
+#: (per guarded figure): the false-alarm rate the spread allows.
+FALSE_ALARM = 0.01
+#: The arm whose figures the reference's keys name.
+GUARDED_ARM = "dblp"
 
 
 class CompareError(FormatError):
@@ -72,14 +97,42 @@ def get(summary: dict, dotted: str):
     return float(cur)
 
 
-def compare(run, reference) -> tuple[bool, list[dict]]:
-    """(passed, rows): one row per guarded or shown figure."""
+def as_arm(key: str, arm: str) -> str:
+    """A reference key about dblp, read for ``arm`` instead ("arms.dblp.x" -> "arms.<arm>.x")."""
+    if arm == GUARDED_ARM:
+        return key
+    prefix = f"arms.{GUARDED_ARM}."
+    if key.startswith(prefix):
+        return f"arms.{arm}." + key[len(prefix):]
+    prefix = f"speedups.{GUARDED_ARM}_vs_"
+    if key.startswith(prefix):
+        return f"speedups.{arm}_vs_" + key[len(prefix):]
+    return key
+
+
+def judgeable(summary: dict, run) -> None:
+    """CompareError unless every unit of the run is valid (a flagged unit decides nothing)."""
+    if summary.get("schema", 0) < 4:
+        raise CompareError(f"{run}: its summary (schema {summary.get('schema')}) predates the "
+                           "emulator's invariants, so its units' fidelity is unknown; re-run it")
+    bad = summary.get("invalid_units") or []
+    if bad:
+        units = "; ".join(f"{u['arm']} seed {u['seed']}: {', '.join(u['reasons'])}" for u in bad)
+        raise CompareError(f"{run}: not judged: {len(bad)} unit(s) broke the emulator's "
+                           f"invariants ({units}); re-run it on an idle machine")
+
+
+def compare(run, reference, arm: str = GUARDED_ARM) -> tuple[bool, list[dict]]:
+    """(passed, rows): one row per guarded or shown figure, ``arm`` judged in dblp's place."""
     summary = read_summary(run)
     ref = read_reference(reference)
+    judgeable(summary, run)
+    if arm not in summary["arms"]:
+        raise CompareError(f"{run}: no arm {arm!r} to judge (it ran {', '.join(summary['arms'])})")
     rows, ok = [], True
     for key in sorted(ref["tolerances"]):
         t = ref["tolerances"][key]
-        want, have = ref["figures"][key], get(summary, key)
+        want, have = ref["figures"][key], get(summary, as_arm(key, arm))
         allow = max(abs(want) * t.get("rel", 0), t.get("abs", 0))
         if have is None or not math.isfinite(have):
             verdict, ok = "MISSING", False
@@ -87,15 +140,16 @@ def compare(run, reference) -> tuple[bool, list[dict]]:
             bad = (want - have) if t["direction"] == "higher" else (have - want)
             verdict = "REGRESSED" if bad > allow else "ok"
             ok = ok and verdict == "ok"
-        rows.append({"figure": key, "reference": want, "run": have, "allowed": allow,
-                     "direction": t["direction"], "verdict": verdict, "guarded": True})
+        rows.append({"figure": as_arm(key, arm), "reference": want, "run": have, "allowed": allow,
+                     "direction": t["direction"], "verdict": verdict, "guarded": True,
+                     "tolerance": {k: t[k] for k in ("rel", "abs") if k in t}})
     for key in SHOWN:
         if key in ref["tolerances"]:
             continue
-        want, have = ref["shown"].get(key), get(summary, key)
+        want, have = ref["shown"].get(key), get(summary, as_arm(key, arm))
         if want is None and have is None:
             continue
-        rows.append({"figure": key, "reference": want, "run": have, "allowed": None,
+        rows.append({"figure": as_arm(key, arm), "reference": want, "run": have, "allowed": None,
                      "direction": None, "verdict": "", "guarded": False})
     return ok, rows
 
@@ -206,42 +260,99 @@ def _compare_dir(run: str, reference: str, json_out: str | None) -> None:
 def format_table(rows: list[dict]) -> str:
     def f(x):
         return "–" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
+    def tol(r):
+        if r["allowed"] is None:
+            return ""
+        sign = "-" if r["direction"] == "higher" else "+"
+        rel = f" ({100 * r['allowed'] / abs(r['reference']):.1f} %)" if r["reference"] else ""
+        return f"{sign}{f(r['allowed'])}{rel}"
     head = ["figure", "reference", "run", "tolerance", "verdict"]
     body = [[r["figure"] + ("" if r["guarded"] else " (shown)"), f(r["reference"]), f(r["run"]),
-             (("+/-" if r["direction"] is None else ("-" if r["direction"] == "higher" else "+"))
-              + f(r["allowed"])) if r["allowed"] is not None else "", r["verdict"]] for r in rows]
+             tol(r), r["verdict"]] for r in rows]
     w = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     line = lambda cells: "  ".join(c.ljust(w[i]) for i, c in enumerate(cells)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * n for n in w])] + [line(b) for b in body])
 
 
+def one_sided_factor(n: int, false_alarm: float = FALSE_ALARM) -> float:
+    """How many standard deviations one new run of the same code stays within, one-sided.
+
+    Student's t prediction bound for one further value from ``n`` runs:
+    t_{1-a, n-1} * sqrt(1 + 1/n). Five runs at a = 1 %: 4.10.
+    """
+    from scipy.stats import t as student_t
+    return float(student_t.ppf(1 - false_alarm, n - 1) * math.sqrt(1 + 1 / n))
+
+
+def _commit_of(summaries_dirs: list) -> str:
+    """The one git revision the runs measured (their manifests); CompareError when they differ."""
+    revs = set()
+    for d in summaries_dirs:
+        env = json.loads((pathlib.Path(d) / "manifest.json").read_text()).get("environment", {})
+        if env.get("git_dirty"):
+            raise CompareError(f"make reference: {d} ran with uncommitted changes; a reference "
+                               "records the revision it measured, so commit first and re-run")
+        revs.add(env.get("git_revision"))
+    if len(revs) != 1 or None in revs:
+        raise CompareError(f"make reference: the runs measured {len(revs)} revisions "
+                           f"({', '.join(sorted(map(str, revs)))}); make all runs of one commit")
+    return revs.pop()
+
+
 def make_reference(runs: list, out, guarded: dict | None = None) -> dict:
-    """Write a reference from one or more runs: medians, tolerances from their spread."""
+    """Write a reference from at least MIN_REFERENCE_RUNS runs of one commit.
+
+    Figures are the runs' medians; each tolerance is the one-sided bound one
+    new run of the same code stays within (`one_sided_factor` standard
+    deviations), never below the figure's floor. The runs' summaries are
+    copied beside the reference (``<name>-runs/<i>/summary.json``), so the
+    spread can be audited and the reference remade from them.
+    """
     guarded = guarded or GUARDED
-    if not runs:
-        raise CompareError("make reference: give at least one run directory")
+    if len(runs) < MIN_REFERENCE_RUNS:
+        raise CompareError(f"make reference: give at least {MIN_REFERENCE_RUNS} run directories "
+                           f"(got {len(runs)}); their spread sets the tolerances")
     sums = [read_summary(r) for r in runs]
+    for s, r in zip(sums, runs, strict=True):
+        judgeable(s, r)
+    commit = _commit_of(runs)
+    k = one_sided_factor(len(runs))
     figures, tolerances, spread = {}, {}, {}
     for key, g in guarded.items():
         vals = [v for v in (get(s, key) for s in sums) if v is not None and math.isfinite(v)]
-        if not vals:
-            raise CompareError(f"make reference: no run has figure '{key}'")
+        if len(vals) < MIN_REFERENCE_RUNS:
+            raise CompareError(f"make reference: only {len(vals)} run(s) have figure '{key}'")
         med = statistics.median(vals)
+        sd = statistics.stdev(vals)
         figures[key] = med
-        rng = (max(vals) - min(vals))
-        spread[key] = {"values": vals, "range": rng,
+        spread[key] = {"values": vals, "range": max(vals) - min(vals), "sd": sd,
                        "max_over_min": max(vals) / min(vals) if min(vals) > 0 else None}
         t = {"direction": g["direction"]}
         if "floor_rel" in g:
-            t["rel"] = max(g["floor_rel"], SPREAD_FACTOR * rng / abs(med) if med else 0.0)
+            t["rel"] = max(g["floor_rel"], k * sd / abs(med))
         if "floor_abs" in g:
-            t["abs"] = max(g["floor_abs"], SPREAD_FACTOR * rng)
+            t["abs"] = max(g["floor_abs"], k * sd)
         tolerances[key] = t
-    shown = {k: get(sums[0], k) for k in SHOWN if get(sums[0], k) is not None}
+    out = pathlib.Path(out)
+    keep = out.parent / f"{out.stem}-runs"
+    if keep.exists():
+        shutil.rmtree(keep)
+    summaries = []
+    for i, r in enumerate(runs, 1):
+        dest = keep / str(i) / "summary.json"
+        dest.parent.mkdir(parents=True)
+        shutil.copyfile(pathlib.Path(r) / "summary.json", dest)
+        summaries.append(str(dest))
+    shown = {key: statistics.median(vals) for key in SHOWN
+             if (vals := [v for v in (get(s, key) for s in sums) if v is not None
+                          and math.isfinite(v)])}
     ref = {"figures": figures, "tolerances": tolerances, "spread": spread, "shown": shown,
-           "runs": [str(r) for r in runs],
-           "note": f"tolerance = max(floor, {SPREAD_FACTOR} x run-to-run range); "
-                   "refresh with `dblp-testbed compare RUN [RUN...] --reference FILE --update`"}
+           "runs": [str(r) for r in runs], "summaries": summaries, "commit": commit,
+           "method": f"figure = median of {len(runs)} runs; tolerance = max(floor, "
+                     f"{k:.2f} x their standard deviation): the one-sided "
+                     f"{100 * (1 - FALSE_ALARM):g} % Student t prediction bound for one new run",
+           "note": "refresh with `make reference` (REF_RUNS >= 5 runs of the ci preset on an "
+                   "idle machine, then `dblp-testbed compare RUN... --reference FILE --update`)"}
     write_reference(out, ref)
     return ref
 
@@ -255,8 +366,11 @@ def make_reference(runs: list, out, guarded: dict | None = None) -> dict:
 @click.option("--update", is_flag=True,
               help="Write REFERENCE (a JSON file) from the RUNS instead: medians as figures, "
                    "tolerances from their run-to-run spread.")
+@click.option("--arm", "arm", default=GUARDED_ARM, show_default=True,
+              help="With a reference JSON file: judge this arm's figures in dblp's place "
+                   "(e.g. dblp-slowed, the CI test's deliberately slowed twin).")
 @output.json_option
-def compare_cmd(runs, reference, update, json_out):
+def compare_cmd(runs, reference, update, arm, json_out):
     """Compare RUN's summary.json with a reference; exit 1 on a regression.
 
     With a reference JSON file: every guarded figure within its tolerance.
@@ -285,18 +399,23 @@ def compare_cmd(runs, reference, update, json_out):
             sp = ref["spread"][k]
             mm = f", max/min {sp['max_over_min']:.3g}" if sp["max_over_min"] else ""
             click.echo(f"  {k} = {ref['figures'][k]:.4g} ({tol}; "
-                       f"{len(sp['values'])} run(s){mm})")
+                       f"{len(sp['values'])} runs, sd {sp['sd']:.3g}{mm})")
+        click.echo(f"commit {ref['commit']}; summaries kept under "
+                   f"{pathlib.Path(ref['summaries'][0]).parents[1]}")
         return
     if len(runs) != 1:
         raise CompareError("compare: give exactly one RUN (several only with --update)")
-    ok, rows = compare(runs[0], reference)
+    ok, rows = compare(runs[0], reference, arm)
+    ref = read_reference(reference)
 
     def text():
         click.echo(format_table(rows))
+        click.echo(f"reference: commit {ref['commit'][:12]}, {len(ref['summaries'])} runs; "
+                   f"{ref['method']}")
         if ok:
-            click.echo(f"ok: every guarded figure within tolerance of {reference}")
-    output.results({"run": runs[0], "reference": reference, "ok": ok, "figures": rows},
-                   json_out, text)
+            click.echo(f"ok: every guarded figure of arm {arm} within tolerance of {reference}")
+    output.results({"run": runs[0], "reference": reference, "arm": arm, "ok": ok,
+                    "commit": ref["commit"], "figures": rows}, json_out, text)
     if not ok:
         bad = [r["figure"] for r in rows if r["guarded"] and r["verdict"] != "ok"]
         raise Regression(f"REGRESSION: {', '.join(bad)} beyond tolerance of {reference}")

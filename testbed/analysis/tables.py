@@ -557,13 +557,14 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         status, train = _pooled_status(list(every["status"])), _mean(u["train_time_s"])
         switches = _mean(u["phase_switches"])
         bb_p50 = _q(r[r["in_burst"]]["phys_bound_ms"].to_numpy(dtype=float), 50)
-        burst_p50 = _q(burst, 50)
+        nb_p50 = _q(r[~r["in_burst"]]["phys_bound_ms"].to_numpy(dtype=float), 50)
+        burst_p50, normal_p50 = _q(burst, 50), _q(normal, 50)
         arms[arm] = {
             "transport": arm_transport(arm), "status": status,
             "rounds": int(len(r)), "burst_rounds": int(burst.size),
             "round_ms_p50": _q(lat, 50), "round_ms_p99": _q(lat, 99),
             "burst_round_ms_p50": burst_p50, "burst_round_ms_max": _q(burst, 100),
-            "normal_round_ms_p50": _q(normal, 50),
+            "normal_round_ms_p50": normal_p50,
             "round_duration_ms_p50": _q(r["duration_ms"].to_numpy(dtype=float), 50),
             "train_time_s": train, "final_accuracy": _mean(u["final_accuracy"]),
             "bound_p50": _q(r["bound"].to_numpy(dtype=float), 50),
@@ -571,6 +572,9 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             "burst_round_phys_bound_ms_p50": bb_p50,
             "burst_round_over_phys_bound": burst_p50 / bb_p50 if bb_p50 and math.isfinite(bb_p50)
             else math.nan,
+            "normal_round_phys_bound_ms_p50": nb_p50,
+            "normal_round_over_phys_bound": normal_p50 / nb_p50
+            if nb_p50 and math.isfinite(nb_p50) else math.nan,
             "bytes_per_round_p50": _q(r["stats_bytes_sent"].to_numpy(dtype=float), 50)
             if "stats_bytes_sent" in r else math.nan,
             # summary.json declares an int: the mean over seeds, rounded.

@@ -70,6 +70,11 @@ class Arm:
     runner: ``static-high`` is the static policy at the spec's ``p_high``, the
     bound DBLP relaxes to, so static-high vs static shows what the loose bound
     buys and dblp vs static-high what phase-awareness buys.
+
+    ``slowdown`` (test only, ``dblp.TransportConfig.slowdown``): every
+    exchange made that fraction longer on purpose. ``dblp-slowed`` is DBLP
+    10 % slower, the twin the CI regression test runs beside ``dblp`` to show
+    that `compare` fails it; the transport refuses it outside that test.
     """
 
     name: str
@@ -77,6 +82,7 @@ class Arm:
     control: str | None = None
     mode: str | None = None
     bound_from: str | None = None
+    slowdown: float = 0.0
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
@@ -96,6 +102,8 @@ class Arm:
         if self.bound_from is not None and "p" not in _knobs(self.transport):
             raise ValueError(f"arm {self.name!r}: policy {self.transport!r} takes no fixed "
                              "bound p, so bound_from means nothing")
+        if self.slowdown and not self.uses_dblp:
+            raise ValueError(f"arm {self.name!r}: only a dblp arm can be slowed on purpose")
 
     @property
     def uses_dblp(self) -> bool:
@@ -121,8 +129,8 @@ class Arm:
         renaming strings.
         """
         for arm in ARMS.values():
-            if (arm.transport, arm.control, arm.mode, arm.bound_from) == \
-                    (transport, self.control, self.mode, bound_from):
+            if (arm.transport, arm.control, arm.mode, arm.bound_from, arm.slowdown) == \
+                    (transport, self.control, self.mode, bound_from, 0.0):
                 return arm
         return None
 
@@ -181,3 +189,8 @@ for _way in _POLICY_ARMS:  # listed by control path and mode, as the README list
 STATIC_HIGH = "static-high"
 for _way in _POLICY_ARMS:
     register(_policy_arm("static", _way, STATIC_HIGH, bound_from="p_high"))
+#: DBLP made 10 % slower on purpose (``Arm.slowdown``): the CI guard's twin.
+SLOWED = "dblp-slowed"
+#: How much slower the twin is: the regression the CI guard must catch.
+SLOWED_BY = 0.10
+register(Arm(SLOWED, "dblp", "udp", "ps", slowdown=SLOWED_BY))

@@ -450,12 +450,18 @@ def transport_config(transport: dict, arm, rate_bps: float | None = None):
                             f"use one of: {', '.join(SCHEMA['transport'])}")
         settings["p"] = transport[arm.bound_from]
         fields["p"] = arm.bound_from
+    if arm.slowdown:
+        settings["slowdown"] = arm.slowdown
+        fields["slowdown"] = "arms"
     try:
         return TransportConfig(policy=arm.transport, control=arm.control, mode=arm.mode,
                                rate_bps=rate_bps, **settings)
     except ValueError as exc:
         # dblp's messages start with the setting they are about.
-        key = fields.get(str(exc).split(" ", 1)[0], "")
+        key = fields.get(str(exc).split(" ", 1)[0].split("=", 1)[0], "")
+        if key == "arms":  # the arm's own setting, not a spec field
+            raise SpecError("arms", f"arm {arm.name!r}: {exc}",
+                            "leave the arm out of the run") from None
         raise SpecError(f"transport.{key}" if key else "transport", str(exc),
                         "see dblp.TransportConfig for each setting's range") from None
 

@@ -71,8 +71,13 @@ def run_experiment(spec: Spec, out: str | None) -> Finished:
     Nothing is created before the machine is known to be able to run it:
     a missing emulator piece or another live run is a `MachineError`.
     """
+    from testbed.config.arms import ARMS
     from testbed.emulation import capabilities, cleanup
 
+    for name in spec.arms:
+        # Every arm's transport settings as its processes will read them: an arm that
+        # may not run here (the test-only slowed twin) is refused before anything starts.
+        transport_config(spec["transport"], ARMS[name])
     live = cleanup.live_fabric()
     if live is not None:
         raise MachineError(f"another run is live on this machine: {cleanup.describe(live)}; "

@@ -30,7 +30,7 @@ MS = 1_000_000
 PERIOD = 1000 * MS               # one round per second
 # Arms run one after another, 100 s apart; the -tcp arms are the paper preset's.
 T0 = {a: 10**18 + i * 100 * 10**9 for i, a in enumerate(
-    ("gloo", "static", "dblp", "static-tcp", "dblp-tcp", "static-high"))}
+    ("gloo", "static", "dblp", "static-tcp", "dblp-tcp", "static-high", "dblp-slowed"))}
 NORMAL = {"gloo": 40.0, "static": 30.0, "dblp": 24.0, "static-tcp": 30.0, "dblp-tcp": 24.0,
           "static-high": 20.0}  # ms
 BURST = {"gloo": 800.0, "static": 400.0, "dblp": 100.0, "static-tcp": 900.0, "dblp-tcp": 150.0,
@@ -43,6 +43,11 @@ ACC = {"gloo": 0.97, "static": 0.96, "dblp": 0.95, "static-tcp": 0.96, "dblp-tcp
 ROUNDS = 10
 WORKERS = 3
 GRAD = 10_000
+
+
+# DBLP's deliberately slowed twin (testbed.config.arms.SLOWED): every figure 10 % worse.
+NORMAL["dblp-slowed"], BURST["dblp-slowed"] = NORMAL["dblp"] * 1.1, BURST["dblp"] * 1.1
+TRAIN["dblp-slowed"], ACC["dblp-slowed"] = TRAIN["dblp"] * 1.1, ACC["dblp"]
 
 
 def latency(arm, r, burst=BURST):

@@ -1,6 +1,7 @@
 """`dblp-testbed compare`: catches a weakened DBLP, passes unchanged code, explains bad files."""
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -20,17 +21,33 @@ def _cli(*args):
     return subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
+#: The five repeats' DBLP burst rounds (ms): a spread of about 1.6 %.
+REPEATS = {"r1": 100.0, "r2": 102.0, "r3": 98.0, "r4": 101.0, "r5": 99.0}
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _as_of(run, revision=REVISION, dirty=False):
+    """The run's manifest says which code it measured (as a real run's environment does)."""
+    m = json.loads((run / "manifest.json").read_text())
+    m["environment"] = {"git_revision": revision, "git_dirty": dirty}
+    (run / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three 'repeats' with dblp burst rounds of 100, 110 and 90 ms, and a weakened DBLP."""
+    """Five 'repeats' with dblp burst rounds of 98-102 ms, a weakened and a slowed DBLP."""
     base = tmp_path_factory.mktemp("runs")
     out = {}
-    for name, dblp_ms in (("r1", 100.0), ("r2", 110.0), ("r3", 90.0)):
-        out[name] = make_run(base / name, burst=dict(BURST, dblp=dblp_ms))
+    for name, dblp_ms in REPEATS.items():
+        out[name] = _as_of(make_run(base / name, burst=dict(BURST, dblp=dblp_ms)))
         build_outputs(out[name], figures=False)
     # P_high = P_low: DBLP's burst rounds cost what static's do.
     out["weak"] = make_run(base / "weak", burst=dict(BURST, dblp=BURST["static"]))
     build_outputs(out["weak"], figures=False)
+    # Every DBLP round 10 % slower (the slowdown the guard must catch).
+    out["slow"] = make_run(base / "slow", burst=dict(BURST, dblp=110.0))
+    build_outputs(out["slow"], figures=False)
     out["dumb"] = make_run(base / "dumb", acc=dict(ACC, dblp=0.80))
     build_outputs(out["dumb"], figures=False)
     return out
@@ -39,7 +56,7 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(runs, tmp_path_factory):
     ref = tmp_path_factory.mktemp("ref") / "ci.json"
-    res = _cli("compare", runs["r1"], runs["r2"], runs["r3"], "--reference", ref, "--update")
+    res = _cli("compare", *(runs[n] for n in REPEATS), "--reference", ref, "--update")
     assert res.returncode == 0, res.stderr
     return ref
 
@@ -47,15 +64,22 @@ def reference(runs, tmp_path_factory):
 def test_reference_tolerances_come_from_the_spread(reference):
     ref = json.loads(reference.read_text())
     key = "speedups.dblp_vs_static.burst_round"
-    # Ratios 4.0, 400/110, 400/90: median 4.0, range 400/90 - 400/110 = 0.808.
-    assert ref["figures"][key] == pytest.approx(4.0)
-    rng = 400 / 90 - 400 / 110
-    assert ref["tolerances"][key] == {"direction": "higher",
-                                      "rel": pytest.approx(1.5 * rng / 4.0)}
-    assert ref["spread"][key]["max_over_min"] == pytest.approx(110 / 90)
+    ratios = [400 / ms for ms in REPEATS.values()]
+    med = statistics.median(ratios)
+    assert ref["figures"][key] == pytest.approx(med) == pytest.approx(4.0)
+    # One-sided 99 % Student t prediction bound for one new run from five: 4.10 sd.
+    k = compare.one_sided_factor(5)
+    assert k == pytest.approx(3.747 * (1.2 ** 0.5), rel=1e-3)
+    want = max(0.05, k * statistics.stdev(ratios) / med)
+    assert ref["tolerances"][key] == {"direction": "higher", "rel": pytest.approx(want)}
+    assert ref["spread"][key]["max_over_min"] == pytest.approx(102 / 98)
     acc = ref["tolerances"]["arms.dblp.final_accuracy"]
     assert acc["abs"] == pytest.approx(0.02)  # no spread: the floor
     assert ref["figures"]["speedups.dblp_vs_gloo.burst_round"] == pytest.approx(8.0)
+    # What the reference records: the commit the runs measured and their summaries, kept.
+    assert ref["commit"] == REVISION and len(ref["summaries"]) == 5
+    kept = [json.loads(pathlib.Path(s).read_text()) for s in ref["summaries"]]
+    assert sorted(compare.get(s, key) for s in kept) == pytest.approx(sorted(ratios))
 
 
 def test_unchanged_run_passes(runs, reference):
@@ -63,7 +87,11 @@ def test_unchanged_run_passes(runs, reference):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "speedups.dblp_vs_static.burst_round" in res.stdout
     assert "REGRESSED" not in res.stdout
-    # A slower repeat inside the spread passes too.
+    # The tolerance of each guarded figure is printed, and the reference's provenance.
+    row = next(x for x in res.stdout.splitlines() if x.startswith("arms.dblp.normal_round_over"))
+    assert "(5.0 %)" in row
+    assert f"commit {REVISION[:12]}, 5 runs" in res.stdout
+    # The slowest repeat passes too.
     assert _cli("compare", runs["r2"], "--reference", reference).returncode == 0
 
 
@@ -77,11 +105,64 @@ def test_weakened_dblp_fails(runs, reference):
     assert "REGRESSION" in res.stderr
 
 
+def test_a_ten_percent_slower_dblp_fails(runs, reference):
+    """Burst rounds 10 % slower than the repeats' median: beyond the one-sided tolerance."""
+    ok, rows = compare.compare(runs["slow"], reference)
+    verdicts = {r["figure"]: r["verdict"] for r in rows if r["guarded"]}
+    assert not ok
+    assert verdicts["speedups.dblp_vs_static.burst_round"] == "REGRESSED"
+    assert verdicts["arms.dblp.burst_round_over_phys_bound"] == "REGRESSED"
+
+
+def test_another_arm_is_judged_in_dblps_place(runs, reference, tmp_path):
+    """``--arm``: the slowed twin's figures read under the reference's dblp keys."""
+    run = make_run(tmp_path / "twin", arms=("gloo", "static", "dblp", "dblp-slowed"),
+                   burst=dict(BURST, **{"dblp-slowed": 110.0}))
+    build_outputs(run, figures=False)
+    assert compare.compare(run, reference)[0]
+    res = _cli("compare", run, "--reference", reference, "--arm", "dblp-slowed")
+    assert res.returncode == 1 and "REGRESSION" in res.stderr
+    assert "speedups.dblp-slowed_vs_static.burst_round" in res.stderr
+    res = _cli("compare", run, "--reference", reference, "--arm", "reliable")
+    assert res.returncode == 2 and "no arm 'reliable' to judge" in res.stderr
+
+
+def test_a_run_with_an_invalid_unit_is_not_judged(runs, reference, tmp_path):
+    s = json.loads((runs["r1"] / "summary.json").read_text())
+    s["invalid_units"] = [{"arm": "dblp", "seed": 1, "reasons": ["CPU busy 93 % > 85 %"]}]
+    d = tmp_path / "busy"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps(s))
+    res = _cli("compare", d, "--reference", reference)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "not judged" in res.stderr and "CPU busy 93 % > 85 %" in res.stderr
+    assert res.stderr.strip().count("\n") == 0
+
+
+def test_update_needs_five_runs_of_one_clean_commit(runs, tmp_path):
+    ref = tmp_path / "ref.json"
+    res = _cli("compare", runs["r1"], runs["r2"], runs["r3"], "--reference", ref, "--update")
+    assert res.returncode == 2 and "at least 5 run directories (got 3)" in res.stderr
+    other = _as_of(make_run(tmp_path / "other"), revision="f" * 40)
+    build_outputs(other, figures=False)
+    res = _cli("compare", *(runs[n] for n in list(REPEATS)[:4]), other, "--reference", ref,
+               "--update")
+    assert res.returncode == 2 and "measured 2 revisions" in res.stderr
+    dirty = _as_of(make_run(tmp_path / "dirty"), dirty=True)
+    build_outputs(dirty, figures=False)
+    res = _cli("compare", *(runs[n] for n in list(REPEATS)[:4]), dirty, "--reference", ref,
+               "--update")
+    assert res.returncode == 2 and "uncommitted changes" in res.stderr
+    assert not ref.exists()
+
+
 def test_accuracy_drop_fails(runs, reference):
     ok, rows = compare.compare(runs["dumb"], reference)
     assert not ok
     verdicts = {r["figure"]: r["verdict"] for r in rows if r["guarded"]}
     assert verdicts == {"arms.dblp.final_accuracy": "REGRESSED",
+                        "arms.dblp.burst_round_over_phys_bound": "ok",
+                        "arms.dblp.normal_round_over_phys_bound": "ok",
                         "speedups.dblp_vs_gloo.burst_round": "ok",
                         "speedups.dblp_vs_static.burst_round": "ok"}
 
@@ -162,10 +243,11 @@ def test_committed_reference_is_valid():
 
 def test_update_refuses_a_reference_that_could_not_fail(runs, tmp_path):
     """Runs so far apart that the spread-derived tolerance would reach 100 %: refused."""
-    wild = make_run(tmp_path / "wild", burst=dict(BURST, dblp=10.0))
+    wild = _as_of(make_run(tmp_path / "wild", burst=dict(BURST, dblp=10.0)))
     build_outputs(wild, figures=False)
     ref = tmp_path / "ref.json"
-    res = _cli("compare", runs["r1"], wild, "--reference", ref, "--update")
+    res = _cli("compare", *(runs[n] for n in list(REPEATS)[:4]), wild, "--reference", ref,
+               "--update")
     assert res.returncode == 2 and "rel must be in (0, 1)" in res.stderr
     assert res.stderr.strip().count("\n") == 0 and not ref.exists()
 
@@ -191,7 +273,7 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
 def test_version_1_to_3_summaries_without_their_successors_fields_still_read(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run, figures=False)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 4
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 5
     # Version 3: fidelity flags, which decided nothing, instead of invalid units; nothing
     # left out of a verdict or an interval.
     s["schema"] = 3

@@ -137,3 +137,56 @@ def test_settings_are_declared_with_their_ranges():
     for f in dataclasses.fields(TransportConfig):
         assert f.metadata["doc"], f.name
     assert "secret" in SETTINGS and "policy" in SETTINGS
+
+
+def test_slowdown_is_refused_outside_the_regression_test(monkeypatch):
+    """The test-only slowdown needs DBLP_TEST_SLOWDOWN=1; off by default."""
+    from dblp.config import SLOWDOWN_ENV
+    monkeypatch.delenv(SLOWDOWN_ENV, raising=False)
+    assert TransportConfig().slowdown == 0.0
+    with pytest.raises(ValueError, match="slowdown=0.1 is a test-only setting"):
+        TransportConfig(slowdown=0.1)
+    monkeypatch.setenv(SLOWDOWN_ENV, "1")
+    assert TransportConfig(slowdown=0.1).slowdown == 0.1
+
+
+def test_slowdown_makes_every_exchange_that_much_longer(monkeypatch):
+    """Real rounds on loopback: each member pauses slowdown x its exchange, inside the round."""
+    import sys
+    import threading
+    import time
+
+    import numpy as np
+
+    from dblp import group
+    from dblp.config import SLOWDOWN_ENV
+    monkeypatch.setenv(SLOWDOWN_ENV, "1")
+    pauses: list[float] = []
+    real_sleep = time.sleep
+
+    def recorded(s):
+        if sys._getframe(1).f_code.co_name == "allreduce_":   # the group's pause only
+            pauses.append(s)
+        real_sleep(s)
+    monkeypatch.setattr(group.time, "sleep", recorded)
+    srv = dblp.ParameterServer("127.0.0.1", 0, 2, "reliable")
+    th = threading.Thread(target=srv.serve, args=(3,))
+    th.start()
+    seen: dict[int, list[float]] = {}
+
+    def work(rank):
+        cfg = TransportConfig(policy="reliable", slowdown=0.5)
+        with dblp.TransportGroup(rank=rank, world_size=2, master_addr="127.0.0.1",
+                                 master_port=srv.port, config=cfg) as g:
+            for _ in range(3):
+                seen.setdefault(rank, []).append(g.allreduce_(np.ones(50_000, np.float32)).latency_s)
+    ts = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    th.join(60)
+    srv.close()
+    assert sorted(map(len, seen.values())) == [3, 3] and len(pauses) == 6
+    # Each round's latency is its exchange plus a pause of half the exchange: the pause is
+    # a third of the latency the user sees (to the clock's resolution and sleep's overshoot).
+    for latency in (x for xs in seen.values() for x in xs):
+        assert any(abs(p - latency / 3) < 0.002 + 0.05 * latency for p in pauses), (latency, pauses)
