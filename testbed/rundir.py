@@ -125,16 +125,17 @@ def resolve_bursts(spec: Spec) -> BurstSchedule:
 
     The generator (`[burst_every]`) and the explicit `[[bursts]]` become one
     schedule before the first arm starts, so every arm is hit at the same
-    rounds by the same bursts.
+    rounds by the same bursts. A loaded spec carries it (``Spec.schedule``).
     """
+    if spec.schedule is not None:
+        return BurstSchedule.from_dict(spec.schedule)
     return BurstSchedule.resolve(spec_bursts(spec.bursts), BurstEvery(**spec["burst_every"]),
                                  spec["training"]["rounds"], spec.seed)
 
 
-def write_burst_schedule(run_dir: pathlib.Path, spec: Spec) -> dict:
-    """Resolve the spec's bursts into ``raw/burst_schedule.json``; the document the
-    controller is handed too."""
-    schedule = resolve_bursts(spec).to_dict()
+def write_burst_schedule(run_dir: pathlib.Path, schedule: dict) -> dict:
+    """Write the run's resolved bursts (``Spec.schedule``) into ``raw/burst_schedule.json``;
+    the document the controller is handed too."""
     (pathlib.Path(run_dir) / "raw" / BURST_SCHEDULE).write_text(json.dumps(schedule, indent=2))
     return schedule
 

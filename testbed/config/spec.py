@@ -17,7 +17,7 @@ from typing import Any
 
 import tomli_w
 
-from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, spec_bursts
+from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, BurstSchedule, spec_bursts
 from controllers.targets import TargetError, resolve_target
 from testbed.config.arms import ARMS
 from testbed.errors import InputError
@@ -245,9 +245,17 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """A validated experiment: plain data, safe to write back as TOML."""
+    """A validated experiment: plain data, safe to write back as TOML.
+
+    ``schedule`` is the run's bursts resolved once, when the spec was
+    validated (``controllers.bursts.BurstSchedule.to_dict``): the generator
+    (`[burst_every]`) and the explicit `[[bursts]]` as one explicit, seeded
+    list every arm and seed meets. The run writes it as it is; nothing after
+    loading resolves bursts again. None for a Spec built from data directly.
+    """
 
     data: dict
+    schedule: dict | None = dataclasses.field(default=None, compare=False)
 
     def __getitem__(self, section: str) -> dict:
         return self.data[section]
@@ -414,7 +422,8 @@ def validate(data: dict) -> Spec:
     # The transport's cross-field rules (p_high >= p_low) are the policy's own.
     transport_config(data["transport"], ARMS["dblp"])
 
-    _validate_bursts(data)
+    every, bursts = _validate_bursts(data)
+    schedule = BurstSchedule.resolve(bursts, every, data["training"]["rounds"], top["seed"])
 
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
@@ -423,7 +432,7 @@ def validate(data: dict) -> Spec:
         if h.startswith("worker") and int(h[6:]) >= place["workers"]:
             raise SpecError(f"capture.hosts[{i}]", f"{h} does not exist",
                             f"use worker0..worker{place['workers'] - 1}")
-    return Spec(data)
+    return Spec(data, schedule.to_dict())
 
 
 def transport_config(transport: dict, arm, rate_bps: float | None = None):
@@ -470,8 +479,8 @@ def _unset_as_none(value, setting: Setting):
     return None if setting.unset is not None and value == setting.unset else value
 
 
-def _validate_bursts(data: dict):
-    """The bursts and the generator, by controllers.bursts; targets resolved as the controller will.
+def _validate_bursts(data: dict) -> tuple[BurstEvery, list]:
+    """The generator and the bursts, by controllers.bursts; targets resolved as the controller will.
 
     Why resolve here: a target naming a worker the placement does not have,
     or a link the topology lacks, would otherwise fail only when the burst
@@ -496,6 +505,7 @@ def _validate_bursts(data: dict):
             resolve_target(graph, target, roles)
         except TargetError as exc:
             raise SpecError(field, exc.problem, exc.fix) from None
+    return every, bursts
 
 
 def build_topology(topo: dict, registry, workers: int):

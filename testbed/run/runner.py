@@ -34,7 +34,7 @@ from dblp.wire import DEFAULT_PORT
 from testbed import output
 from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
-from testbed.errors import MachineError
+from testbed.errors import InputError, MachineError
 from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
@@ -74,6 +74,9 @@ def run_experiment(spec: Spec, out: str | None) -> Finished:
     from testbed.config.arms import ARMS
     from testbed.emulation import capabilities, cleanup
 
+    if spec.schedule is None:
+        raise InputError("a spec runs only as `testbed.config.spec.load` or `validate` made it "
+                         "(they resolve its bursts into Spec.schedule)")
     for name in spec.arms:
         # Every arm's transport settings as its processes will read them: an arm that
         # may not run here (the test-only slowed twin) is refused before anything starts.
@@ -91,7 +94,7 @@ def run_experiment(spec: Spec, out: str | None) -> Finished:
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     status, error = "ok", None
     try:
-        schedule = write_burst_schedule(run_dir, spec)
+        schedule = write_burst_schedule(run_dir, spec.schedule)
         status = _run_on_fabric(spec, run_dir, manifest, schedule)
     except Interrupted as exc:
         status, error = "interrupted", f"stopped by {exc}"
