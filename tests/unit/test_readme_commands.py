@@ -26,6 +26,11 @@ COVERED = {
     "dblp-testbed run": "tests/e2e/test_run.py, tests/e2e/test_ci_regression.py",
     "dblp-testbed report": "tests/e2e/test_run.py",
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
+    "DBLP_TEST_SLOWDOWN=1 dblp-testbed run": "tests/e2e/test_ci_regression.py (the one ci run "
+                                             "with the slowed twin)",
+    "make reference": "its two steps: `dblp-testbed run --preset ci` "
+                      "(tests/e2e/test_ci_regression.py) and `compare RUN... --update` "
+                      "(tests/unit/test_compare.py: five runs, their spread, refusals)",
     "dblp-testbed reproduce": "tests/e2e/test_reproduce.py (a small reference end to end, and "
                               "--readme-only); the README's tables: tests/unit/test_readme_tables.py",
     "dblp-testbed ablate": "tests/e2e/test_ablate.py (the smoke ablation end to end, resumed); "
