@@ -77,6 +77,9 @@ def doctor(json_out):
         click.echo("qdiscs: " + " ".join(f"{q}{'' if ok else '(no)'}" for q, ok in rep["qdiscs"].items()))
         click.echo(f"nftables netdev egress: {rep['nft_netdev_egress']}   "
                    f"wmem_default: {rep['wmem_default']}")
+        core = rep["c_core"]
+        click.echo("dblp C core: " + (f"loaded ({core['path']})" if core["loaded"]
+                                      else f"NOT loaded ({core['error']})"))
         for p in rep["problems"]:
             click.echo(f"PROBLEM: {p}")
         for n in rep["notes"]:

@@ -4,6 +4,7 @@ Used by `dblp-testbed doctor` and, before anything is built, by ``Fabric``.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
@@ -72,6 +73,22 @@ def sysctl_int(name: str):
         return None
 
 
+def c_core() -> dict:
+    """Whether dblp's C core (``dblp._fastpath``) loads here, and from where.
+
+    It is built by the install where a compiler is; without it the transport
+    runs its pure-Python path, the same bytes on the wire but several times
+    the CPU per datagram, which moves every timing at high rates. The
+    manifest records this with the capabilities, so a result says which
+    path it measured.
+    """
+    try:
+        core = importlib.import_module("dblp._fastpath")
+    except ImportError as exc:
+        return {"loaded": False, "path": None, "error": str(exc)}
+    return {"loaded": True, "path": getattr(core, "__file__", None), "error": None}
+
+
 def check(probe_qdiscs: bool = True) -> dict:
     """A JSON-able capability report with ``problems`` (blocking) and ``notes``."""
     rep = {"root": os.geteuid() == 0,
@@ -79,7 +96,8 @@ def check(probe_qdiscs: bool = True) -> dict:
            "ovs_running": ovs_running(),
            "kernel_datapath": kernel_datapath(),
            "modules": {m: module_importable(m) for m in ("os_ken", "mininet", "torch", "scapy")},
-           "wmem_default": sysctl_int("net.core.wmem_default")}
+           "wmem_default": sysctl_int("net.core.wmem_default"),
+           "c_core": c_core()}
     rep["datapath"] = "kernel" if rep["kernel_datapath"] else "user"
     if probe_qdiscs:
         rep["qdiscs"] = {q: qdisc_available(q) for q in QDISCS}
@@ -106,6 +124,10 @@ def check(probe_qdiscs: bool = True) -> dict:
         if rep["root"] and not rep["nft_netdev_egress"]:
             notes.append("nftables netdev egress hook unavailable: `loss` bursts will fail "
                          "(use `police` or `congest`)")
+    if not rep["c_core"]["loaded"]:
+        notes.append(f"dblp's C core not loaded ({rep['c_core']['error']}): the transport runs "
+                     "its pure-Python path, several times the CPU per datagram; rebuild it with "
+                     "./setup.sh (needs a C compiler)")
     if not rep["kernel_datapath"]:
         notes.append("OVS kernel datapath absent: using the userspace datapath (one forwarding "
                      "thread; see docs/results/capacity.md)")

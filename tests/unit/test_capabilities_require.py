@@ -19,3 +19,19 @@ def test_require_raises_machine_error_naming_the_first_problem():
 def test_require_returns_a_clean_report():
     report = {"problems": [], "notes": []}
     assert capabilities.require(report) is report
+
+
+def test_the_c_core_is_reported_and_its_absence_noted(monkeypatch):
+    """doctor and the manifest say whether dblp's C core loaded: timings depend on it."""
+    import sys
+
+    from testbed.emulation import capabilities
+    core = capabilities.c_core()
+    assert core["loaded"] is True and core["path"].endswith(".so") and core["error"] is None
+    # Without it (a machine with no compiler): not loaded, the error kept, a note in the report.
+    monkeypatch.setitem(sys.modules, "dblp._fastpath", None)
+    core = capabilities.c_core()
+    assert core["loaded"] is False and core["path"] is None and "_fastpath" in core["error"]
+    rep = capabilities.check(probe_qdiscs=False)
+    assert rep["c_core"] == core
+    assert any(n.startswith("dblp's C core not loaded") for n in rep["notes"])
