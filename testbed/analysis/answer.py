@@ -9,6 +9,7 @@ summary.json (any version `formats.read_summary` accepts).
 from __future__ import annotations
 
 import math
+import pathlib
 
 from testbed.analysis.claims import NOT_JUDGED, NOT_JUDGED_CAUSE
 
@@ -73,3 +74,23 @@ def lines(summary: dict) -> list[str]:
         out.append("invalid units: none (every unit kept the emulator's invariants)")
     return out
 
+
+
+def as_json(summary: dict | None, run_dir, status: str) -> dict:
+    """The answer as one JSON object (``run`` and ``report`` with ``--json``).
+
+    What a script needs without opening the run directory: its status, the
+    verdicts (claim, pair, point and interval, label), the invalid units,
+    DBLP's speedups, and where the full summary is. ``summary`` None: the
+    analysis failed (the manifest says why), and only the status is known.
+    """
+    s = summary or {}
+    return {
+        "run_dir": str(run_dir), "status": status,
+        "summary": str(pathlib.Path(run_dir) / "summary.json") if summary else None,
+        "verdicts": s.get("verdicts", []),
+        "invalid_units": s.get("invalid_units", []),
+        "speedups": {pair: {k: sp.get(k) for k in ("burst_round", "normal_round", "train_time")}
+                     for pair, sp in s.get("speedups", {}).items()},
+        "warnings": s.get("warnings", []),
+    }

@@ -24,6 +24,7 @@ import pathlib
 import click
 import pandas as pd
 
+from testbed import output
 from testbed.analysis import bottleneck as bn
 from testbed.analysis import claims, datasets, report
 from testbed.analysis import physics as phys
@@ -142,7 +143,8 @@ def build_outputs(run_dir, physics: dict | phys.PhysicsInputs | None = None,
               help="Measured worker-server RTT for the physical bound (default: manifest.json).")
 @click.option("--rate-mbps", type=float, default=None,
               help="Bottleneck rate for the physical bound (default: spec topology.bw_mbps).")
-def report_cmd(run_dir, rtt_ms, rate_mbps):
+@output.json_option
+def report_cmd(run_dir, rtt_ms, rate_mbps, json_out):
     """Rebuild every derived file of RUN_DIR from raw/ (+ spec.toml, manifest.json).
 
     Ends with the run's answer, as `run` does: the verdict on each claim and
@@ -156,9 +158,12 @@ def report_cmd(run_dir, rtt_ms, rate_mbps):
     if rate_mbps is not None:
         override["rate_bps"] = rate_mbps * 1e6
     s = build_outputs(run_dir, override or None)
-    click.echo(f"{run_dir}: status {s['status']}; wrote " + ", ".join(DERIVED))
-    for line in report.summary_lines(s):
-        click.echo(line)
-    # The answer last, as `run` ends: what a reader looks at first.
-    for line in answer.lines(s):
-        click.echo(line)
+
+    def text():
+        click.echo(f"{run_dir}: status {s['status']}; wrote " + ", ".join(DERIVED))
+        for line in report.summary_lines(s):
+            click.echo(line)
+        # The answer last, as `run` ends: what a reader looks at first.
+        for line in answer.lines(s):
+            click.echo(line)
+    output.results(answer.as_json(s, run_dir, s["status"]), json_out, text)

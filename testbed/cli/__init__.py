@@ -80,7 +80,8 @@ def main(quiet, verbose):
 @click.option("--seeds", type=int, default=None,
               help="Run every arm once per seed: --seed, --seed+1, ... (= --set seeds=N).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the resolved spec; run nothing.")
-def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
+@output.json_option
+def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run, json_out):
     """Run an experiment: fabric, controller, bursts, every arm; then `report` on it.
 
     Ends with its answer on stdout: the verdict on each claim and pair
@@ -113,7 +114,7 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run):
     check_out(out)  # before anything is built or created
     from testbed.errors import ExperimentFailed, InvalidUnits
     from testbed.run.experiment import INVALID, run_and_report
-    status = run_and_report(spec, out)
+    status = run_and_report(spec, out, json_out)
     sys.exit(0 if status == "ok" else InvalidUnits.exit_code if status == INVALID
              else ExperimentFailed.exit_code)
 

@@ -31,23 +31,30 @@ from testbed.config.spec import Spec
 INVALID = "invalid"
 
 
-def run_and_report(spec: Spec, out: str | None) -> str:
-    """Run ``spec`` into a fresh run directory, derive its outputs and print its answer;
-    the status: the run's own, or ``INVALID`` (see `finish`)."""
+def run_and_report(spec: Spec, out: str | None, json_out: str | None = None) -> str:
+    """Run ``spec`` into a fresh run directory, derive its outputs and print its answer
+    (``json_out``: as one JSON object, `testbed.output.results`); the status: the run's
+    own, or ``INVALID`` (see `finish`)."""
     from testbed.run import runner  # looked up at the call: tests replace run_experiment
 
     finished = runner.run_experiment(spec, out)
-    return finish(finished.status, report_kept(finished.run_dir), finished.run_dir)
+    return finish(finished.status, report_kept(finished.run_dir), finished.run_dir, json_out)
 
 
-def finish(status: str, summary: dict | None, run_dir: pathlib.Path) -> str:
+def finish(status: str, summary: dict | None, run_dir: pathlib.Path,
+           json_out: str | None = None) -> str:
     """Print the run's answer (stdout) and its status line; the status, ``INVALID`` when
     every arm finished but some unit broke an invariant."""
+    from testbed.analysis import answer
+
     bad = (summary or {}).get("invalid_units", [])
-    if summary is not None:
-        from testbed.analysis import answer
-        for line in answer.lines(summary):
-            click.echo(line)
+    final = INVALID if status == "ok" and bad else status
+
+    def text():
+        if summary is not None:
+            for line in answer.lines(summary):
+                click.echo(line)
+    output.results(answer.as_json(summary, run_dir, final), json_out, text)
     if status == "ok" and bad:
         status = INVALID
         output.warn(f"run {status}: {len(bad)} unit(s) broke an emulator invariant; their "

@@ -244,3 +244,35 @@ def test_settings_come_from_the_spec_and_the_arms_registry(tmp_path, monkeypatch
     pair = s["physics"]["pairs"]["phase-aware_vs_mlt"]
     assert pair["p_high"] == 0.5 and pair["p_low"] == 0.01
     assert any(t["target"].startswith("phase-aware vs mlt: final accuracy") for t in s["targets"])
+
+
+def test_report_and_run_give_their_answer_as_json(tmp_path, capsys):
+    """``--json``: one JSON object on stdout (the verdicts, invalid units, speedups), or in a
+    FILE beside the text; `run` ends with the same object (`experiment.finish`)."""
+    from testbed.run import experiment
+    run = make_run(tmp_path / "run")
+    res = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(run), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("\n") == 1
+    obj = json.loads(res.stdout)
+    summary = json.loads((run / "summary.json").read_text())
+    assert obj["run_dir"] == str(run) and obj["summary"] == str(run / "summary.json")
+    assert obj["verdicts"] == summary["verdicts"] and obj["invalid_units"] == []
+    assert obj["speedups"]["dblp_vs_static"]["burst_round"] == \
+        summary["speedups"]["dblp_vs_static"]["burst_round"]
+    out = tmp_path / "answer.json"
+    res = subprocess.run([sys.executable, "-m", "testbed.cli", "report", str(run), "--json",
+                          str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "burst_speedup" in res.stdout   # the text stays
+    assert json.loads(out.read_text()) == obj
+    # `run` ends with the same object; an invalid unit makes its status "invalid".
+    summary["invalid_units"] = [{"arm": "dblp", "seed": 1, "reasons": ["CPU busy 93 %"]}]
+    capsys.readouterr()
+    assert experiment.finish("ok", summary, run, "-") == experiment.INVALID
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["status"] == "invalid" and obj["invalid_units"][0]["arm"] == "dblp"
+    assert experiment.finish("error", None, run, "-") == "error"
+    assert json.loads(capsys.readouterr().out) == {
+        "run_dir": str(run), "status": "error", "summary": None, "verdicts": [],
+        "invalid_units": [], "speedups": {}, "warnings": []}
