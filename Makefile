@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint unit clean reference reproduce lock vm-check
+.PHONY: setup run test lint unit clean reference reproduce lock vm-check vm-results
 
 setup:
 	./setup.sh
@@ -59,3 +59,10 @@ lock: setup
 vm-check: setup
 	./setup.sh vagrant
 	$(PY) -m pytest tests/e2e/test_vagrant_validate.py $(PYTEST_ARGS)
+
+# The reviewer VM's results/ copied back here: its synced folder (rsync, so it
+# works with both providers and no guest additions) only goes into the VM.
+vm-results:
+	mkdir -p .vagrant results
+	vagrant ssh-config > .vagrant/ssh-config
+	rsync -a -e "ssh -F .vagrant/ssh-config" default:/vagrant/results/ results/

@@ -28,6 +28,9 @@ COVERED = {
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
     "DBLP_TEST_SLOWDOWN=1 dblp-testbed run": "tests/e2e/test_ci_regression.py (the one ci run "
                                              "with the slowed twin)",
+    "make vm-results": "needs a booted VM (none boots on the build machine): "
+                       "tests/unit/test_vagrant.py checks its recipe; `vagrant validate`: "
+                       "tests/e2e/test_vagrant_validate.py",
     "make reference": "its two steps: `dblp-testbed run --preset ci` "
                       "(tests/e2e/test_ci_regression.py) and `compare RUN... --update` "
                       "(tests/unit/test_compare.py: five runs, their spread, refusals)",

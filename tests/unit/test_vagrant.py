@@ -22,6 +22,7 @@ def _provision_script() -> str:
 def test_box_providers_and_resources():
     text = VAGRANTFILE.read_text()
     assert 'config.vm.box = "debian/bookworm64"' in text            # Debian 12
+    assert re.search(r'config\.vm\.box_version = "12\.\d{8}\.\d+"', text)   # pinned
     for provider in ("virtualbox", "libvirt"):
         block = re.search(rf'config\.vm\.provider "{provider}" do \|(\w+)\|(.*?)\n  end', text, re.S)
         assert block, f"no {provider} provider block"
@@ -41,3 +42,16 @@ def test_provisioning_is_setup_sh_then_the_test_command():
     assert res.returncode == 0, res.stderr
     assert (ROOT / "setup.sh").exists()
     assert re.search(r"^test:", (ROOT / "Makefile").read_text(), re.M), "Makefile has no test target"
+
+
+def test_results_come_back_from_the_vm():
+    """The synced folder goes only into the VM: `make vm-results` copies results/ back
+    (over the VM's own ssh config; no VM boots here, so its recipe is checked as shell)."""
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^vm-results:\n((?:\t.*\n)+)", make, re.M)
+    assert recipe, "Makefile has no vm-results target"
+    lines = [x.strip() for x in recipe.group(1).splitlines()]
+    assert lines[1] == "vagrant ssh-config > .vagrant/ssh-config"
+    assert lines[2].startswith("rsync -a") and lines[2].endswith("default:/vagrant/results/ results/")
+    res = subprocess.run(["bash", "-n"], input="\n".join(lines), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
