@@ -50,9 +50,12 @@ reproduce: setup
 
 # Rewrite constraints.txt (the exact Python package set setup.sh installs)
 # from this machine's venv, after changing a dependency in pyproject.toml.
+# torch is locked without its build label (+cpu): which build of that version
+# a machine gets is setup.sh's choice (testbed/install.py).
 lock: setup
 	{ echo "# Exact versions ./setup.sh installs (pip -c). Regenerate: make lock"; \
-	  $(VENV)/bin/pip freeze --exclude-editable | grep -v '^mininet=='; } > constraints.txt
+	  $(VENV)/bin/pip freeze --exclude-editable | grep -v '^mininet==' \
+	    | sed 's/^torch==\([^+]*\)+.*/torch==\1/'; } > constraints.txt
 
 # The reviewer VM's Vagrantfile, validated by Vagrant itself. Vagrant is
 # installed here only (./setup.sh vagrant), not for every user of the project.

@@ -17,9 +17,9 @@ declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark")
 # Every Python package's exact version (torch included): CI, the VM and every
 # machine install the same set. Regenerate with `make lock`.
 CONSTRAINTS=constraints.txt
-# torch is pinned here, not in pyproject.toml: this machine ships the CPU
-# wheel of 2.13.0 on disk, any other spec would pull a multi-GB CUDA build.
-TORCH_PIN=${TORCH_PIN:-torch==2.13.0}
+# torch's version is the lock's; which build of it (PyTorch's CPU build where
+# its index is reachable, else the public one) testbed/install.py decides.
+TORCH_VERSION=${TORCH_VERSION:-$(sed -n 's/^torch==\([^+]*\).*/\1/p' "$CONSTRAINTS")}
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -73,12 +73,32 @@ make_venv() {
         return
     fi
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-    say "installing $TORCH_PIN and the project into $VENV (first time: a few minutes)"
     "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-    "$VENV/bin/pip" install -q -c "$CONSTRAINTS" "$TORCH_PIN"
+    install_torch
+    say "installing the project into $VENV (first time: a few minutes)"
     "$VENV/bin/pip" install -q -c "$CONSTRAINTS" -e '.[test]'
     link_debian_mininet
     echo "$want" > "$stamp"
+}
+
+# torch $TORCH_VERSION: the CPU build from PyTorch's CPU index where that index is
+# reachable and has one for this machine, the public build otherwise; says which.
+install_torch() {
+    local choice why
+    choice=$("$VENV/bin/python" testbed/install.py --version "$TORCH_VERSION") || exit 2
+    why=$(printf '%s' "$choice" | "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["why"])')
+    mapfile -t args < <(printf '%s' "$choice" | "$VENV/bin/python" -c \
+        'import json, sys; print("\n".join(json.load(sys.stdin)["pip_args"]))')
+    say "torch: $why"
+    "$VENV/bin/pip" install -q -c "$CONSTRAINTS" "${args[@]}"
+    local got want
+    got=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+    want=${args[0]#torch==}
+    if [ "$got" = "$want" ]; then
+        say "torch installed: $got"
+    else
+        say "torch installed: $got (pip preferred it from its own configured sources over $want)"
+    fi
 }
 
 # Mininet's Python code must match the `mnexec` it drives: both come from
