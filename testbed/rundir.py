@@ -140,6 +140,23 @@ def write_burst_schedule(run_dir: pathlib.Path, schedule: dict) -> dict:
     return schedule
 
 
+#: The Wireshark dissector of the code that wrote the captures (``dblp.wireshark``).
+DISSECTOR = "dblp.lua"
+
+
+def write_dissector(run_dir: pathlib.Path) -> pathlib.Path:
+    """Write ``raw/dblp.lua``: the dissector for this code's wire format, beside the captures.
+
+    A run's pcaps are read later, by code whose wire format may have moved
+    on; the dissector generated when they were written decodes them as they
+    are (``tshark -X lua_script:RUN_DIR/raw/dblp.lua``).
+    """
+    from dblp.wireshark import lua_dissector
+    path = pathlib.Path(run_dir) / "raw" / DISSECTOR
+    path.write_text(lua_dissector())
+    return path
+
+
 def read_burst_schedule(run_dir, spec: Spec) -> BurstSchedule:
     """The schedule the run recorded and ran.
 

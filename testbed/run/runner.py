@@ -38,7 +38,7 @@ from testbed.errors import InputError, MachineError
 from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
-from testbed.rundir import Manifest, new_run_dir, unit_dir, write_burst_schedule
+from testbed.rundir import Manifest, new_run_dir, unit_dir, write_burst_schedule, write_dissector
 
 
 class Interrupted(Exception):
@@ -95,6 +95,8 @@ def run_experiment(spec: Spec, out: str | None) -> Finished:
     status, error = "ok", None
     try:
         schedule = write_burst_schedule(run_dir, spec.schedule)
+        if spec["capture"]["enabled"]:
+            write_dissector(run_dir)
         status = _run_on_fabric(spec, run_dir, manifest, schedule)
     except Interrupted as exc:
         status, error = "interrupted", f"stopped by {exc}"
