@@ -77,10 +77,11 @@ def run_experiment(spec: Spec, out: str | None) -> Finished:
     if spec.schedule is None:
         raise InputError("a spec runs only as `testbed.config.spec.load` or `validate` made it "
                          "(they resolve its bursts into Spec.schedule)")
-    for name in spec.arms:
-        # Every arm's transport settings as its processes will read them: an arm that
-        # may not run here (the test-only slowed twin) is refused before anything starts.
-        transport_config(spec["transport"], ARMS[name])
+    for arm in (ARMS[name] for name in spec.arms):
+        # Every dblp arm's transport settings as its processes will read them: an arm
+        # that may not run here (the test-only slowed twin) is refused before anything starts.
+        if arm.uses_dblp:
+            transport_config(spec["transport"], arm)
     live = cleanup.live_fabric()
     if live is not None:
         raise MachineError(f"another run is live on this machine: {cleanup.describe(live)}; "
