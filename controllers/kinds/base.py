@@ -14,11 +14,27 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from controllers.bursts import BurstRecord
     from controllers.targets import TargetPort
+
+
+class BurstOutcome(Protocol):
+    """What a mechanism reads and writes of its burst's record.
+
+    The record itself (``controllers.bursts.BurstRecord``, one ``burst``
+    raw-log line) lives with the schedule, above the kinds; a mechanism needs
+    only these fields of it, so the kinds import nothing from above them.
+    """
+
+    spec: Any                      # the burst as specified (controllers.bursts.BurstSpec)
+    arm: str
+    seed: int | None
+    actual_end_ns: int | None
+    dropped_packets: int | None
+    seen_packets: int | None
+    detail: dict
 
 
 class BurstError(ValueError):
@@ -134,7 +150,7 @@ class BurstKind(abc.ABC):
         """Release what `open` made, when the controller stops (by default nothing to release)."""
         return None
 
-    def __init__(self, app, rec: BurstRecord, ports: list[TargetPort], shared: Any = None):
+    def __init__(self, app, rec: BurstOutcome, ports: list[TargetPort], shared: Any = None):
         self.app, self.rec, self.ports, self.shared = app, rec, list(ports), shared
 
     @property
