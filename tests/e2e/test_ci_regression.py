@@ -8,6 +8,7 @@ unchanged code must pass `compare`; the twin, judged in dblp's place
 (``--arm dblp-slowed``), must fail it: the guard catches a 10 % regression,
 not only the loss of the whole gain.
 """
+import json
 import os
 import pathlib
 import subprocess
@@ -59,9 +60,14 @@ def test_a_ten_percent_slower_dblp_fails_the_reference(ci_run):
     assert "REGRESSION" in res.stderr
     rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
     # Its own rounds against the physical bound: what a slowdown shared with static moves.
-    for figure in ("arms.dblp-slowed.burst_round_over_phys_bound",
-                   "arms.dblp-slowed.normal_round_over_phys_bound"):
-        assert rows[figure].rstrip().endswith("REGRESSED"), rows[figure]
+    # The normal rounds (about 50 of them) fail by twice their tolerance; the burst rounds
+    # (five) vary more from run to run, so beside the reference their row may land either
+    # side of its 5 % line; against the same run's dblp the slowdown shows in them too.
+    row = rows["arms.dblp-slowed.normal_round_over_phys_bound"]
+    assert row.rstrip().endswith("REGRESSED"), row
+    arms = json.loads((ci_run / "summary.json").read_text())["arms"]
+    for figure in ("burst_round_over_phys_bound", "normal_round_over_phys_bound"):
+        assert arms["dblp-slowed"][figure] > 1.05 * arms["dblp"][figure], (figure, arms)
 
 
 @pytest.mark.e2e
