@@ -199,7 +199,7 @@ def test_run_finishes_with_the_answer_and_says_invalid(saturated, two_seeds, cap
 def test_run_exit_code_says_invalid_apart_from_failed(monkeypatch, tmp_path, status, code):
     from testbed.cli import main
     from testbed.run import experiment
-    monkeypatch.setattr(experiment, "run_and_report", lambda spec, out: status)
+    monkeypatch.setattr(experiment, "run_and_report", lambda spec, out, json_out=None: status)
     res = CliRunner().invoke(main, ["run", "--preset", "smoke", "--out", str(tmp_path / "r")])
     assert res.exit_code == code, res.output
 
