@@ -15,7 +15,9 @@ def test_the_shipped_arms_and_what_each_one_is():
     assert list(ARMS) == ["local", "gloo", "reliable", "static", "dblp", "reliable-tcp",
                           "static-tcp", "dblp-tcp", "reliable-sharded", "static-sharded",
                           "dblp-sharded", "static-high", "static-high-tcp",
-                          "static-high-sharded"]
+                          "static-high-sharded", "dblp-slowed"]
+    assert ARMS["dblp-slowed"] == Arm("dblp-slowed", "dblp", "udp", "ps", slowdown=0.10)
+    assert ARMS["dblp"].peer("dblp") is ARMS["dblp"]     # never the slowed twin
     assert ARMS["dblp-tcp"] == Arm("dblp-tcp", "dblp", "tcp", "ps")
     assert ARMS["static-high"] == Arm("static-high", "static", "udp", "ps", bound_from="p_high")
     assert [a for a in ARMS if ARMS[a].serverless] == ["local", "gloo", "reliable-sharded",
@@ -24,7 +26,7 @@ def test_the_shipped_arms_and_what_each_one_is():
     assert [a for a in ARMS if ARMS[a].bounded] == ["static", "dblp", "static-tcp", "dblp-tcp",
                                                     "static-sharded", "dblp-sharded",
                                                     "static-high", "static-high-tcp",
-                                                    "static-high-sharded"]
+                                                    "static-high-sharded", "dblp-slowed"]
     assert not ARMS["gloo"].uses_dblp and ARMS["reliable"].uses_dblp
     assert ARMS["dblp-sharded"].peer("static") is ARMS["static-sharded"]
     assert ARMS["dblp-sharded"].peer("static", "p_high") is ARMS["static-high-sharded"]
