@@ -1,9 +1,11 @@
 """The `dblp-testbed` command line.
 
 Each command lives in the module that owns its subject and is registered
-here; this file only wires them together and maps errors to exit codes
-(2: bad input, nothing created; 1: the experiment failed; 3: `run` finished
-but some unit broke an emulator invariant, `testbed.errors.InvalidUnits`).
+here by name (`COMMANDS`), imported only when it runs (`testbed.cli.lazy`):
+a `clean` does not import the analysis' pandas, nor a `burst` torch. This
+file only wires them together and maps errors to exit codes (2: bad input,
+nothing created; 1: the experiment failed; 3: `run` finished but some unit
+broke an emulator invariant, `testbed.errors.InvalidUnits`).
 """
 import signal
 import sys
@@ -11,9 +13,27 @@ import sys
 import click
 
 from testbed import output
-from testbed.config.arms import ARMS
+from testbed.cli.lazy import LazyGroup
 from testbed.config.presets import PRESETS
 from testbed.errors import TestbedError
+
+#: The commands other modules own: name -> "module:attribute", imported when used.
+COMMANDS = {
+    "report": "testbed.analysis.pipeline:report_cmd",
+    "compare": "testbed.analysis.compare:compare_cmd",
+    "reproduce": "testbed.run.reproduce:reproduce_cmd",
+    "ablate": "testbed.run.ablation:ablate_cmd",
+    "regime": "testbed.run.regime:regime_cmd",
+    "doctor": "testbed.cli.fabric:doctor",
+    "net": "testbed.cli.fabric:net",
+    "clean": "testbed.cli.fabric:clean",
+    "burst": "testbed.cli.fabric:burst",
+}
+#: `dblp-testbed bench ...`, alike.
+BENCH_COMMANDS = {
+    "transport": "testbed.bench.transport:transport_cmd",
+    "bursts": "testbed.cli.fabric:bench_bursts",
+}
 
 
 def fail(message: str, code: int = 2):
@@ -22,7 +42,7 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-class _Main(click.Group):
+class _Main(LazyGroup):
     """The one place where a `TestbedError` becomes a line and an exit code."""
 
     def invoke(self, ctx):
@@ -42,13 +62,14 @@ class _ArmList(click.ParamType):
     name = "A,B,..."
 
     def get_metavar(self, param, ctx=None):
+        from testbed.config.arms import ARMS  # the transport's registries: only for the help
         return "[" + "|".join(ARMS) + "],..."
 
     def convert(self, value, param, ctx):
         return value
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dblp-testbed", prog_name="dblp-testbed")
 @click.option("-q", "--quiet", "quiet", count=True, help="Less progress on stderr (results and errors stay).")
 @click.option("-v", "--verbose", "verbose", count=True, help="More progress on stderr (fabric steps).")
@@ -143,33 +164,6 @@ def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):
     sys.exit(subprocess.call(argv))
 
 
-# Analysis commands (their modules keep pandas/matplotlib imports lazy).
-from testbed.analysis.compare import compare_cmd  # noqa: E402
-from testbed.analysis.pipeline import report_cmd  # noqa: E402
-
-main.add_command(report_cmd)
-main.add_command(compare_cmd)
-
-from testbed.run.ablation import ablate_cmd  # noqa: E402
-from testbed.run.regime import regime_cmd  # noqa: E402
-from testbed.run.reproduce import reproduce_cmd  # noqa: E402
-
-main.add_command(reproduce_cmd)
-main.add_command(ablate_cmd)
-main.add_command(regime_cmd)
-
-
-@main.group()
+@main.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
 def bench():
-    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), and others."""
-
-
-from testbed.bench.transport import transport_cmd  # noqa: E402
-
-bench.add_command(transport_cmd)
-
-# Fabric commands: doctor, net check/cli, clean, burst, bench bursts (testbed.cli.fabric).
-from testbed.cli.fabric import register as _register_fabric_commands  # noqa: E402
-
-_register_fabric_commands(main)
-
+    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), `bursts` (on the fabric)."""

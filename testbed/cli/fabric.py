@@ -1,4 +1,7 @@
-"""CLI commands about the fabric: doctor, net check/cli, clean, burst, bench bursts."""
+"""CLI commands about the fabric: doctor, net check/cli, clean, burst, bench bursts.
+
+`testbed.cli` registers each by name and imports this module only when one runs.
+"""
 from __future__ import annotations
 
 import json
@@ -286,15 +289,3 @@ def bench_bursts(k, bw, queue, tries, json_out, out):
                        f"{r['start_lag_ms']:>14.2f}{mech:>14}")
     results(res, json_out, text)
 
-
-def register(main):
-    """Add the fabric commands to the top-level group (and to `bench` if it exists)."""
-    for cmd in (doctor, net, clean, burst):
-        main.add_command(cmd)
-    bench = main.commands.get("bench")
-    if bench is None:
-        @click.group()
-        def bench():
-            """Benchmarks."""
-        main.add_command(bench)
-    bench.add_command(bench_bursts)

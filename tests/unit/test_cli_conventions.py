@@ -32,7 +32,7 @@ def test_every_result_command_takes_one_json_option(path):
     cmd: click.Command = main
     for name in path:
         assert isinstance(cmd, click.Group)
-        cmd = cmd.commands[name]
+        cmd = cmd.get_command(click.Context(cmd), name)
     opts = [p for p in cmd.params if "--json" in getattr(p, "opts", ())]
     assert len(opts) == 1, path
     opt = opts[0]
