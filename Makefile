@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint unit clean reference reproduce lock vm-check vm-results
+.PHONY: setup run test test-all test-tools lint unit clean reference reproduce lock vm-check vm-results
 
 setup:
 	./setup.sh
@@ -14,11 +14,35 @@ setup:
 run: setup
 	$(VENV)/bin/dblp-testbed run $(ARGS)
 
-# The whole suite: lint and type check, then unit, emulation (root + OVS)
-# and end-to-end runs. The emulation tests are required here (CI runs this):
-# without root or Open vSwitch they fail instead of being skipped.
-test: setup lint
-	DBLP_TESTBED_REQUIRE_EMU=1 $(PY) -m pytest $(PYTEST_ARGS)
+# Debian packages only tests use, installed before the suite, never during it:
+# Vagrant validates the Vagrantfile, tshark decodes a capture with the dissector.
+TEST_TOOLS := vagrant tshark
+# Unit tests run in parallel (pytest-xdist), one worker per core: they need
+# no root and no fabric, and each makes its own files and ports.
+UNIT_WORKERS ?= auto
+# Emulation tests and whole runs `make test` leaves out: the ones marked
+# `long` (README, "Tests": which and why). `make test-all` runs them too.
+EMU_SELECT ?= -m "not long"
+
+# The whole suite: lint and type check; unit tests first, in parallel; then
+# emulation (root + OVS) and whole runs one at a time, since a run checks
+# that it had the machine's CPU to itself. Both parts run and either one's
+# failure fails the target (pytest's 5, nothing collected, is a failure too).
+# The emulation tests are required here (CI runs this): without root or
+# Open vSwitch they fail instead of being skipped. Each part ends with its
+# 25 slowest tests; the emulation part's are the suite's slowest.
+test: setup lint test-tools
+	$(PY) -m pytest -n $(UNIT_WORKERS) --durations=25 $(PYTEST_ARGS) tests/unit; unit=$$?; \
+	DBLP_TESTBED_REQUIRE_EMU=1 $(PY) -m pytest $(EMU_SELECT) --durations=25 $(PYTEST_ARGS) tests/emu tests/e2e; \
+	emu=$$?; [ $$unit -eq 0 ] || exit $$unit; exit $$emu
+
+# Every test, the long ones too: before a reference is remade (make reference,
+# make reproduce), so the runs it rests on are checked in full.
+test-all: EMU_SELECT =
+test-all: test
+
+test-tools: setup
+	./setup.sh $(TEST_TOOLS)
 
 # ruff over the tree, mypy over the transport (settings in pyproject.toml).
 lint: setup
@@ -26,7 +50,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 unit: setup
-	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(UNIT_WORKERS) $(PYTEST_ARGS) tests/unit
 
 clean: setup
 	$(VENV)/bin/dblp-testbed clean
@@ -58,7 +82,7 @@ lock: setup
 	    | sed 's/^torch==\([^+]*\)+.*/torch==\1/'; } > constraints.txt
 
 # The reviewer VM's Vagrantfile, validated by Vagrant itself. Vagrant is
-# installed here only (./setup.sh vagrant), not for every user of the project.
+# installed here and by `make test` (./setup.sh vagrant), not for every user.
 vm-check: setup
 	./setup.sh vagrant
 	$(PY) -m pytest tests/e2e/test_vagrant_validate.py $(PYTEST_ARGS)

@@ -11,8 +11,9 @@ PYTHON=${PYTHON:-python3}
 # gcc, libc6-dev and python3-dev build the transport's one C file (dblp/_fastpath.c).
 DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps
               gcc libc6-dev python3-dev)
-# Optional groups, installed only by what uses them: `./setup.sh vagrant`
-# (the Vagrantfile check: Vagrant is a Ruby stack nothing else needs).
+# Optional groups, installed only by what uses them: `./setup.sh vagrant tshark`
+# before the test suite (`make test`: the Vagrantfile check, Vagrant being a
+# Ruby stack nothing else needs, and the Wireshark dissector's), never during it.
 declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark")
 # Every Python package's exact version (torch included): CI, the VM and every
 # machine install the same set. Regenerate with `make lock`.

@@ -15,7 +15,9 @@ from testbed import REPO_ROOT
 CLI = [sys.executable, "-m", "testbed.cli"]
 
 
+# `make test-all` only (README, "Tests only make test-all runs"): the ablation reference's command.
 @pytest.mark.e2e
+@pytest.mark.long
 def test_smoke_ablation_runs_each_point_once_and_compares_it(tmp_path, leftovers):
     out = tmp_path / "ab"
     res = subprocess.run(CLI + ["ablate", "smoke", "--out", str(out), "--json"], cwd=REPO_ROOT,

@@ -31,7 +31,8 @@ def _hogs() -> list[subprocess.Popen]:
 @pytest.mark.e2e
 def test_a_run_beside_a_cpu_hog_is_invalid_and_judges_nothing(tmp_path, leftovers):
     spec = tmp_path / "two-arms.toml"
-    spec.write_text('arms = ["static", "dblp"]\n\n[capture]\nenabled = false\n')
+    # Eight rounds an arm (the burst is at round 6): enough for the verdict table.
+    spec.write_text('arms = ["static", "dblp"]\n\n[training]\nrounds = 8\n\n[capture]\nenabled = false\n')
     out = tmp_path / "run"
     hogs = _hogs()
     try:
@@ -55,4 +56,4 @@ def test_a_run_beside_a_cpu_hog_is_invalid_and_judges_nothing(tmp_path, leftover
     assert any("cpu busy" in line for line in tail), res.stdout
     # Its figures stay in the tables, marked.
     rounds = (out / "rounds.csv").read_text().splitlines()
-    assert "valid" in rounds[0].split(",") and len(rounds) > 20
+    assert "valid" in rounds[0].split(",") and len(rounds) > 10

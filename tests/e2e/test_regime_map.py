@@ -15,7 +15,9 @@ from testbed import REPO_ROOT
 CLI = [sys.executable, "-m", "testbed.cli"]
 
 
+# `make test-all` only (README, "Tests only make test-all runs"): the regime map reference's command.
 @pytest.mark.e2e
+@pytest.mark.long
 def test_smoke_map_runs_its_cell_places_the_ratio_and_resumes(tmp_path, leftovers):
     out = tmp_path / "map"
     res = subprocess.run(CLI + ["regime", "smoke", "--out", str(out), "--json"], cwd=REPO_ROOT,

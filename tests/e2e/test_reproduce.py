@@ -17,7 +17,9 @@ from testbed.run import reproduce as rp
 CLI = [sys.executable, "-m", "testbed.cli"]
 
 
+# `make test-all` only (README, "Tests only make test-all runs"): what remakes every reference.
 @pytest.mark.e2e
+@pytest.mark.long
 def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
     ref = refs.RunReference("tiny", "smoke", "test", overrides=("training.rounds=8", "seeds=2",
                                                               "arms=static,dblp-sharded",

@@ -1,8 +1,11 @@
 """Whole runs: `dblp-testbed run` from spec to report, and its faults.
 
 These run the real thing (Mininet fabric, os-ken controller, PyTorch workers
-on the emulated hosts, tcpdump) on the `smoke` preset, so each takes about a
-minute. Faults are injected by PID into processes of the run under test only.
+on the emulated hosts, tcpdump) on the `smoke` preset: the whole smoke run
+takes about a minute, and the checks that need a live run (a second run
+refused, `clean` leaving it alone) are made on it rather than on a run of
+their own. Each fault needs its own run, stopped after a few rounds. Faults
+are injected by PID into processes of the run under test only.
 """
 import json
 import os
@@ -43,11 +46,40 @@ def start_run(out: pathlib.Path, *extra: str) -> subprocess.Popen:
                             text=True)
 
 
+def _second_run_is_refused_and_clean_leaves_the_live_run_alone(live: pathlib.Path,
+                                                              second_out: pathlib.Path, leftovers):
+    second = subprocess.run(CLI + ["run", "--preset", "smoke", "--out", str(second_out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout + second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "live" in lines[0] and str(live) in lines[0], lines
+    assert not second_out.exists()
+    during = leftovers()
+    cleaned = subprocess.run(CLI + ["clean"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert cleaned.returncode == 0 and "left alone: live" in cleaned.stdout, cleaned.stdout
+    assert leftovers()["bridges"] == during["bridges"]
+    assert leftovers()["host_shells"] == during["host_shells"]
+
+
 @pytest.mark.e2e
-def test_smoke_run_writes_every_output_and_rebuilds_identically(tmp_path, leftovers):
+def test_smoke_run_refuses_a_second_run_and_rebuilds_every_output_identically(tmp_path, leftovers):
+    """The smoke run end to end; while it is live, a second run and `clean` are tried on it.
+
+    One fabric per machine: the second run gets one line naming the first;
+    `clean` without --force touches nothing of it, and the first run still
+    finishes with every output (one run for both checks: its directory
+    answers both).
+    """
     out = tmp_path / "run"
     proc = start_run(out)
-    log, _ = proc.communicate(timeout=900)
+    try:
+        _wait_for_round(out, "static", 2)
+        _second_run_is_refused_and_clean_leaves_the_live_run_alone(out, tmp_path / "second",
+                                                                   leftovers)
+        log, _ = proc.communicate(timeout=900)
+    finally:
+        stop_harness(proc)
     assert proc.returncode == 0, log
     for name in DERIVED:
         assert (out / name).exists(), name
@@ -150,31 +182,4 @@ def test_fault_ends_run_cleanly_and_keeps_partial_results(tmp_path, fault, lefto
     assert static[0]["status"] in ("failed", "interrupted")
     assert all(u["status"] == "skipped" for u in manifest["units"][1:])   # fail fast
     assert (unit_dir(out, "static") / "worker0.jsonl").stat().st_size > 0
-    assert not any(leftovers().values()), leftovers()
-
-
-@pytest.mark.e2e
-def test_second_run_is_refused_and_clean_leaves_the_live_run_alone(tmp_path, leftovers):
-    """One fabric per machine: the second run gets one line naming the first; `clean`
-    without --force touches nothing of it, and the first run still finishes."""
-    out = tmp_path / "first"
-    proc = start_run(out, "--arms", "static")
-    try:
-        _wait_for_round(out, "static", 2)
-        second = subprocess.run(CLI + ["run", "--preset", "smoke", "--out", str(tmp_path / "second")],
-                                cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2, second.stdout + second.stderr
-        lines = second.stderr.strip().splitlines()
-        assert len(lines) == 1 and "live" in lines[0] and str(out) in lines[0], lines
-        assert not (tmp_path / "second").exists()
-        during = leftovers()
-        cleaned = subprocess.run(CLI + ["clean"], cwd=ROOT, capture_output=True, text=True,
-                                 timeout=120)
-        assert cleaned.returncode == 0 and "left alone: live" in cleaned.stdout, cleaned.stdout
-        assert leftovers()["bridges"] == during["bridges"]
-        assert leftovers()["host_shells"] == during["host_shells"]
-        log, _ = proc.communicate(timeout=600)
-    finally:
-        stop_harness(proc)
-    assert proc.returncode == 0, log
     assert not any(leftovers().values()), leftovers()

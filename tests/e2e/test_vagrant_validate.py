@@ -1,7 +1,8 @@
 """The reviewer VM's Vagrantfile, validated by Vagrant itself.
 
-Vagrant (a Ruby stack) is installed by this test (`./setup.sh vagrant`, root)
-rather than by every set-up; `make vm-check` runs just this file.
+Vagrant (a Ruby stack) is not in every set-up: `./setup.sh vagrant` installs
+it, which `make test` (`./setup.sh vagrant tshark`) and `make vm-check` (just
+this file) run first, so the suite never waits for apt.
 """
 import pathlib
 import shutil
@@ -25,7 +26,7 @@ def _validate(directory: pathlib.Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def vagrant(optional_tool):
-    """Vagrant is installed here, where it is used, not by every set-up."""
+    """Vagrant, which `./setup.sh vagrant` installed before the suite."""
     optional_tool("vagrant", "vagrant")
     return True
 

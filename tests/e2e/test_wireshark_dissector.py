@@ -9,9 +9,10 @@ with the dissector ``python -m dblp.wireshark`` wrote, and by the scapy layer;
 every field of every message must agree, through each way the dissector
 finds traffic (its port preference, "Decode As", its heuristic).
 
-An e2e test, not emu: it needs root for tcpdump and for installing tshark
-(`./setup.sh tshark`, a Debian package, as tests/e2e/test_vagrant_validate.py
-installs Vagrant), but no Open vSwitch and no fabric.
+An e2e test, not emu: it needs root for tcpdump and Debian's tshark, which
+`./setup.sh tshark` installs (`make test` runs `./setup.sh vagrant tshark`
+before the suite, as for tests/e2e/test_vagrant_validate.py), but no Open
+vSwitch and no fabric.
 """
 import json
 import pathlib
@@ -38,7 +39,7 @@ FIELDS = wireshark.fields()
 
 @pytest.fixture(scope="module")
 def tshark(optional_tool):
-    """tshark is installed here, where it is used, not by every set-up."""
+    """tshark, which `./setup.sh tshark` installed before the suite."""
     optional_tool("tshark", "tshark")
     return True
 

@@ -8,17 +8,14 @@ import subprocess
 import pytest
 
 from testbed.emulation import netcheck
-from testbed.emulation.fabric import Fabric
-from topologies import FatTreeTopo
 
 pytestmark = pytest.mark.emu
 
 
 @pytest.fixture(scope="module")
-def fab(tmp_path_factory, emulator):
-    with Fabric(FatTreeTopo(4), run_dir=str(tmp_path_factory.mktemp("fabric")),
-                bw_mbps=20, queue_pkts=100) as f:
-        yield f
+def fab(fattree):
+    """The shared k=4 fat-tree at 20 Mbit/s (tests/emu/conftest.py), as the burst tests use it."""
+    return fattree.get()
 
 
 def test_all_240_pairs_reach_each_other_without_loss(fab):

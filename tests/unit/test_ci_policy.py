@@ -6,6 +6,7 @@ project's own ``tests/conftest.py`` as a user without root (a plugin makes
 skipped, ``make test`` (what ``.ci/run`` runs; it sets
 ``DBLP_TESTBED_REQUIRE_EMU=1``) sees it fail.
 """
+import ast
 import os
 import pathlib
 import shutil
@@ -56,3 +57,74 @@ def test_without_root_a_developer_skips_and_ci_fails(suite):
     assert dev.returncode == 0 and "skipped" in dev.stdout, dev.stdout + dev.stderr
     ci = _pytest_without_root(suite, DBLP_TESTBED_REQUIRE_EMU="1")
     assert ci.returncode != 0 and "need root" in ci.stdout, ci.stdout + ci.stderr
+
+
+def _make_test(tmp_path, unit_rc: int, emu_rc: int, target: str = "test"):
+    """`make TARGET`'s suite with a stand-in python that logs each call and exits with a code.
+
+    ``-o`` takes set-up, lint and the test tools as done, so only the suite's
+    own recipe runs: the calls it makes, in order, and its exit code.
+    """
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "${{DBLP_TESTBED_REQUIRE_EMU:-}}|$*" >> {calls}\n'
+                    f'[ -n "${{DBLP_TESTBED_REQUIRE_EMU:-}}" ] && exit {emu_rc}\nexit {unit_rc}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CI", "DBLP_TESTBED_REQUIRE_EMU", "MAKEFLAGS", "MAKELEVEL")}
+    res = subprocess.run(["make", "--no-print-directory", "-o", "setup", "-o", "lint", "-o", "test-tools",
+                          target, f"PY={fake}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    return res, [line.split("|", 1) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+@pytest.mark.unit
+def test_make_test_runs_the_unit_tests_in_parallel_first_then_the_emulation_tests(tmp_path):
+    res, calls = _make_test(tmp_path, 0, 0)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (unit_env, unit), (emu_env, emu) = calls
+    assert unit_env == "" and "-n" in unit.split() and unit.split()[-1] == "tests/unit"
+    assert emu_env == "1" and emu.split()[-2:] == ["tests/emu", "tests/e2e"]
+    assert "-m not long" in emu and "--durations=25" in emu
+    (tmp_path / "all").mkdir()
+    res, [(_, unit_all), (_, everything)] = _make_test(tmp_path / "all", 0, 0, "test-all")
+    assert res.returncode == 0 and unit_all == unit
+    assert everything == emu.replace("-m not long ", "")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("unit_rc,emu_rc", [(1, 0), (5, 0), (0, 1), (0, 5)])
+def test_make_test_fails_when_either_part_fails_or_collects_nothing(tmp_path, unit_rc, emu_rc):
+    """pytest's 5 (no test collected) fails the target too; a unit failure still lets the
+    emulation part run, so one CI run reports both."""
+    res, calls = _make_test(tmp_path, unit_rc, emu_rc)
+    assert res.returncode != 0
+    assert len(calls) == 2
+
+
+def _long_tests() -> dict[str, list[str]]:
+    """{test file: [test functions marked `long`]}, read from the source."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                    ast.unparse(d) == "pytest.mark.long" for d in node.decorator_list):
+                found.setdefault(path.relative_to(ROOT).as_posix(), []).append(node.name)
+    return found
+
+
+@pytest.mark.unit
+def test_every_test_only_make_test_all_runs_is_named_in_the_readme():
+    """Nothing leaves `make test` silently: each `long` test is in the README's list, by its file
+    when the whole file is long, else by its name."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Tests only `make test-all` runs", 1)[1].split("\n#", 1)[0]
+    long_tests = _long_tests()
+    assert long_tests
+    for file, names in long_tests.items():
+        assert f"`{file}" in section, file
+        tests = [n.name for n in ast.parse((ROOT / file).read_text()).body
+                 if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        if tests != names:
+            for name in names:
+                assert f"`{file}::{name}`" in section, (file, name)

@@ -11,6 +11,7 @@ burst window, 3 packets outside, one drop-counter reset in the dblp arm.
 import json
 import pathlib
 import re
+import shutil
 import sys
 
 import pandas as pd
@@ -99,9 +100,16 @@ def make_notebook_run(run, arms=("gloo", "static", "dblp"), seeds=(1,)):
     return run
 
 
+@pytest.fixture(scope="module")
+def built_notebook_run(tmp_path_factory):
+    """Built once for the module (3 s): the tests read it, or change their own copy."""
+    return make_notebook_run(tmp_path_factory.mktemp("notebook") / "run")
+
+
 @pytest.fixture
-def notebook_run(tmp_path):
-    return make_notebook_run(tmp_path / "run")
+def notebook_run(built_notebook_run, tmp_path):
+    """A copy of the built run directory, this test's own to change."""
+    return pathlib.Path(shutil.copytree(built_notebook_run, tmp_path / "run"))
 
 
 def test_load_run_returns_the_declared_frames(notebook_run):

@@ -22,7 +22,9 @@ PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglo
 COVERED = {
     "make run": "test_make_run_is_setup_then_the_default_experiment (below); "
                 "`run` itself: tests/e2e/test_run.py, test_ci_regression.py",
-    "make test": ".ci/run (CI runs exactly this); tests/unit/test_setup_files.py, tests/e2e/test_setup.py",
+    "make test-all": "tests/unit/test_ci_policy.py (its recipe: make test with the long tests)",
+    "make test": ".ci/run (CI runs exactly this); tests/unit/test_setup_files.py, tests/e2e/test_setup.py, "
+                 "tests/unit/test_ci_policy.py (its two parts, their order and exit codes)",
     "dblp-testbed run": "tests/e2e/test_run.py, tests/e2e/test_ci_regression.py",
     "dblp-testbed report": "tests/e2e/test_run.py",
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
@@ -34,16 +36,17 @@ COVERED = {
     "make reference": "its two steps: `dblp-testbed run --preset ci` "
                       "(tests/e2e/test_ci_regression.py) and `compare RUN... --update` "
                       "(tests/unit/test_compare.py: five runs, their spread, refusals)",
-    "dblp-testbed reproduce": "tests/e2e/test_reproduce.py (a small reference end to end, and "
+    "dblp-testbed reproduce": "tests/e2e/test_reproduce.py (a small reference end to end, make test-all; "
                               "--readme-only); the README's tables: tests/unit/test_readme_tables.py",
-    "dblp-testbed ablate": "tests/e2e/test_ablate.py (the smoke ablation end to end, resumed); "
+    "dblp-testbed ablate": "tests/e2e/test_ablate.py (the smoke ablation end to end, resumed; "
+                           "make test-all); "
                            "the detector ablation's tables: tests/unit/test_readme_tables.py",
-    "dblp-testbed regime": "tests/e2e/test_regime_map.py (the smoke map end to end, resumed); "
+    "dblp-testbed regime": "tests/e2e/test_regime_map.py (the smoke map end to end, resumed; make test-all); "
                            "the reduced map's tables: tests/unit/test_readme_tables.py",
     "dblp-testbed doctor": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed net check": "tests/emu/test_fabric_cleanup.py",
     "dblp-testbed net cli": "tests/emu/test_readme_fabric_commands.py",
-    "dblp-testbed burst": "tests/emu/test_bursts.py",
+    "dblp-testbed burst": "tests/emu/test_fabric_bursts.py",
     "dblp-testbed bench transport": "tests/emu/test_dblp_bench.py",
     "dblp-testbed bench bursts": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",

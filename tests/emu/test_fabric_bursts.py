@@ -5,8 +5,6 @@ import math
 import pytest
 
 from testbed.bench import bursts as burstbench
-from testbed.emulation.fabric import Fabric
-from topologies import FatTreeTopo
 
 pytestmark = pytest.mark.emu
 
@@ -22,8 +20,9 @@ def tolerance(p: float, n: int, floor: float = 0.05) -> float:
 
 
 @pytest.fixture(scope="module")
-def fab(tmp_path_factory, emulator):
-    """A fresh k=4 fabric, its burst mechanism warmed by one burst nobody measures.
+def fab(fattree):
+    """The shared k=4 fabric (tests/emu/conftest.py), its burst mechanism warmed by one burst
+    nobody measures.
 
     The first burst after the fabric starts pays one-time costs on its way on
     (8.5 and 10.4 ms of mechanism lag in two of this module's failures here,
@@ -34,11 +33,10 @@ def fab(tmp_path_factory, emulator):
     server's downlink the tests measure, so it adds no burst on the port they
     measure.
     """
-    with Fabric(FatTreeTopo(4), run_dir=str(tmp_path_factory.mktemp("bursts")),
-                bw_mbps=20, queue_pkts=100) as f:
-        burstbench.measure_window(f, "loss", {"p": 0.5}, target="core-uplinks", duration_ms=100,
-                                  tag="warm-up")
-        yield f
+    f = fattree.get()
+    burstbench.measure_window(f, "loss", {"p": 0.5}, target="core-uplinks", duration_ms=100,
+                              tag="warm-up")
+    return f
 
 
 @pytest.mark.parametrize("p", [0.6, 0.8, 0.9])
