@@ -29,12 +29,13 @@ EMU_SELECT ?= -m "not long"
 # that it had the machine's CPU to itself. Both parts run and either one's
 # failure fails the target (pytest's 5, nothing collected, is a failure too).
 # The emulation tests are required here (CI runs this): without root or
-# Open vSwitch they fail instead of being skipped. Each part ends with its
-# 25 slowest tests; the emulation part's are the suite's slowest.
+# Open vSwitch they fail instead of being skipped. Both parts add their
+# tests' durations to one file, and the suite ends with its 25 slowest tests.
 test: setup lint test-tools
-	$(PY) -m pytest -n $(UNIT_WORKERS) --durations=25 $(PYTEST_ARGS) tests/unit; unit=$$?; \
-	DBLP_TESTBED_REQUIRE_EMU=1 $(PY) -m pytest $(EMU_SELECT) --durations=25 $(PYTEST_ARGS) tests/emu tests/e2e; \
-	emu=$$?; [ $$unit -eq 0 ] || exit $$unit; exit $$emu
+	d=$$(mktemp); \
+	$(PY) -m pytest -n $(UNIT_WORKERS) --suite-durations=$$d $(PYTEST_ARGS) tests/unit; unit=$$?; \
+	DBLP_TESTBED_REQUIRE_EMU=1 $(PY) -m pytest $(EMU_SELECT) --suite-durations=$$d $(PYTEST_ARGS) tests/emu tests/e2e; \
+	emu=$$?; rm -f $$d; [ $$unit -eq 0 ] || exit $$unit; exit $$emu
 
 # Every test, the long ones too: before a reference is remade (make reference,
 # make reproduce), so the runs it rests on are checked in full.

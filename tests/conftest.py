@@ -12,6 +12,7 @@ reads the machine with the system's own tools (nft, ovs-vsctl, ip, ps) and
 the project's naming convention, never through ``testbed``'s clean-up code,
 so a clean-up bug cannot hide its own leftovers.
 """
+import json
 import os
 import pathlib
 import re
@@ -153,3 +154,38 @@ def _clean_after_end_to_end(request):
         subprocess.run([sys.executable, "-m", "testbed.cli", "clean"],
                        cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True,
                        timeout=120)
+
+
+# The suite's slowest tests, over the parts `make test` runs one after the
+# other (unit tests in parallel, then emulation): each part adds its tests'
+# durations to one file and ends with the slowest of all of them so far, so
+# the last list printed is the whole suite's (pytest's --durations sees one
+# part only).
+SLOWEST = 25
+
+
+def pytest_addoption(parser):
+    parser.addoption("--suite-durations", metavar="FILE", default=None,
+                     help=f"add this run's test durations to FILE (JSON lines) and end with the "
+                          f"{SLOWEST} slowest tests in it (make test: over both of its parts)")
+
+
+_durations: list[dict] = []
+
+
+def pytest_runtest_logreport(report):
+    _durations.append({"test": report.nodeid, "when": report.when, "s": report.duration})
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    path = config.getoption("suite_durations")
+    if not path or hasattr(config, "workerinput"):   # xdist: the controller writes, once
+        return
+    with open(path, "a") as f:
+        f.writelines(json.dumps(d) + "\n" for d in _durations)
+    with open(path) as f:
+        rows = sorted((json.loads(line) for line in f), key=lambda d: -d["s"])
+    terminalreporter.write_sep("=", f"the suite's {SLOWEST} slowest tests (so far: {path})")
+    for d in rows[:SLOWEST]:
+        if d["s"] >= 0.005:   # as pytest's --durations: shorter ones say nothing
+            terminalreporter.write_line(f"{d['s']:8.2f}s {d['when']:<8} {d['test']}")

@@ -85,11 +85,17 @@ def test_make_test_runs_the_unit_tests_in_parallel_first_then_the_emulation_test
     (unit_env, unit), (emu_env, emu) = calls
     assert unit_env == "" and "-n" in unit.split() and unit.split()[-1] == "tests/unit"
     assert emu_env == "1" and emu.split()[-2:] == ["tests/emu", "tests/e2e"]
-    assert "-m not long" in emu and "--durations=25" in emu
+    assert "-m not long" in emu
+    # one durations file for both parts: the suite's slowest tests come last
+    [durations] = {a for a in unit.split() + emu.split() if a.startswith("--suite-durations=")}
+    assert durations in unit.split() and durations in emu.split()
     (tmp_path / "all").mkdir()
     res, [(_, unit_all), (_, everything)] = _make_test(tmp_path / "all", 0, 0, "test-all")
-    assert res.returncode == 0 and unit_all == unit
-    assert everything == emu.replace("-m not long ", "")
+
+    def same(call):  # the call without its (temporary) durations file
+        return [a for a in call.split() if not a.startswith("--suite-durations=")]
+    assert res.returncode == 0 and same(unit_all) == same(unit)
+    assert same(everything) == same(emu.replace("-m not long ", ""))
 
 
 @pytest.mark.unit
@@ -128,3 +134,22 @@ def test_every_test_only_make_test_all_runs_is_named_in_the_readme():
         if tests != names:
             for name in names:
                 assert f"`{file}::{name}`" in section, (file, name)
+
+
+@pytest.mark.unit
+def test_the_suite_ends_with_its_slowest_tests_over_both_parts(tmp_path):
+    """Two sessions add to one durations file; the second lists the slowest of both."""
+    suite = _suite()
+    (suite / "test_a.py").write_text("import time\n\ndef test_slow_a():\n    time.sleep(0.3)\n")
+    (suite / "test_b.py").write_text("import time\n\ndef test_slower_b():\n    time.sleep(0.6)\n")
+    durations = tmp_path / "durations"
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "DBLP_TESTBED_REQUIRE_EMU")}
+    outs = [subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"--suite-durations={durations}", str(suite / name)], cwd=suite, env=env,
+                           capture_output=True, text=True, timeout=120)
+            for name in ("test_a.py", "test_b.py")]
+    shutil.rmtree(suite, ignore_errors=True)
+    assert [o.returncode for o in outs] == [0, 0], outs[1].stdout
+    tail = outs[1].stdout.split("slowest tests", 1)[1].splitlines()
+    assert "test_b.py::test_slower_b" in tail[1] and "call" in tail[1]
+    assert "test_a.py::test_slow_a" in tail[2]
