@@ -31,6 +31,17 @@ def is_dblp_arm(arm: str) -> bool:
     return arm_transport(arm) == "dblp"
 
 
+def is_command_arm(arm: str) -> bool:
+    """A user's own transport, run as a command (a spec's ``[commands.NAME]``)."""
+    return ARMS[arm].command is not None
+
+
+def paper_baselines(arms) -> list[str]:
+    """The static-bound arms at the spec's p_static among ``arms``: the paper's baseline,
+    whatever their control path and mode (a command arm is measured against each)."""
+    return [a for a in arms if arm_transport(a) == "static" and ARMS[a].bound_from is None]
+
+
 def static_partner(arm: str, arms, bound_from: str | None = None) -> str | None:
     """The static-bound arm among ``arms`` that differs from dblp arm ``arm`` only in
     its transport (same control path, same mode): DBLP's like-for-like baseline.

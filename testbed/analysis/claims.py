@@ -23,7 +23,8 @@ pairs by seed), and each verdict and interval lists the units it left out.
 
 A claim is judged on every pair of arms its comparison finds among those
 that ran (DBLP against the static bound of the same control path and mode:
-dblp/static, dblp-tcp/static-tcp, dblp-sharded/static-sharded): one verdict
+dblp/static, dblp-tcp/static-tcp, dblp-sharded/static-sharded; a command arm,
+a user's own transport, against every static arm at P_low): one verdict
 per claim and pair, and one unresolved verdict, with no pair, for a claim
 none of whose pairs ran. Pairs are not merged into one verdict: a claim can
 hold with UDP control and fail with TCP, and that is the finding.
@@ -45,7 +46,13 @@ import numpy as np
 import pandas as pd
 
 from testbed.analysis import intervals as iv
-from testbed.analysis.arms import arm_kind, is_dblp_arm, static_partner
+from testbed.analysis.arms import (
+    arm_kind,
+    is_command_arm,
+    is_dblp_arm,
+    paper_baselines,
+    static_partner,
+)
 
 REPRODUCED, REFUTED, UNRESOLVED = "reproduced", "refuted", "unresolved"
 NOT_JUDGED = "not judged"
@@ -119,6 +126,13 @@ def _dblp_against_static(bound_from: str | None):
     return find
 
 
+def _candidates_against_static(arms):
+    """DBLP against its static partner, and each command arm (a user's transport, judged on
+    the same claims) against every static arm at P_low that ran."""
+    return _dblp_against_static(None)(arms) + [
+        (a, s) for a in arms if is_command_arm(a) for s in paper_baselines(arms)]
+
+
 def _loose_against_tight(arms):
     from testbed.config.arms import ARMS
     return [(a, p) for a in arms if arm_kind(a)[0] == "static" and ARMS[a].bound_from == "p_high"
@@ -132,7 +146,7 @@ def _sharded_against_gloo(arms):
 
 COMPARISONS: dict[str, Comparison] = {c.name: c for c in (
     Comparison("paper", "DBLP against the paper's baseline: the static bound at P_low "
-               "(MLT-style), same control path and mode", _dblp_against_static(None)),
+               "(MLT-style), same control path and mode", _candidates_against_static),
     Comparison("loose_bound", "what the loose bound buys: the static bound at P_high against "
                "the static bound at P_low", _loose_against_tight),
     Comparison("phase_awareness", "what phase-awareness buys: DBLP against the static bound at "

@@ -16,6 +16,14 @@ arm names it::
 Everything in the harness that needs to know what an arm is (the spec's
 ``arms`` list, the command line, the runner, the analysis) asks this module,
 never a tuple of names of its own.
+
+A *command arm* runs a user's own transport: a command the harness starts
+on the emulated hosts (every worker and, when it has one, a server), under
+the contract of docs/commands.md (``testbed.run.command`` declares it). A
+spec declares it in its ``[commands.NAME]`` section and the spec loader
+registers it here (`register_command`) before the spec's arms are checked,
+so the runner, the analysis and the verdicts find it as they find a
+built-in arm.
 """
 from __future__ import annotations
 
@@ -32,6 +40,8 @@ BASELINE_TRANSPORTS = tuple(exchange.BASELINES)
 SHARDED = "sharded"
 #: The one dblp policy whose bound is always zero (every chunk must arrive).
 RELIABLE = "reliable"
+#: The transport of every command arm: a user's own command (`Command`).
+COMMAND = "command"
 
 
 def policies() -> tuple[str, ...]:
@@ -61,6 +71,31 @@ def transports() -> tuple[str, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Command:
+    """What a command arm runs: argument lists (never a shell), as its spec section wrote them.
+
+    ``worker`` runs once per worker rank; ``server`` (optional) once on the
+    aggregation server's host, and without one rank 0 takes the server's
+    host, as gloo's does. ``silence_s``: how long a worker may write nothing
+    to its log before the unit fails, naming the last line it wrote.
+    """
+
+    worker: tuple[str, ...]
+    server: tuple[str, ...] | None = None
+    silence_s: float = 60.0
+
+    def __post_init__(self):
+        for role, argv in (("worker", self.worker), ("server", self.server)):
+            if argv is None and role == "server":
+                continue
+            if not isinstance(argv, tuple) or not argv or \
+                    not all(isinstance(a, str) and a for a in argv):
+                raise ValueError(f"{role} must be a non-empty list of non-empty strings")
+        if not 0 < self.silence_s <= 86_400:
+            raise ValueError(f"silence_s {self.silence_s!r} is not in (0, 86400] seconds")
+
+
+@dataclasses.dataclass(frozen=True)
 class Arm:
     """One arm: a name, the transport it runs and, for dblp, its control path and mode.
 
@@ -75,6 +110,8 @@ class Arm:
     exchange made that fraction longer on purpose. ``dblp-slowed`` is DBLP
     10 % slower, the twin the CI regression test runs beside ``dblp`` to show
     that `compare` fails it; the transport refuses it outside that test.
+
+    ``command``: set for a command arm (transport ``COMMAND``), what it runs.
     """
 
     name: str
@@ -83,10 +120,19 @@ class Arm:
     mode: str | None = None
     bound_from: str | None = None
     slowdown: float = 0.0
+    command: Command | None = None
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ValueError(f"arm name {self.name!r} must be letters, digits, '.', '_' or '-'")
+        if (self.transport == COMMAND) != (self.command is not None):
+            raise ValueError(f"arm {self.name!r}: a command arm has transport {COMMAND!r} and "
+                             "a command; no other arm has either")
+        if self.command is not None:
+            if (self.control, self.mode, self.bound_from, self.slowdown) != (None, None, None, 0.0):
+                raise ValueError(f"arm {self.name!r}: a command arm has no control path, mode, "
+                                 "bound or slowdown")
+            return
         if self.transport not in transports():
             raise ValueError(f"arm {self.name!r}: transport {self.transport!r} is not one of "
                              f"{list(transports())}")
@@ -117,7 +163,9 @@ class Arm:
 
     @property
     def serverless(self) -> bool:
-        """No aggregation server: gloo, local and the sharded dblp arms."""
+        """No aggregation server: gloo, local, the sharded dblp arms and commands without one."""
+        if self.command is not None:
+            return self.command.server is None
         return not self.uses_dblp or self.mode == SHARDED
 
     def peer(self, transport: str, bound_from: str | None = None) -> Arm | None:
@@ -153,6 +201,21 @@ def get(name: str) -> Arm:
         return ARMS[name]
     except KeyError:
         raise KeyError(f"unknown arm {name!r}; known: {', '.join(ARMS)}") from None
+
+
+def register_command(name: str, command: Command) -> Arm:
+    """Register (or redefine) the command arm ``name``; a built-in arm's name is refused.
+
+    Redefining is allowed because a spec owns its command arms: loading a
+    spec again, or another spec with the same name, replaces the command
+    (one process may load several specs: the tests, `report` on two runs).
+    """
+    old = ARMS.get(name)
+    if old is not None and old.command is None:
+        raise ValueError(f"arm {name!r} is a built-in arm; give the command arm another name")
+    arm = Arm(name, COMMAND, command=command)
+    ARMS[name] = arm
+    return arm
 
 
 def _knobs(transport: str) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ import tomli_w
 
 from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, BurstSchedule, spec_bursts
 from controllers.targets import TargetError, resolve_target
-from testbed.config.arms import ARMS
+from testbed.config.arms import ARMS, Command, register_command
 from testbed.errors import InputError
 from topologies import TOPOLOGIES  # pure graphs: no side effects
 
@@ -291,6 +291,11 @@ class Spec:
     def bursts(self) -> list[dict]:
         return list(self.data["bursts"])
 
+    @property
+    def commands(self) -> dict[str, dict]:
+        """The spec's ``[commands.NAME]`` sections, as written (registered as arms)."""
+        return dict(self.data.get("commands", {}))
+
     def to_toml(self) -> str:
         return dumps_toml(self.data)
 
@@ -299,6 +304,7 @@ def defaults() -> dict:
     data = {sec: {k: copy.deepcopy(v.default) for k, v in fields.items()}
             for sec, fields in SCHEMA.items()}
     data["bursts"] = []
+    data["commands"] = {}
     return data
 
 
@@ -327,6 +333,8 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
     for key, value in doc.items():
         if key == "bursts":
             out["bursts"] = _bursts(value)
+        elif key == COMMANDS:
+            out[COMMANDS] = {**out.get(COMMANDS, {}), **_commands(value)}
         elif key in SCHEMA and key != "":
             if not isinstance(value, dict):
                 raise SpecError(key, "expected a table", f"write it as [{key}]")
@@ -340,9 +348,68 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
             _check_type(key, value, SCHEMA[""][key].type)
             out[""][key] = value
         else:
-            known = [k for k in SCHEMA if k] + list(SCHEMA[""]) + ["bursts"]
+            known = [k for k in SCHEMA if k] + list(SCHEMA[""]) + ["bursts", COMMANDS]
             raise SpecError(key, "unknown field", f"remove it; known: {', '.join(sorted(known))}")
     return out
+
+
+#: The section that declares command arms: ``[commands.NAME]``, one table per arm.
+COMMANDS = "commands"
+#: A command arm's fields: name -> (TOML type, required, what to write).
+COMMAND_FIELDS = {
+    "worker": (list, True, "a list of strings, e.g. [\"python\", \"examples/udp_average.py\", "
+                           "\"worker\"]"),
+    "server": (list, False, "a list of strings, or leave it out (no aggregation server)"),
+    "silence_s": (_NUMBER, False, "seconds a worker may write nothing to its log, e.g. 60"),
+}
+
+
+def _commands(tables) -> dict[str, dict]:
+    """``[commands.NAME]`` tables, each checked field by field (the arm is made in `validate`)."""
+    if not isinstance(tables, dict):
+        raise SpecError(COMMANDS, "expected a table of command arms",
+                        "write each as [commands.NAME] with worker = [...]")
+    out = {}
+    for name, table in tables.items():
+        where = f"{COMMANDS}.{name}"
+        if not isinstance(table, dict):
+            raise SpecError(where, "expected a table", f"write it as [{where}]")
+        for key, value in table.items():
+            if key not in COMMAND_FIELDS:
+                raise SpecError(f"{where}.{key}", "unknown field",
+                                f"remove it; known fields: {', '.join(COMMAND_FIELDS)}")
+            typ, _, fix = COMMAND_FIELDS[key]
+            _check_type(f"{where}.{key}", value, typ)
+            if typ is list and not (value and all(isinstance(a, str) and a for a in value)):
+                raise SpecError(f"{where}.{key}", f"{value!r} is not a non-empty list of "
+                                "non-empty strings", f"write {fix}")
+        for key, (_, required, fix) in COMMAND_FIELDS.items():
+            if required and key not in table:
+                raise SpecError(f"{where}.{key}", "missing", f"write {fix}")
+        out[name] = copy.deepcopy(table)
+    return out
+
+
+def register_commands(commands: dict[str, dict]) -> None:
+    """Register each command section as an arm (`testbed.config.arms.register_command`)."""
+    for name, table in commands.items():
+        where = f"{COMMANDS}.{name}"
+        if not NAME_RE.match(name):
+            raise SpecError(where, f"{name!r} is not a plain name",
+                            "name the arm with letters, digits, '.', '_' or '-'")
+        try:
+            cmd = Command(tuple(table["worker"]),
+                          tuple(table["server"]) if "server" in table else None,
+                          float(table.get("silence_s", Command.silence_s)))
+        except ValueError as exc:
+            field = str(exc).split(" ", 1)[0]
+            raise SpecError(f"{where}.{field}" if field in COMMAND_FIELDS else where, str(exc),
+                            f"write {COMMAND_FIELDS.get(field, COMMAND_FIELDS['worker'])[2]}") \
+                from None
+        try:
+            register_command(name, cmd)
+        except ValueError as exc:
+            raise SpecError(where, str(exc), "rename the command arm") from None
 
 
 def _bursts(tables) -> list[dict]:
@@ -391,7 +458,11 @@ def _in(field, value, lo, hi, fix, lo_open=False, hi_open=False):
 
 
 def validate(data: dict) -> Spec:
-    """Check every value against its declaration, then the fields' consistency."""
+    """Check every value against its declaration, then the fields' consistency.
+
+    The spec's command arms are registered first, so its ``arms`` may name them.
+    """
+    register_commands(data.get(COMMANDS, {}))
     for section, settings in SCHEMA.items():
         for key, setting in settings.items():
             setting.check(f"{section}.{key}" if section else key, data[section][key])
@@ -554,4 +625,6 @@ def dumps_toml(data: dict) -> str:
     doc = dict(data[""])
     doc.update({sec: data[sec] for sec in SCHEMA if sec})
     doc["bursts"] = data.get("bursts", [])
+    if data.get(COMMANDS):
+        doc[COMMANDS] = data[COMMANDS]
     return tomli_w.dumps(doc)

@@ -69,6 +69,10 @@ class ProcessGroup:
         """Critical members that exited non-zero."""
         return [m for m in self.members if m.critical and m.poll() not in (None, 0)]
 
+    def returncode(self, name: str) -> int | None:
+        """The exit status of the member called ``name``; None while it runs (or is unknown)."""
+        return next((m.poll() for m in self.members if m.name == name), None)
+
     def running(self) -> list[Supervised]:
         return [m for m in self.members if m.poll() is None]
 

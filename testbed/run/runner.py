@@ -36,9 +36,11 @@ from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
 from testbed.errors import InputError, MachineError
 from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
+from testbed.run.command import CommandLog
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.processes import ProcessGroup
 from testbed.rundir import Manifest, new_run_dir, unit_dir, write_burst_schedule, write_dissector
+from workloads.control import RoundAnnouncer
 
 
 class Interrupted(Exception):
@@ -197,6 +199,9 @@ class ArmRun:
         # One job per unit: its own key and session, shared by its server and workers.
         self.secret = secrets.token_hex(32)
         self.session_id = secrets.randbits(63) | 1
+        # A command arm's workers' logs, read and adapted while they run (testbed.run.command).
+        self.command_logs: list[CommandLog] = []
+        self.announcer: RoundAnnouncer | None = None
 
     # -- argv builders: lists only, never a shell ---------------------------
     def _common_args(self) -> list[str]:
@@ -269,26 +274,10 @@ class ArmRun:
         py = sys.executable
         try:
             self._start_captures()
-            if not self.serverless:
-                self.procs.start(
-                    "server", [py, "-m", "workloads.server", "--arm", self.arm.transport,
-                               "--label", self.arm.name,
-                               "--log", str(self.raw / "server.jsonl"), "--port", str(self.port),
-                               "--rounds", str(self.spec["training"]["rounds"]),
-                               "--model", self.spec["training"]["model"],
-                               "--seed", str(self.seed)]
-                    + self._transport_args("server"),
-                    self.raw / "server.out", popen=functools.partial(self.fab.popen, self.server),
-                    env=self._env())
-            for rank, host in enumerate(self.workers):
-                self.procs.start(
-                    f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.arm.transport,
-                                      "--label", self.arm.name,
-                                      "--log", str(self.raw / f"worker{rank}.jsonl")]
-                    + self._common_args() + self._transport_args("worker")
-                    + ["--eval-every", str(self.spec["training"]["eval_every"])],
-                    self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
-                    env=self._env(rank))
+            if self.arm.command is not None:
+                self._start_command()
+            else:
+                self._start_workload(py)
             cpu = UnitCpu(self.fab.controller.pid if self.fab.controller is not None else None)
             sw, port = self.fab.topo.host_switch(self.server)
             link = BottleneckMonitor(f"{sw}-eth{port}", self.spec["topology"]["bw_mbps"],
@@ -305,6 +294,104 @@ class ArmRun:
         finally:
             self.procs.stop()
             self.captures.stop(sig=signal.SIGINT)
+            self._close_command()
+
+    def _start_workload(self, py: str):
+        """A built-in arm: workloads.server (when the arm has a server) and workloads.worker."""
+        if not self.serverless:
+            self.procs.start(
+                "server", [py, "-m", "workloads.server", "--arm", self.arm.transport,
+                           "--label", self.arm.name,
+                           "--log", str(self.raw / "server.jsonl"), "--port", str(self.port),
+                           "--rounds", str(self.spec["training"]["rounds"]),
+                           "--model", self.spec["training"]["model"],
+                           "--seed", str(self.seed)]
+                + self._transport_args("server"),
+                self.raw / "server.out", popen=functools.partial(self.fab.popen, self.server),
+                env=self._env())
+        for rank, host in enumerate(self.workers):
+            self.procs.start(
+                f"worker{rank}", [py, "-m", "workloads.worker", "--arm", self.arm.transport,
+                                  "--label", self.arm.name,
+                                  "--log", str(self.raw / f"worker{rank}.jsonl")]
+                + self._common_args() + self._transport_args("worker")
+                + ["--eval-every", str(self.spec["training"]["eval_every"])],
+                self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
+                env=self._env(rank))
+
+    def _start_command(self):
+        """A command arm: the user's command on the server's host (when it has a server) and
+        on every worker's, each worker's log adapted as it grows (testbed.run.command)."""
+        from testbed.run.command import ROOT, command_argv, command_env, log_paths
+        from workloads.runlog import RunLog
+
+        cmd = self.arm.command
+        assert cmd is not None
+        t = self.spec["training"]
+
+        def env(role: str, rank: int | None, log: pathlib.Path | None) -> dict:
+            base = self._env(rank)
+            return command_env(base, role=role, rank=rank, world_size=len(self.workers),
+                               master_addr=base["MASTER_ADDR"], master_port=self.port,
+                               secret=self.secret, seed=self.seed, training=t,
+                               rate_bps=self._rate_bps(role), log=log)
+
+        if cmd.server is not None:
+            self.procs.start("server", command_argv(cmd.server), self.raw / "server.out",
+                             popen=functools.partial(self.fab.popen, self.server),
+                             env=env("server", None, None), cwd=ROOT)
+        for rank, host in enumerate(self.workers):
+            own, adapted = log_paths(self.raw, rank)
+            self.command_logs.append(CommandLog(
+                own, RunLog(str(adapted), self.arm.name, "worker", rank),
+                name=f"raw/{self.arm.name}/{self.raw.name}/{own.name}", model=t["model"],
+                world_size=len(self.workers), seed=self.seed, rounds=t["rounds"],
+                silence_s=cmd.silence_s, batch_size=t["batch_size"], lr=t["lr"]))
+            self.procs.start(f"worker{rank}", command_argv(cmd.worker),
+                             self.raw / f"worker{rank}.out",
+                             popen=functools.partial(self.fab.popen, host),
+                             env=env("worker", rank, own), cwd=ROOT)
+        # Rank 0's rounds drive round-locked bursts, as a serverless built-in arm's do.
+        self.announcer = RoundAnnouncer(self.arm.name, path=str(self.fab.control_socket),
+                                        seed=self.seed)
+
+    def _poll_command(self):
+        """Adapt every worker's new lines; announce rank 0's rounds; a broken contract fails."""
+        from testbed.run.command import ContractError
+        for rank, log in enumerate(self.command_logs):
+            try:
+                events = log.poll()
+            except ContractError as exc:
+                log.fail(str(exc))
+                raise ArmFailed(f"  {exc}") from None
+            if rank == 0 and self.announcer is not None:
+                for event, rnd in events:
+                    self.announcer.round(event, rnd)
+
+    def _finish_command(self):
+        """Every worker exited: adapt what is left and write each one's end event."""
+        from testbed.run.command import ContractError
+        self._poll_command()
+        for rank, log in enumerate(self.command_logs):
+            try:
+                events = log.finish(self.procs.returncode(f"worker{rank}"))
+            except ContractError as exc:
+                raise ArmFailed(f"  {exc}") from None
+            if rank == 0 and self.announcer is not None:
+                for event, rnd in events:
+                    self.announcer.round(event, rnd)
+
+    def _close_command(self):
+        """Whatever happened, every command log ends with an end event and the announcer closes."""
+        from testbed.run.command import ContractError
+        for rank, log in enumerate(self.command_logs):
+            if not log.done:
+                try:   # keep the rounds it wrote before the unit failed
+                    log.finish(self.procs.returncode(f"worker{rank}"))
+                except ContractError:
+                    pass   # said by the unit's failure, and in the log's end event
+        if self.announcer is not None:
+            self.announcer.close()
 
     def _start_captures(self):
         if not self.spec["capture"]["enabled"]:
@@ -331,9 +418,17 @@ class ArmRun:
         progress = Progress(self.label, rounds, self.raw / "worker0.jsonl")
         ovs = OvsWatch()
         workers = [f"worker{i}" for i in range(len(self.workers))]
+        # A command's log lines are read as they come: rank 0's round starts must reach the
+        # controller within milliseconds for a round-locked burst to hit its round.
+        wait_s = 0.01 if self.command_logs else 0.5
+        sampled = 0.0
         while True:
-            cpu.sample()
+            if time.monotonic() - sampled >= 0.5:
+                cpu.sample()
+                sampled = time.monotonic()
             progress.show()
+            if self.command_logs:
+                self._poll_command()
             gone = ovs.dead()
             if gone:
                 raise ArmFailed(f"  Open vSwitch stopped ({', '.join(gone)} exited): "
@@ -347,10 +442,12 @@ class ArmRun:
                                   + "\n".join("    " + line for line in m.tail().splitlines())
                                   for m in bad)
                 raise ArmFailed(lines)
-            if self.procs.wait(workers, timeout=0.5):
+            if self.procs.wait(workers, timeout=wait_s):
                 break
             if time.monotonic() - start > timeout:
                 raise ArmFailed(f"  timed out after {timeout:.0f} s (limits.arm_timeout_s)")
+        if self.command_logs:
+            self._finish_command()
         # Workers done: the server (if any) finishes its last round and exits.
         self.procs.wait(["server"], timeout=10)
         progress.show(final=True)

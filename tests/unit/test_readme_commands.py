@@ -25,6 +25,8 @@ COVERED = {
     "make test-all": "tests/unit/test_ci_policy.py (its recipe: make test with the long tests)",
     "make test": ".ci/run (CI runs exactly this); tests/unit/test_setup_files.py, tests/e2e/test_setup.py, "
                  "tests/unit/test_ci_policy.py (its two parts, their order and exit codes)",
+    "dblp-testbed run examples/udp_average.toml": "tests/e2e/test_command_arm.py (the command "
+                                                  "arm beside static, as docs/commands.md shows it)",
     "dblp-testbed run": "tests/e2e/test_run.py, tests/e2e/test_ci_regression.py",
     "dblp-testbed report": "tests/e2e/test_run.py",
     "dblp-testbed compare": "tests/e2e/test_ci_regression.py",
