@@ -88,16 +88,17 @@ def server() -> None:
     chunks = math.ceil(size / FLOATS)
     deadline_s = 2 * push_s(size) + 0.25      # after a round's first datagram
     workers: dict[int, tuple] = {}
-    for rnd in range(ROUNDS):
-        total, count = np.zeros(size, np.float32), np.zeros(chunks)
-        seen = np.zeros((WORLD, chunks), bool)
+    total, count = np.zeros(size, np.float32), np.zeros(chunks)
+    seen = np.zeros((WORLD, chunks), bool)
 
-        def add(sender, index, floats, addr):
-            workers[sender] = addr
-            if sender < WORLD and not seen[sender, index]:
-                seen[sender, index] = True
-                total[index * FLOATS:index * FLOATS + len(floats)] += floats
-                count[index] += 1
+    def add(sender, index, floats, addr):
+        workers[sender] = addr
+        if sender < WORLD and not seen[sender, index]:
+            seen[sender, index] = True
+            total[index * FLOATS:index * FLOATS + len(floats)] += floats
+            count[index] += 1
+    for rnd in range(ROUNDS):
+        total[:], count[:], seen[:] = 0, 0, False
         receive(sock, rnd, 1, math.inf, add)  # the round starts with its first datagram
         receive(sock, rnd, WORLD * chunks - 1, time.perf_counter() + deadline_s, add)
         average = total / np.repeat(np.maximum(count, 1), FLOATS)[:size].astype(np.float32)
@@ -123,6 +124,10 @@ def worker() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     server = (ENV["MASTER_ADDR"], int(ENV["MASTER_PORT"]))
     every = int(ENV["TESTBED_EVAL_EVERY"])
+    average = np.zeros(size, np.float32)
+
+    def put(sender, index, floats, addr):
+        average[index * FLOATS:index * FLOATS + len(floats)] = floats
     write("start", t_ns=time.time_ns(), params=size, grad_bytes=4 * size)
     for rnd in range(ROUNDS):
         write("round_start", round=rnd, t_ns=time.time_ns())
@@ -133,10 +138,7 @@ def worker() -> None:
         grad = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
         t0 = time.perf_counter()
         sent = send(sock, rnd, rank, grad, [server])
-        average = grad.copy()                 # a chunk that never comes back stays our own
-
-        def put(sender, index, floats, addr):
-            average[index * FLOATS:index * FLOATS + len(floats)] = floats
+        average[:] = grad                     # a chunk that never comes back stays our own
         got = receive(sock, rnd, math.ceil(size / FLOATS), time.perf_counter() + wait_s, put)
         comm_s = time.perf_counter() - t0
         off = 0

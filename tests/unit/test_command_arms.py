@@ -155,7 +155,7 @@ def test_good_lines_become_the_projects_events_and_rank_0_rounds_to_announce(tmp
         fh.write('{"event": "round_start", ')          # half a line: not read yet
     assert log.poll() == [("start", 0), ("end", 0)]
     with open(own, "a") as fh:
-        fh.write('"round": 1, "t_ns": %d}\n' % (T + 10**9))
+        fh.write(f'"round": 1, "t_ns": {T + 10**9}}}\n')
     assert log.poll() == [("start", 1)]
     write(own, lines[4:])
     assert log.finish(0) == [("end", 1), ("start", 2), ("end", 2)]
