@@ -131,16 +131,17 @@ def worker() -> None:
     write("start", t_ns=time.time_ns(), params=size, grad_bytes=4 * size)
     for rnd in range(ROUNDS):
         write("round_start", round=rnd, t_ns=time.time_ns())
+        cpu0 = time.process_time()
         x, y = task.batches.batch(rnd)
         opt.zero_grad(set_to_none=False)
         loss = task.loss_fn(model(x), y)
         loss.backward()
         grad = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
-        t0 = time.perf_counter()
+        t0, cpu1 = time.perf_counter(), time.process_time()
         sent = send(sock, rnd, rank, grad, [server])
         average[:] = grad                     # a chunk that never comes back stays our own
         got = receive(sock, rnd, math.ceil(size / FLOATS), time.perf_counter() + wait_s, put)
-        comm_s = time.perf_counter() - t0
+        comm_s, cpu2 = time.perf_counter() - t0, time.process_time()
         off = 0
         for p in params:
             p.grad.copy_(torch.from_numpy(average[off:off + p.numel()]).view_as(p))
@@ -148,7 +149,8 @@ def worker() -> None:
         opt.step()
         write("round_end", round=rnd, t_ns=time.time_ns(), comm_s=comm_s, loss=loss.item(),
               epoch=task.batches.epoch_of(rnd),
-              stats={"bytes_sent": sent, "dropped": math.ceil(size / FLOATS) - got})
+              stats={"bytes_sent": sent, "dropped": math.ceil(size / FLOATS) - got},
+              compute_cpu_s=cpu1 - cpu0 + time.process_time() - cpu2, comm_cpu_s=cpu2 - cpu1)
         if (rnd + 1) % every == 0 or rnd == ROUNDS - 1:
             acc, test_loss = task.evaluate(model)
             write("eval", round=rnd, test_accuracy=acc, test_loss=test_loss, t_ns=time.time_ns())

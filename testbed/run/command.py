@@ -99,6 +99,10 @@ LINES: dict[str, tuple[Field, ...]] = {
         _f("epoch", "int", "epoch of the round (default 0)", required=False),
         _f("stats", "dict", "the transport's own counters for the round, numbers by name "
            "(bytes_sent, dropped, ...)", required=False),
+        _f("compute_cpu_s", "num", "the process's CPU seconds in the round's compute",
+           required=False),
+        _f("comm_cpu_s", "num", "the process's CPU seconds in the round's exchange",
+           required=False),
     ),
     "eval": (
         _EVENT,
@@ -279,9 +283,13 @@ class CommandLog:
         bad = [k for k, v in stats.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
         if bad:
             self._fail(f"round_end of round {r}: stats {', '.join(map(repr, bad))} are not numbers")
+        cpu = {k: obj[k] for k in ("compute_cpu_s", "comm_cpu_s") if k in obj}
+        for k, v in cpu.items():
+            if not math.isfinite(v) or v < 0:
+                self._fail(f"round_end of round {r}: {k} {v!r} is not a number of seconds")
         self.out.write("round", round=r, epoch=obj.get("epoch", 0), t_start_ns=t0, t_end_ns=t1,
                        compute_s=max(0.0, (t1 - t0) / 1e9 - comm), comm_s=comm, bound=None,
-                       phase=None, loss=obj.get("loss"), stats=stats)
+                       phase=None, loss=obj.get("loss"), stats=stats, **cpu)
         self.train_ns += t1 - t0
         self.open, self.ended = None, r
         return [("end", r)]

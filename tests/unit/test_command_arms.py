@@ -129,7 +129,8 @@ def good_lines(rounds=3):
         t0 = T + r * 10**9
         out += [{"event": "round_start", "round": r, "t_ns": t0},
                 {"event": "round_end", "round": r, "t_ns": t0 + 500_000_000, "comm_s": 0.4,
-                 "loss": 1.0 / (r + 1), "stats": {"bytes_sent": 4000}}]
+                 "loss": 1.0 / (r + 1), "stats": {"bytes_sent": 4000}, "compute_cpu_s": 0.05,
+                 "comm_cpu_s": 0.25}]
     out.append({"event": "eval", "round": rounds - 1, "test_accuracy": 0.9, "test_loss": 0.3})
     return out
 
@@ -165,6 +166,7 @@ def test_good_lines_become_the_projects_events_and_rank_0_rounds_to_announce(tmp
     assert (r0["t_start_ns"], r0["t_end_ns"], r0["comm_s"]) == (T, T + 500_000_000, 0.4)
     assert r0["compute_s"] == pytest.approx(0.1) and r0["bound"] is None
     assert r0["stats"] == {"bytes_sent": 4000} and events[0]["grad_bytes"] == 40
+    assert (r0["compute_cpu_s"], r0["comm_cpu_s"]) == (0.05, 0.25)
     assert events[-1]["status"] == "ok" and events[-1]["final_accuracy"] == 0.9
     assert events[-1]["train_time_s"] == pytest.approx(1.5)
 
@@ -191,6 +193,9 @@ BAD = [
     ('{"event": "round_start", "round": 0, "t_ns": 10}\n'
      '{"event": "round_end", "round": 0, "t_ns": 20, "comm_s": 0, "stats": {"a": "b"}}',
      "stats 'a' are not numbers"),
+    ('{"event": "round_start", "round": 0, "t_ns": 10}\n'
+     '{"event": "round_end", "round": 0, "t_ns": 20, "comm_s": 0, "comm_cpu_s": -1}',
+     "comm_cpu_s -1 is not a number of seconds"),
     ('{"event": "round_start", "round": 0, "t_ns": 10}\n'
      '{"event": "round_end", "round": 0, "t_ns": 20, "comm_s": 0}\n'
      '{"event": "eval", "round": 0, "test_accuracy": 87}', "not a fraction"),
@@ -343,6 +348,7 @@ def test_the_example_trains_over_udp_on_loopback_and_keeps_the_contract(tmp_path
         assert [r["round"] for r in rounds] == [0, 1, 2, 3]
         # Loopback loses nothing: every chunk of every average came back.
         assert all(r["stats"]["dropped"] == 0 and r["stats"]["bytes_sent"] > 0 for r in rounds)
+        assert all(r["compute_cpu_s"] > 0 and r["comm_cpu_s"] >= 0 for r in rounds)
         assert events[0]["grad_bytes"] > 0 and events[-1]["status"] == "ok"
     evals = [json.loads(x) for x in log_paths(tmp_path, 0)[1].read_text().splitlines()
              if '"eval"' in x]
