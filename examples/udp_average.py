@@ -151,7 +151,7 @@ def worker() -> None:
               epoch=task.batches.epoch_of(rnd),
               stats={"bytes_sent": sent, "dropped": math.ceil(size / FLOATS) - got},
               compute_cpu_s=cpu1 - cpu0 + time.process_time() - cpu2, comm_cpu_s=cpu2 - cpu1)
-        if (rnd + 1) % every == 0 or rnd == ROUNDS - 1:
+        if rank == 0 and ((rnd + 1) % every == 0 or rnd == ROUNDS - 1):   # replicas agree
             acc, test_loss = task.evaluate(model)
             write("eval", round=rnd, test_accuracy=acc, test_loss=test_loss, t_ns=time.time_ns())
 
