@@ -32,6 +32,7 @@ from workloads.tasks import make_task
 HEAD = struct.Struct("!8sIHI")   # unit tag, round, sender (SERVER: the server), chunk index
 FLOATS = 350                     # float32s per datagram: 1,400 bytes, never IP-fragmented
 SERVER = 0xFFFF
+JOIN = 0xFFFFFFFF                # the round of the hello every worker sends before round 0
 WIRE_BITS = (HEAD.size + 4 * FLOATS + 28) * 8   # one datagram with its UDP and IP headers
 ENV = os.environ
 # The unit's secret tags every datagram, so a late one of an earlier unit is dropped.
@@ -88,6 +89,9 @@ def server() -> None:
     chunks = math.ceil(size / FLOATS)
     deadline_s = 2 * push_s(size) + 0.25      # after a round's first datagram
     workers: dict[int, tuple] = {}
+    while len(workers) < WORLD:               # every worker's hello, then "go" to each
+        receive(sock, JOIN, 1, math.inf, lambda sender, i, f, addr: workers.update({sender: addr}))
+    send(sock, JOIN, SERVER, np.zeros(1, np.float32), list(workers.values()))
     total, count = np.zeros(size, np.float32), np.zeros(chunks)
     seen = np.zeros((WORLD, chunks), bool)
 
@@ -128,6 +132,10 @@ def worker() -> None:
 
     def put(sender, index, floats, addr):
         average[index * FLOATS:index * FLOATS + len(floats)] = floats
+    while True:   # hello until the server says go: every worker starts round 0 together
+        send(sock, JOIN, rank, np.zeros(1, np.float32), [server])
+        if receive(sock, JOIN, 1, time.perf_counter() + 0.5, lambda *a: None):
+            break
     write("start", t_ns=time.time_ns(), params=size, grad_bytes=4 * size)
     for rnd in range(ROUNDS):
         write("round_start", round=rnd, t_ns=time.time_ns())
