@@ -353,3 +353,87 @@ def test_the_example_trains_over_udp_on_loopback_and_keeps_the_contract(tmp_path
     evals = [json.loads(x) for x in log_paths(tmp_path, 0)[1].read_text().splitlines()
              if '"eval"' in x]
     assert [e["round"] for e in evals] == [1, 3] and 0 < evals[-1]["test_accuracy"] <= 1
+
+
+# -- the runner, on loopback --------------------------------------------------------------
+
+class LoopbackHosts:
+    """What `ArmRun` asks of a fabric, every host on this machine (no controller listens)."""
+
+    controller = None
+
+    def __init__(self, tmp):
+        self.control_socket = str(tmp / "nobody.sock")
+
+    def ip(self, host):
+        return "127.0.0.1"
+
+    def intf(self, host):
+        return "lo"
+
+    def popen(self, host, argv, **kw):
+        return subprocess.Popen(argv, **kw)
+
+
+def _script(*lines: str) -> list[str]:
+    """A worker command: Python that writes ``lines`` (format fields: r, t) per round."""
+    body = ["import json, os, sys, time", "log = open(os.environ['TESTBED_LOG'], 'a')",
+            "for r in range(int(os.environ['TESTBED_ROUNDS'])):", "    t = time.time_ns()"]
+    body += [f"    {x}" for x in lines]
+    return ["python", "-c", "\n".join(body)]
+
+
+LINE = "print(json.dumps({}), file=log, flush=True)"
+GOOD = [LINE.format("{'event': 'round_start', 'round': r, 't_ns': t}"), "time.sleep(0.02)",
+        LINE.format("{'event': 'round_end', 'round': r, 't_ns': time.time_ns(), 'comm_s': 0.01}")]
+
+
+def arm_run(tmp_path, worker: list[str]):
+    from testbed.run.runner import ArmRun
+    spec = load(tmp_path, 'arms = ["mine"]\n[training]\nrounds = 2\n[commands.mine]\n'
+                f'worker = {json.dumps(worker)}\nsilence_s = 1.5\n')
+    return ArmRun(spec, "mine", LoopbackHosts(tmp_path), tmp_path / "run", "srv",
+                  ["w1", "w2", "w3"], seed=1)
+
+
+def supervise(run) -> None:
+    from testbed.run.budget import UnitCpu
+    try:
+        run._start_command()
+        run._supervise(UnitCpu(None))
+    finally:
+        run.procs.stop()
+        run._close_command()
+
+
+def test_the_runner_adapts_every_worker_of_a_command_arm(tmp_path):
+    run = arm_run(tmp_path, _script(*GOOD))
+    supervise(run)
+    for rank in range(3):
+        events = [check_event(json.loads(x))
+                  for x in (run.raw / f"worker{rank}.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events] == ["start", "round", "round", "end"]
+        assert events[-1]["status"] == "ok" and events[0]["world_size"] == 3
+
+
+def test_the_runner_fails_a_malformed_line_naming_it(tmp_path):
+    from testbed.run.runner import ArmFailed
+    run = arm_run(tmp_path, _script(LINE.format("{'event': 'round_start', 'round': r}"),
+                                    "time.sleep(30)"))
+    with pytest.raises(ArmFailed) as err:
+        supervise(run)
+    assert str(err.value).strip().startswith("raw/mine/seed-1/worker")
+    assert ".command.log:1: round_start line: field 't_ns' missing" in str(err.value)
+    assert json.loads((run.raw / "worker0.jsonl").read_text().splitlines()[-1])["status"] == "error"
+
+
+def test_the_runner_fails_a_silent_worker_naming_its_last_line_not_hanging(tmp_path):
+    import time
+
+    from testbed.run.runner import ArmFailed
+    run = arm_run(tmp_path, _script(GOOD[0], "time.sleep(30)"))
+    t0 = time.monotonic()
+    with pytest.raises(ArmFailed, match=r"silent for \d+ s .*its last line, 1, was "
+                                        r"'\{\"event\": \"round_start\", \"round\": 0"):
+        supervise(run)
+    assert time.monotonic() - t0 < 20
