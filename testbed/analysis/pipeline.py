@@ -25,9 +25,9 @@ import click
 import pandas as pd
 
 from testbed import output
+from testbed import physics as phys
 from testbed.analysis import bottleneck as bn
 from testbed.analysis import claims, datasets, report
-from testbed.analysis import physics as phys
 from testbed.analysis import tables as tb
 from testbed.analysis.formats import write_summary
 from testbed.analysis.raw import RawRun, load_raw

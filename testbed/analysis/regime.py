@@ -5,7 +5,7 @@ run, so its figures come from that run's own summary (`summary.json`) and
 per-round table (`rounds.csv`): the burst-round speedup of each pair with
 its interval over burst rounds, flagged and not reported when a
 round-locked burst ran to its cap; each arm's burst-round latency over its
-physical bound (`testbed.analysis.physics`). On top of that, per cell:
+physical bound (`testbed.physics`). On top of that, per cell:
 
 - the pair's place between the bandwidth-bound ratio (1-P_tight)/(1-P_loose)
   and the pass-bound ratio ln P_tight / ln P_loose, taken with the bounds
@@ -30,8 +30,8 @@ import pathlib
 import numpy as np
 import pandas as pd
 
+from testbed import physics as phys
 from testbed.analysis import formats
-from testbed.analysis import physics as phys
 
 #: Version of regime-summary.json.
 #: 1: first version (cells with pairs, arms, breakdowns and sentences).

@@ -41,8 +41,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from testbed import physics as phys
 from testbed.analysis import datasets
-from testbed.analysis import physics as phys
 from testbed.analysis.arms import arm_mode, arm_transport, is_dblp_arm, static_partner
 from testbed.analysis.formats import SUMMARY_SCHEMA
 from testbed.analysis.raw import RawRun

@@ -5,7 +5,7 @@ whether the job has a secret) at one loss; ``bench_row`` turns its round trips
 into the figures the JSON document keeps (median round trip, the physical
 bound ``bound_s``, passes against the ideal, CPU per GB); ``bench_doc``
 declares the document around the rows and ``format_table`` prints it.
-The ideal passes are `testbed.analysis.physics.passes`, the same formula the
+The ideal passes are `testbed.physics.passes`, the same formula the
 run's bounds use.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import math
 import statistics
 
-from testbed.analysis.physics import passes
+from testbed.physics import passes
 
 #: The two agents of a row by namespace: a = PS worker / sharded rank 0 / gloo rank 0,
 #: b = aggregator / sharded rank 1 / gloo rank 1. Each sends and receives the gradient

@@ -16,7 +16,7 @@ import math
 
 import pytest
 
-from testbed.analysis import physics
+from testbed import physics
 from testbed.analysis import tables as analysis
 from testbed.analysis.arms import static_partner
 from testbed.analysis.pipeline import build_outputs

@@ -4,8 +4,8 @@ import math
 import pytest
 
 import testbed.bench.transport as tr
-from testbed.analysis.physics import passes
 from testbed.bench.transport_doc import Config, bench_row, format_table, reliable_target
+from testbed.physics import passes
 
 pytestmark = pytest.mark.unit
 

@@ -327,7 +327,7 @@ def test_paper_prototype_resolves_through_the_spec():
 
 
 def test_physics_takes_the_chunk_loss_of_fragmented_chunks():
-    from testbed.analysis import physics
+    from testbed import physics
     from testbed.config.presets import PRESETS
     from testbed.config.spec import load
 

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from dblp.stats import RoundStats
+from testbed import physics
 from testbed import references as refs
-from testbed.analysis import physics
 from testbed.analysis import readme as rd
 from testbed.bench import bursts as bb
 from testbed.bench import transport as tr

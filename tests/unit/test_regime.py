@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from testbed import REPO_ROOT
-from testbed.analysis import physics as phys
+from testbed import physics as phys
 from testbed.analysis import regime as analysis
 from testbed.errors import ExperimentFailed, InputError
 from testbed.run import regime
