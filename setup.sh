@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-# gcc, libc6-dev and python3-dev build the transport's one C file (dblp/_fastpath.c).
+# gcc, libc6-dev and python3-dev build the transport's one C file (dblp/_fastpath.c);
+# libssl-dev gives it libcrypto, with which it tags and checks keyed jobs' datagrams.
 DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps
-              gcc libc6-dev python3-dev)
+              gcc libc6-dev python3-dev libssl-dev)
 # Optional groups, installed only by what uses them: `./setup.sh vagrant tshark`
 # before the test suite (`make test`: the Vagrantfile check, Vagrant being a
 # Ruby stack nothing else needs, and the Wireshark dissector's), never during it.

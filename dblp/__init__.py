@@ -83,9 +83,14 @@ trailer ``TRAILER_FIELDS``); scapy layer: ``dblp.scapy_layer.DBLP`` and
 
 Security: give every job a secret (``TransportConfig(secret=secrets.token_hex(32))``,
 or ``$DBLP_SECRET``), made by whoever starts the job and never sent. Every
-message then carries a keyed BLAKE2b-128 tag over header and payload; one that
-fails is counted (``unauthenticated``) and dropped before it is parsed, and
-nothing (not even the session id) is told to a sender without the secret.
+message then carries a keyed BLAKE2b-128 tag over the rank it is for, header
+and payload; one that fails is counted (``unauthenticated``) and dropped before
+it is parsed, a source that keeps sending such is dropped by its address
+before verification, and nothing (not even the session id) is told to a
+sender without the secret. Joins are a challenge (``dblp.join``): no replayed
+HELLO or WELCOME, of this job or of an earlier one with the same secret,
+pins, moves or misleads a rank. A rank with another secret raises within
+2 s saying so; a job without one warns once on every rank at start.
 Without a secret the job is open to anyone who can reach its port, but a
 rank's address is pinned at its join and only that address speaks for it.
 Either way no datagram and no TCP byte sequence raises out of the engine.

@@ -21,9 +21,17 @@
  *               that stream, of this round, from the pinned address, or the
  *               one whose chunk makes the receiver STOP.
  *
+ * With a job secret (mac_new: a keyed BLAKE2b-128 from OpenSSL's libcrypto,
+ * the tag dblp.wire.Sealer makes, over the destination rank, header and
+ * payload) send_gso tags every datagram it builds and take_run verifies every
+ * datagram's tag before it spends anything else on it, stopping at the first
+ * that fails (Python counts it and rate-limits its source). Built without
+ * libcrypto (DBLP_HAVE_LIBCRYPTO unset) mac_new raises and keyed jobs keep
+ * the Python path.
+ *
  * Everything else (control messages, other streams' first datagrams, forged
- * or malformed ones, the STOP, a stopped or finished receiver, a job secret,
- * fault injection) stays in Python, so hostile input meets the checks it met
+ * or malformed ones, the STOP, a stopped or finished receiver, fault
+ * injection) stays in Python, so hostile input meets the checks it met
  * before. The header layout is not written here: dblp.batch passes the
  * offsets derived from dblp.wire.HEADER_FIELDS once (set_layout).
  * tests/unit/test_dblp_batch.py checks this path against the pure-Python one
@@ -38,6 +46,13 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <netinet/in.h>
+
+#ifdef DBLP_HAVE_LIBCRYPTO
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "chunks are little-endian float32: this core adds them as native floats"
@@ -74,6 +89,113 @@ static PyObject *set_layout(PyObject *self, PyObject *args) {
     }
     L.ready = 1;
     Py_RETURN_NONE;
+}
+
+/* -- authentication: the job's MAC (dblp.wire.Sealer), in C ------------------------------ */
+#define TAG_BYTES 16
+#define MAC_CAPSULE "dblp._fastpath.mac"
+
+#ifdef DBLP_HAVE_LIBCRYPTO
+/* One keyed context per Sealer (a capsule): re-initialised per message from the key it
+ * keeps. An engine is single-threaded, so its context is never used by two threads. */
+static EVP_MAC *blake2bmac;
+
+static void mac_free(PyObject *cap) {
+    EVP_MAC_CTX *ctx = PyCapsule_GetPointer(cap, MAC_CAPSULE);
+    if (ctx)
+        EVP_MAC_CTX_free(ctx);
+}
+
+/* mac_new(key) -> capsule: keyed BLAKE2b with a 16-byte tag, as hashlib.blake2b(key=, digest_size=16) */
+static PyObject *mac_new(PyObject *self, PyObject *args) {
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "y*", &key))
+        return NULL;
+    PyObject *res = NULL;
+    EVP_MAC_CTX *ctx = NULL;
+    if (key.len < 16 || key.len > 64) {
+        PyErr_SetString(PyExc_ValueError, "mac_new: key must be 16 to 64 bytes");
+        goto done;
+    }
+    if (!blake2bmac)
+        blake2bmac = EVP_MAC_fetch(NULL, "BLAKE2BMAC", NULL);
+    if (!blake2bmac || !(ctx = EVP_MAC_CTX_new(blake2bmac))) {
+        PyErr_SetString(PyExc_RuntimeError, "mac_new: libcrypto has no BLAKE2BMAC");
+        goto done;
+    }
+    size_t size = TAG_BYTES;
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size),
+                           OSSL_PARAM_construct_end()};
+    if (!EVP_MAC_init(ctx, key.buf, (size_t)key.len, params)) {
+        PyErr_SetString(PyExc_RuntimeError, "mac_new: cannot key BLAKE2BMAC");
+        EVP_MAC_CTX_free(ctx);
+        goto done;
+    }
+    res = PyCapsule_New(ctx, MAC_CAPSULE, mac_free);
+    if (!res)
+        EVP_MAC_CTX_free(ctx);
+done:
+    PyBuffer_Release(&key);
+    return res;
+}
+
+/* The tag of (dst, a, b) into out; 0 on a libcrypto failure. */
+static int mac_tag(EVP_MAC_CTX *ctx, uint32_t dst, const uint8_t *a, size_t na,
+                   const uint8_t *b, size_t nb, uint8_t out[TAG_BYTES]) {
+    uint8_t d[2] = {(uint8_t)(dst >> 8), (uint8_t)dst};
+    size_t outl = 0;
+    if (!EVP_MAC_init(ctx, NULL, 0, NULL) || !EVP_MAC_update(ctx, d, 2)
+        || !EVP_MAC_update(ctx, a, na) || (nb && !EVP_MAC_update(ctx, b, nb))
+        || !EVP_MAC_final(ctx, out, &outl, TAG_BYTES))
+        return 0;
+    return outl == TAG_BYTES;
+}
+
+static int mac_equal(const uint8_t *x, const uint8_t *y) {
+    return CRYPTO_memcmp(x, y, TAG_BYTES) == 0;
+}
+#else
+static PyObject *mac_new(PyObject *self, PyObject *args) {
+    PyErr_SetString(PyExc_NotImplementedError, "mac_new: built without libcrypto");
+    return NULL;
+}
+typedef void EVP_MAC_CTX;
+static int mac_tag(EVP_MAC_CTX *ctx, uint32_t dst, const uint8_t *a, size_t na,
+                   const uint8_t *b, size_t nb, uint8_t out[TAG_BYTES]) {
+    return 0;
+}
+static int mac_equal(const uint8_t *x, const uint8_t *y) { return 0; }
+#endif
+
+/* The context of a capsule argument (None -> NULL, no error); -1 on a wrong argument. */
+static int mac_arg(PyObject *obj, EVP_MAC_CTX **ctx) {
+    *ctx = NULL;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    *ctx = PyCapsule_GetPointer(obj, MAC_CAPSULE);
+    return *ctx ? 0 : -1;
+}
+
+/* mac_tag(capsule, dst, message) -> 16 bytes: the C tag, for the tests to compare with Python's */
+static PyObject *py_mac_tag(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    unsigned int dst;
+    Py_buffer msg;
+    if (!PyArg_ParseTuple(args, "OIy*", &cap, &dst, &msg))
+        return NULL;
+    EVP_MAC_CTX *ctx;
+    PyObject *res = NULL;
+    uint8_t out[TAG_BYTES];
+    if (mac_arg(cap, &ctx) < 0 || !ctx) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "mac_tag: no key");
+    } else if (!mac_tag(ctx, dst, msg.buf, (size_t)msg.len, NULL, 0, out)) {
+        PyErr_SetString(PyExc_RuntimeError, "mac_tag: libcrypto failed");
+    } else {
+        res = PyBytes_FromStringAndSize((const char *)out, TAG_BYTES);
+    }
+    PyBuffer_Release(&msg);
+    return res;
 }
 
 /* recv_ring(fd, data, stride, slot, names, lens, slots) -> m, or -errno */
@@ -264,8 +386,14 @@ done:
 }
 
 /* take_run(data, stride, lens, names, start, stop, fixed, src, part, pull, addr,
- *          chunk_bytes, count, nbytes, out, add, have, room)
+ *          chunk_bytes, count, nbytes, out, add, have, room[, mac, dst])
  *   -> (next, new, duplicates, malformed, max_aux)
+ *
+ * ``mac`` (a mac_new capsule, or None without a secret): every row's tag is
+ * verified for this receiver's rank (``dst``) before anything but the fixed header bytes is
+ * read, and the first that fails stops the run (Python counts it and
+ * rate-limits its source). With a key the sender is proved by its tag, not
+ * by its address (``addr`` is then not compared), as in dblp.batch._fast_rows.
  *
  * Rows start..stop-1 of the ring. ``fixed``: the shared header bytes of this
  * round (the two spans of set_layout, concatenated). ``addr``: the sender's
@@ -276,17 +404,25 @@ done:
 static PyObject *take_run(PyObject *self, PyObject *args) {
     Py_buffer data, lens, names, fixed, addr, out, have;
     Py_ssize_t stride, start, stop, chunk_bytes, count, nbytes, room;
-    unsigned int src, part, pull;
+    unsigned int src, part, pull, rank = 0;
     int add;
+    PyObject *macobj = NULL;
+    EVP_MAC_CTX *mac = NULL;
     if (!L.ready) {
         PyErr_SetString(PyExc_RuntimeError, "take_run before set_layout");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*ny*y*nny*IIIy*nnnw*pw*n", &data, &stride, &lens, &names,
+    if (!PyArg_ParseTuple(args, "y*ny*y*nny*IIIy*nnnw*pw*n|OI", &data, &stride, &lens, &names,
                           &start, &stop, &fixed, &src, &part, &pull, &addr, &chunk_bytes,
-                          &count, &nbytes, &out, &add, &have, &room))
+                          &count, &nbytes, &out, &add, &have, &room, &macobj, &rank))
         return NULL;
     PyObject *res = NULL;
+    if (mac_arg(macobj, &mac) < 0)
+        goto done;
+    if (mac && L.tag != TAG_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "take_run: the layout's tag is not a MAC tag");
+        goto done;
+    }
     Py_ssize_t na = L.fixed_a1 - L.fixed_a0, nb = L.fixed_b1 - L.fixed_b0;
     if (start < 0 || stop < start || data.len < stop * stride || lens.len < stop * 8
         || names.len < stop * (Py_ssize_t)sizeof(struct sockaddr_in) || fixed.len != na + nb
@@ -314,8 +450,14 @@ static PyObject *take_run(PyObject *self, PyObject *args) {
             break;
         if (be16(p + L.src) != src || be16(p + L.part) != part || (p[L.flags] & L.pull) != pull)
             break;
-        if (memcmp(nm + i * sizeof(struct sockaddr_in) + 2, pin, 6))  /* sin_port, sin_addr */
+        if (mac) {  /* the tag before anything costs more than a compare */
+            uint8_t tag[TAG_BYTES];
+            if (!mac_tag(mac, rank, p, (size_t)(len[i] - L.tag), NULL, 0, tag)
+                || !mac_equal(tag, p + len[i] - L.tag))
+                break;
+        } else if (memcmp(nm + i * sizeof(struct sockaddr_in) + 2, pin, 6)) {  /* port, IPv4 */
             break;
+        }
         /* InTransfer.on_data_batch */
         int64_t want = (int64_t)nbytes - (int64_t)index * chunk_bytes;
         if (want > chunk_bytes)
@@ -364,11 +506,13 @@ done:
     return res;
 }
 
-/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag, per_msg)
+/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag, per_msg[, mac, dst])
  *     -> datagrams sent, or -errno
  *
- * dblp.batch.SendBatch.fill followed by the engine's GSO sends, for a job
- * without a secret (the tag is ``tag`` zero bytes): one datagram per entry of
+ * dblp.batch.SendBatch.fill followed by the engine's GSO sends (the tag is
+ * ``tag`` zero bytes without a secret; with one, ``mac`` is a mac_new capsule
+ * and each datagram's tag for rank ``dst`` is written at the end of its row
+ * of ``buf``): one datagram per entry of
  * ``chunks`` (int64 chunk indices), each ``template`` with its index field set,
  * then the chunk's row of ``rows`` (the stream's full chunks, contiguous),
  * then the tag. They leave as GSO messages of ``per_msg`` datagrams (the last
@@ -394,10 +538,19 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer buf, tmpl, rows, chunks, addr;
     Py_ssize_t index_off, tag, per_msg;
-    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*nn", &fd, &buf, &tmpl, &index_off, &rows, &chunks,
-                          &addr, &tag, &per_msg))
+    PyObject *macobj = NULL;
+    unsigned int dst = 0;
+    EVP_MAC_CTX *mac = NULL;
+    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*nn|OI", &fd, &buf, &tmpl, &index_off, &rows,
+                          &chunks, &addr, &tag, &per_msg, &macobj, &dst))
         return NULL;
     PyObject *res = NULL;
+    if (mac_arg(macobj, &mac) < 0)
+        goto done;
+    if (mac && tag != TAG_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "send_gso: a MAC tag is 16 bytes");
+        goto done;
+    }
     Py_ssize_t k = chunks.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t hdr = tmpl.len;
     Py_ssize_t cb;
@@ -454,8 +607,17 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
             d[index_off + 3] = (uint8_t)c;
             iovs[niov++] = (struct iovec){d, (size_t)hdr};
             iovs[niov++] = (struct iovec){(void *)(src + (size_t)c * (size_t)cb), (size_t)cb};
-            if (tag)
+            if (mac) {  /* tagged where the row's tag goes (the payload is not copied) */
+                uint8_t *t = d + hdr + cb;
+                if (!mac_tag(mac, dst, d, (size_t)hdr, src + (size_t)c * (size_t)cb, (size_t)cb,
+                             t)) {
+                    PyErr_SetString(PyExc_RuntimeError, "send_gso: libcrypto failed");
+                    goto done;
+                }
+                iovs[niov++] = (struct iovec){t, (size_t)tag};
+            } else if (tag) {
                 iovs[niov++] = (struct iovec){(void *)zero_tag, (size_t)tag};
+            }
         }
         m->msg_iovlen = (size_t)(&iovs[niov] - m->msg_iov);
         if (segs > 1) {  /* one datagram needs no segmentation */
@@ -532,6 +694,8 @@ static PyMethodDef methods[] = {
     {"recv_gro", recv_gro, METH_VARARGS, "recv_ring for a UDP_GRO socket: runs cut back into datagrams."},
     {"take_run", take_run, METH_VARARGS, "Apply the leading run of one stream's plain DATA."},
     {"sum_squares", sum_squares, METH_VARARGS, "Float64 sum of squares of float32s, fixed order."},
+    {"mac_new", mac_new, METH_VARARGS, "A keyed BLAKE2b-128 context (capsule) for send_gso/take_run."},
+    {"mac_tag", py_mac_tag, METH_VARARGS, "The tag of one message for a rank (tests compare it)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -168,25 +168,30 @@ class SendBatch:
         self._sockaddrs: dict[tuple, bytes | None] = {}
 
     def send(self, sock: socket.socket, template: bytes, chunks: np.ndarray,
-             payload_rows: np.ndarray, sealer: wire.Sealer, addr) -> int:
-        """GSO sends of ``chunks`` to ``addr``: the datagrams that left (the first of them).
+             payload_rows: np.ndarray, sealer: wire.Sealer, addr, dst: int) -> int:
+        """GSO sends of ``chunks`` to rank ``dst`` at ``addr``: the datagrams that left (the
+        first of them).
 
-        Without a secret, and where the C core is built, the core builds the rows
-        and sends them (``NATIVE.send_gso``: the same bytes); else ``fill`` and
+        Where the C core is built (with libcrypto for a job with a secret: it
+        then tags each row, ``native_mac``), the core builds the rows and sends
+        them (``NATIVE.send_gso``: the same bytes); else ``fill`` and
         ``sendmsg`` here, a GSO message at a time. A full socket buffer stops the
         send after whole messages; before the first, it raises BlockingIOError,
         and any other error raises OSError as ``sendmsg`` would.
         """
         per = per_message(self.datagram)
-        raw = self._sockaddr(addr) if NATIVE is not None and sealer.key is None else None
+        mac = native_mac(sealer)
+        raw = self._sockaddr(addr) if NATIVE is not None and (sealer.key is None or mac) \
+            else None
         if raw is not None and payload_rows.flags.c_contiguous:
-            self._template = b""  # the core wrote its own headers into the rows
+            self._template = b""  # the core wrote its own headers (and tags) into the rows
             n = NATIVE.send_gso(sock.fileno(), self.buf, template, _INDEX_OFF, payload_rows,
-                                np.ascontiguousarray(chunks, np.int64), raw, TAG_SIZE, per)
+                                np.ascontiguousarray(chunks, np.int64), raw, TAG_SIZE, per,
+                                mac, dst)
             if n < 0:
                 raise OSError(-n, os.strerror(-n))  # EAGAIN: BlockingIOError, as sendmsg's
             return n
-        buf = self.fill(template, chunks, payload_rows, sealer)
+        buf = self.fill(template, chunks, payload_rows, sealer, dst)
         step = per * self.datagram
         for sent, lo in enumerate(range(0, len(buf), step)):
             try:
@@ -208,8 +213,9 @@ class SendBatch:
             return self._sockaddrs[addr]
 
     def fill(self, template: bytes, chunks: np.ndarray, payload_rows: np.ndarray,
-             sealer: wire.Sealer) -> memoryview:
-        """Rows for ``chunks`` (full chunks only) under header ``template``; the bytes to send."""
+             sealer: wire.Sealer, dst: int) -> memoryview:
+        """Rows for ``chunks`` (full chunks only) under header ``template``, tagged for rank
+        ``dst``; the bytes to send."""
         k = len(chunks)
         b = self.buf[:k]
         end = HEADER_SIZE + self.chunk_bytes
@@ -220,7 +226,7 @@ class SendBatch:
         b[:, HEADER_SIZE:end] = payload_rows[chunks]
         if sealer.key is not None:
             for i in range(k):
-                b[i, end:] = np.frombuffer(sealer.tag(b[i, :end]), np.uint8)
+                b[i, end:] = np.frombuffer(sealer.tag(dst, b[i, :end]), np.uint8)
         return b.data.cast("B")
 
     @staticmethod
@@ -502,6 +508,34 @@ def runs(keys: np.ndarray) -> list[tuple[int, int]]:
 
 #: The C core, or None: set by ``_load_native`` (tests switch it off to compare the paths).
 NATIVE = _load_native()
+#: ``take_run``'s address argument with a key (the tag proves the sender, not the address).
+_ANY_ADDR = bytes(6)
+
+
+def native_auth() -> bool:
+    """Whether the C core computes and checks tags (built with libcrypto)."""
+    if NATIVE is None or not hasattr(NATIVE, "mac_new"):
+        return False
+    try:
+        NATIVE.mac_new(bytes(32))
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
+def native_mac(sealer: wire.Sealer):
+    """The C core's keyed context for ``sealer``'s key (made once per sealer), or None:
+    no secret, no core, or a core built without libcrypto."""
+    if sealer.key is None or NATIVE is None:
+        return None
+    mac = sealer.native
+    if mac is None:
+        try:
+            mac = NATIVE.mac_new(sealer.key)
+        except (AttributeError, NotImplementedError, RuntimeError):
+            mac = False
+        sealer.native = mac
+    return mac or None
 
 
 def batching_supported() -> bool:
@@ -525,9 +559,29 @@ def _fast_rows(eng: Engine, ring: RecvRing, hb: np.ndarray, h: np.ndarray, lo: i
     fast &= ring.known_senders(lo, m, h["src"], eng.peers.addrs, pinned=eng.sealer.key is None)
     if eng.sealer.key is not None:
         for i in np.flatnonzero(fast):
-            if not eng.sealer.verify(ring.view(lo + int(i)), int(lens[i])):
+            if not eng.sealer.verify(ring.view(lo + int(i)), int(lens[i]), eng.rank):
                 fast[i] = False
     return fast
+
+
+def _name_keys(names: np.ndarray) -> np.ndarray:
+    """``sockaddr_in`` rows (port and IPv4 at bytes 2-7) as one integer each."""
+    wide = np.zeros((len(names), 8), np.uint8)
+    wide[:, 2:] = names[:, 2:8]
+    return wide.view(">u8").ravel()
+
+
+def _blocked_rows(eng: Engine, ring: RecvRing, lo: int, m: int, now: float) -> np.ndarray:
+    """Rows ``lo..m-1`` from a source ``eng.bad`` blocks: dropped before any check costs CPU."""
+    bad = eng.bad
+    for addr, until in list(bad.blocked.items()):
+        if now >= until:
+            bad.is_blocked(addr, now)  # expires it
+    if bad.keys is None:
+        raw = [r for r in (_port_and_ip(a) for a in bad.blocked) if r is not None]
+        bad.keys = _name_keys(np.frombuffer(b"".join(bytes(2) + r for r in raw), np.uint8)
+                              .reshape(-1, 8))
+    return np.isin(_name_keys(ring.names[lo:m]), bad.keys)
 
 
 _FLAGS_OFF = wire.FIELD_OFFSETS["flags"][0]
@@ -540,12 +594,14 @@ def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
     """Rows ``0..k-1`` the C core took (``NATIVE.take_run``), a stream's run at a time; k.
 
     Only where its checks are the engine's: no secret (the pinned address is the
-    proof of who sent), no fault injection, a receiver that has not stopped. The
+    proof of who sent) or a core that verifies the tags (``native_mac``: the tag
+    is the proof, checked first), no fault injection, a receiver that has not stopped. The
     row it stops at (anything but plain DATA of the run's stream, or the chunk
     that makes the receiver STOP) and every row after it take the path below.
     """
     assert NATIVE is not None
-    if eng.round < 0 or eng.sealer.key is not None or eng.fault_rx_drop:
+    mac = native_mac(eng.sealer)
+    if eng.round < 0 or (eng.sealer.key is not None and mac is None) or eng.fault_rx_drop:
         return 0
     data, fixed, i = ring.data, ring.fixed(eng.session, eng.round).tobytes(), 0
     while i < m:
@@ -556,13 +612,14 @@ def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
         r = eng.receivers.get((kind, part, src))
         if r is None or r.stopped or r.final is not None or not r.out.flags.c_contiguous:
             break
-        addr = ring.pinned_addr(src, eng.peers.addrs)
+        addr = ring.pinned_addr(src, eng.peers.addrs) if mac is None else _ANY_ADDR
         room = r.count - r.allowed - r.n_have - 1
         if addr is None or room < 0:
             break
         j, new, dups, bad, aux = NATIVE.take_run(
             data, ring.stride, ring.lens, ring.names, i, m, fixed, src, part, kind, addr,
-            eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room)
+            eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room, mac,
+            eng.rank)
         if j == i:
             break
         if eng.finals.pending:
@@ -591,6 +648,19 @@ def deliver(eng: Engine, ring: RecvRing, m: int, now: float) -> None:
     handled alone change what the checks depend on (round, session, peers), the
     rest of the batch takes ``handle`` too.
     """
+    if eng.bad.blocked:
+        # Sources of bad tags first, by address alone: their rows leave the ring before
+        # any check (or the C core) spends anything on them, and the rest close up.
+        blocked = _blocked_rows(eng, ring, 0, m, now)
+        if blocked.any():
+            eng.counters.unauthenticated += int(blocked.sum())
+            rest = np.flatnonzero(~blocked)
+            m = len(rest)
+            if m == 0:
+                return
+            ring.data[:m] = ring.data[rest]
+            ring.lens[:m] = ring.lens[rest]
+            ring.names[:m] = ring.names[rest]
     lo = _native_runs(eng, ring, m, now) if NATIVE is not None else 0
     if lo == m:
         return

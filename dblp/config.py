@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -432,3 +433,22 @@ def _from_text(text: str, m: Mapping):
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TransportConfig)}
 SETTINGS = tuple(_FIELDS)  # every setting's name, in declaration order
+
+
+_WARNED_OPEN: set[tuple[int, int]] = set()  # (process, rank) that said their job has no secret
+
+
+def warn_unauthenticated(config: TransportConfig, rank: int, role: str) -> bool:
+    """Say once per rank, at its start, that the job has no secret; True if it said so.
+
+    Without one every tag is zeros and anyone who can reach the port may join
+    or inject (a launcher such as torchrun sets no secret unless told to).
+    """
+    if config.secret is not None or (os.getpid(), rank) in _WARNED_OPEN:
+        return False
+    _WARNED_OPEN.add((os.getpid(), rank))
+    logging.getLogger("dblp").warning(
+        "%s rank %d: this job has no secret (set %s, or secret in the transport config): its "
+        "messages are not authenticated, and anyone who can reach its port can join it or "
+        "change its aggregate", role, rank, SECRET_ENV)
+    return True

@@ -45,7 +45,7 @@ import numpy as np
 
 from . import batch, wire
 from .config import check_setting, default_of
-from .engine_state import EarlyBuffer, FinalRetries, FinalRetry, Joining, PeerState
+from .engine_state import BadSources, EarlyBuffer, FinalRetries, FinalRetry, Joining, PeerState
 from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
 from .pacing import FRAGMENT_OVERHEAD, WIRE_OVERHEAD, PaceAudit, TokenBucket
@@ -116,6 +116,8 @@ class Engine:
         "early",
         # joining: the rendezvous' handlers, TCP conns not yet bound to a rank (Joining)
         "joining",
+        # sources whose tags keep failing, dropped before verification (BadSources)
+        "bad",
         # accounting: anomalies, bytes and datagrams sent
         "counters", "bytes_sent", "datagrams",
         # fault injection for tests without root: drop this fraction of received datagrams
@@ -184,9 +186,10 @@ class Engine:
         self.peer_rate_bps = peer_rate_bps
         self.peer_buckets: dict[int, TokenBucket] = {}
         # batched I/O
-        # Several GSO messages per call where the C core sends (no secret: the MACs
-        # are Python's); one per call where Python fills the rows.
-        messages = batch.GSO_MESSAGES if batch.NATIVE is not None and key is None else 1
+        # Several GSO messages per call where the C core sends (with a secret, only
+        # where it also makes the tags); one per call where Python fills the rows.
+        messages = batch.GSO_MESSAGES if batch.NATIVE is not None and (
+            key is None or batch.native_mac(self.sealer) is not None) else 1
         self.batch_max = batch.batch_limit(rate_bps, self.max_datagram,
                                            self.wire_size(self.max_datagram),
                                            messages) if batched else 1
@@ -211,6 +214,7 @@ class Engine:
         self.finals = FinalRetries()
         self.early = EarlyBuffer(early_cap, early_bytes)
         self.joining = Joining(hello_timeout)
+        self.bad = BadSources()
         # accounting; datagrams (or TCP frames) by kind: control must stay a small fraction
         self.counters = Counters()
         self.bytes_sent = 0
@@ -280,7 +284,7 @@ class Engine:
 
     # -- output ---------------------------------------------------------------------
     def send_data(self, hdr: bytes, payload, peer: int) -> int:
-        tag = self.sealer.tag(hdr, payload)
+        tag = self.sealer.tag(peer, hdr, payload)
         try:
             n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers.addrs[peer])
         except (BlockingIOError, InterruptedError):
@@ -310,7 +314,7 @@ class Engine:
         k, size = len(chunks), self.max_datagram
         try:
             k = self.send_buf.send(self.sock, template, chunks, rows, self.sealer,
-                                   self.peers.addrs[peer])
+                                   self.peers.addrs[peer], peer)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
@@ -334,7 +338,7 @@ class Engine:
 
     def send_ctrl(self, peer: int, body: bytes, copies: int = 1) -> None:
         """Send a control message (header + payload; sealed here) ``copies`` times."""
-        msg = self.sealer.seal(body)
+        msg = self.sealer.seal(body, peer)
         conn = self.peers.tcp.get(peer) if self.control == "tcp" else None
         if conn is not None:
             conn.send(msg)
@@ -355,10 +359,11 @@ class Engine:
             if self.peer_rate_bps is not None:
                 self.peer_bucket(peer).consume(len(msg))
 
-    def send_raw(self, body: bytes, addr) -> None:
-        """Send one message (header + payload; sealed here) to an address, not a rank."""
+    def send_raw(self, body: bytes, addr, dst: int) -> None:
+        """Send one message (header + payload; sealed here for rank ``dst``) to an address
+        that is not (yet) that rank's pinned one."""
         try:
-            self.sock.sendto(self.sealer.seal(body), addr)
+            self.sock.sendto(self.sealer.seal(body, dst), addr)
         except OSError:
             pass
 
@@ -413,8 +418,15 @@ class Engine:
         Order matters: the MAC is checked before a single field is believed, and
         only then the header is parsed and the sender's identity checked.
         """
-        if not self.sealer.verify(buf, n):
+        if addr is not None and self.bad.blocked and self.bad.is_blocked(addr, now):
+            self.counters.unauthenticated += 1  # a source of bad tags: not even verified
+            return
+        if not self.sealer.verify(buf, n, self.rank):
             self.counters.unauthenticated += 1
+            if addr is not None:
+                self.bad.failed(addr, now, self.peers.addrs)
+            if self.joining.on_bad_tag is not None:
+                self.joining.on_bad_tag(buf, n, addr, now)
             return
         try:
             h = wire.unpack_header(buf, n, self.chunk_bytes)
@@ -422,7 +434,7 @@ class Engine:
             self.counters.malformed += 1
             return
         t = h.type
-        if t == MsgType.HELLO or t == MsgType.WELCOME:
+        if t == MsgType.HELLO or t == MsgType.WELCOME or t == MsgType.CHALLENGE:
             if self.joining.handler is not None:
                 self.joining.handler(h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length]), addr,
                                      tcp_peer)

@@ -181,6 +181,8 @@ class Joining:
         "unbound", "hello_timeout",
         # the unbound TCP connection whose frame is being handled
         "current_conn",
+        # f(buf, n, addr, now) for a message whose tag failed (wrong-secret diagnosis)
+        "on_bad_tag",
     )
 
     def __init__(self, hello_timeout: float):
@@ -189,3 +191,59 @@ class Joining:
         self.unbound: dict[TcpControl, float] = {}
         self.hello_timeout = hello_timeout
         self.current_conn: TcpControl | None = None
+        self.on_bad_tag: Callable[[Any, int, Any, float], None] | None = None
+
+
+class BadSources:
+    """Sources that keep sending messages whose tags fail: dropped before verification.
+
+    A MAC is the most expensive check a datagram meets, so a flood of forged
+    datagrams would otherwise make the receiver spend its CPU verifying them.
+    A source (address) with more than ``LIMIT`` failed tags within ``WINDOW``
+    seconds is blocked for ``BLOCK`` seconds: its datagrams are counted as
+    unauthenticated and dropped on its address alone. The address of a known
+    peer (pinned at join) is never blocked, so forging a peer's address
+    cannot cut that peer off; it only keeps costing verifications.
+    """
+
+    __slots__ = ("windows", "blocked", "keys")
+
+    LIMIT = 64
+    WINDOW = 1.0
+    BLOCK = 5.0
+    MAX_SOURCES = 4096  # sources tracked at once (a spoofing flood cannot grow it further)
+
+    def __init__(self) -> None:
+        self.windows: dict[tuple, list[float]] = {}  # addr -> [window start, failures]
+        self.blocked: dict[tuple, float] = {}  # addr -> blocked until
+        self.keys: Any = None  # numpy keys of ``blocked`` (dblp.batch._blocked_rows), for rings
+
+    def failed(self, addr, now: float, peers: dict) -> None:
+        """Count one failed tag from ``addr``; block it past the limit (unless it is a peer's)."""
+        addr = (addr[0], addr[1])
+        w = self.windows.get(addr)
+        if w is None or now - w[0] > self.WINDOW:
+            if w is None and len(self.windows) >= self.MAX_SOURCES:
+                self.windows.clear()
+            w = self.windows[addr] = [now, 0.0]
+        w[1] += 1
+        if w[1] > self.LIMIT and addr not in peers.values():
+            self.blocked[addr] = now + self.BLOCK
+            del self.windows[addr]
+            self.keys = None
+
+    def is_blocked(self, addr, now: float) -> bool:
+        until = self.blocked.get((addr[0], addr[1]))
+        if until is None:
+            return False
+        if now < until:
+            return True
+        del self.blocked[(addr[0], addr[1])]
+        self.keys = None
+        return False
+
+    def forgive(self, addr) -> None:
+        """``addr`` proved itself (a rank joined from it): never blocked while it is a peer's."""
+        if self.blocked.pop((addr[0], addr[1]), None) is not None:
+            self.keys = None
+        self.windows.pop((addr[0], addr[1]), None)

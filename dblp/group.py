@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from . import wire
-from .config import TransportConfig, merge
+from .config import TransportConfig, merge, warn_unauthenticated
 from .engine import Engine
 from .errors import TransportError
 from .framing import TcpControl
@@ -69,6 +69,7 @@ class TransportGroup:
             self.master_ip = socket.gethostbyname(master_addr)
         except (OSError, UnicodeError, TypeError):
             raise ValueError(f"master_addr {master_addr!r} does not resolve") from None
+        warn_unauthenticated(cfg, self.rank, "member")
         self.config = cfg
         self.mode = mode = cfg.mode
         self.control = cfg.control
@@ -139,7 +140,8 @@ class TransportGroup:
                        "policy": self.policy.name, "bound_ppm": self.bound_ppm, "numel": numel,
                        **welcome_extras(self.config.chunk_bytes)}
             rv = Rendezvous(eng, list(range(1, self.world_size)), welcome, want_tcp=False,
-                            include_table=True, listen=None)
+                            include_table=True, listen=None,
+                            require_session=self.session_id is not None)
             rv.addrs[0] = master
             rv.expected.add(0)
             rv.run(self.join_timeout)
@@ -171,8 +173,11 @@ class TransportGroup:
         if self.control == "tcp":
             sock = socket.create_connection(master, timeout=self.join_timeout)
             conn = TcpControl(sock, peer=self.server_rank, nagle=eng.nagle)
+            # Marked TCP under the MAC and carrying the session: a sniffed UDP HELLO cannot
+            # bind a connection in its place (dblp.join).
             conn.send(eng.sealer.seal(_msg(MsgType.HELLO, hello, src=self.rank,
-                                           session=eng.session)))
+                                           session=eng.session, flags=wire.Flag.TCP),
+                                      self.server_rank))
             eng.peers.tcp[self.server_rank] = conn
             eng.register_tcp(conn)
         self.numel = numel

@@ -1,27 +1,47 @@
-"""Joining a job: HELLO/WELCOME over UDP, learning the session id and peer addresses.
+"""Joining a job: HELLO -> CHALLENGE -> HELLO with the answer -> WELCOME, over UDP.
 
-The aggregator (PS server, or rank 0 in sharded mode) picks a random 64-bit
-session id unless one is given; members learn it from WELCOME, so a job's
-datagrams are told apart from any other job's on the same port. The joining
-handler stays installed for the whole job: a member whose WELCOME was lost
-simply says HELLO again.
+The aggregator (PS server, or rank 0 in sharded mode) uses the session id a
+launcher gives it (``TransportConfig.session_id``: the harness draws one per
+run) or draws a fresh random 64-bit one; members learn it from WELCOME, and
+every message after the join carries it under the MAC, so a job's datagrams
+are told apart from any other job's on the same port. The joining handler
+stays installed for the whole job: a member whose WELCOME was lost simply
+says HELLO again.
 
-Who may join: with a job secret every HELLO carries a valid MAC (checked by
-the engine before this module sees it), so nothing, not even the session id,
-is told to a sender without the secret. A rank's address is pinned by its
-first HELLO; another address may take the rank over only with the secret and
-a fresh nonce (a replayed HELLO carries an old one). Without a secret the
-pin is final. A TCP control connection is bound to a rank by a HELLO with
-the nonce of that rank's current join, once per join: a replay cannot replace
-the real connection. Payloads are parsed strictly (JSON objects of ints and
-strings, nothing else); anything off is counted and dropped, never raised.
+Why a challenge: a HELLO, even authenticated, can be a replay (of this
+job's, or of an earlier job's that used the same secret), sent from any
+address. So no HELLO pins or moves a rank's address by itself. The
+aggregator answers a HELLO with a CHALLENGE to the address it came from: the
+member's fresh nonce echoed and a value only this aggregator can make, a MAC
+under a key it draws at start over that address, the rank and the nonce (a
+stateless cookie, as DTLS and WireGuard use). Only a member at that address
+that holds the secret can send the HELLO that carries the answer; that HELLO
+pins the rank to the address (or, once joined, moves it there), and the
+WELCOME echoes the member's nonce, so a member never adopts the session of a
+WELCOME sent to an earlier join. A launcher-set session must be in every
+HELLO (a HELLO of another job is refused at once). A TCP control connection
+is bound to a rank only by a HELLO marked TCP (``Flag.TCP``, under the MAC:
+a UDP HELLO cannot pass for one) that carries the job's session and the
+nonce of the rank's current join, once per join.
+
+Without a secret nothing proves who speaks: the challenge still proves the
+address (an off-path sender cannot answer it), and the first pin is final.
+
+A wrong secret is named: an aggregator answers a HELLO whose tag fails with a
+refusal (rate-limited, never larger than the HELLO), and a member that hears
+its aggregator only in tags that fail raises ``TransportError`` within
+``WRONG_SECRET_S`` saying the secrets differ (never what they are).
+Payloads are parsed strictly (JSON objects of ints and strings, nothing
+else); anything off is counted and dropped, never raised.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
 import socket
+import struct
 import time
 from typing import Any
 
@@ -29,11 +49,16 @@ from . import wire
 from .engine import Engine
 from .errors import TransportError
 from .framing import TcpControl
-from .wire import MsgType
+from .wire import Flag, MsgType
 
 log = logging.getLogger("dblp")
 
 MAX_NONCES = 64  # joins remembered per rank (replay protection); older ones are forgotten
+#: A member that hears its aggregator only in messages whose tags fail raises this long
+#: after the first of them: the secrets differ (the issue's bound is 2 s).
+WRONG_SECRET_S = 1.0
+#: Refusals (answers to HELLOs whose tags fail) an aggregator sends per second, at most.
+REFUSALS_PER_S = 20
 
 
 def new_session_id() -> int:
@@ -45,10 +70,10 @@ def new_nonce() -> int:
     return secrets.randbits(62) | 1
 
 
-def _msg(type_, payload: dict, *, src: int, session: int) -> bytes:
+def _msg(type_, payload: dict, *, src: int, session: int, flags: int = 0) -> bytes:
     """A join message body (header + JSON payload); the engine seals it when sending."""
     return wire.pack_body(type_, json.dumps(payload, separators=(",", ":")).encode(), src=src,
-                          session=session)
+                          session=session, flags=flags)
 
 
 class Refused(ValueError):
@@ -87,11 +112,45 @@ def get_str(obj: dict, key: str, choices=None) -> str:
 MAX_NUMEL = 1 << 40
 
 
-def parse_hello(payload: bytes) -> tuple[int, int, int]:
-    """(rank, numel, nonce) of a HELLO."""
+def parse_hello(payload: bytes) -> tuple[int, int, int, int | None]:
+    """(rank, numel, nonce, answer to the challenge or None) of a HELLO."""
     obj = parse_object(payload)
+    answer = get_int(obj, "answer", 1, 2**62) if "answer" in obj else None
     return (get_int(obj, "rank", 0, 65534), get_int(obj, "numel", 1, MAX_NUMEL),
-            get_int(obj, "nonce", 1, 2**62))
+            get_int(obj, "nonce", 1, 2**62), answer)
+
+
+def parse_challenge(payload: bytes, rank: int, nonce: int) -> int | None:
+    """The challenge of a CHALLENGE for this join of ``rank``; None for a refusal."""
+    obj = parse_object(payload)
+    if "refused" in obj:
+        get_str(obj, "refused")
+        return None
+    if get_int(obj, "rank", 0, 65534) != rank or get_int(obj, "nonce", 1, 2**62) != nonce:
+        raise Refused("CHALLENGE for another join")
+    return get_int(obj, "challenge", 1, 2**62)
+
+
+_COOKIE = struct.Struct("!QHQ")
+
+
+class Cookies:
+    """The aggregator's challenges: a MAC under a key drawn at start, so none is stored.
+
+    A challenge is bound to the address it was sent to, the rank and the
+    member's nonce (and, through the key, to this aggregator process): an
+    answer from any other address, or to an earlier aggregator, is refused.
+    """
+
+    __slots__ = ("_mac",)
+
+    def __init__(self) -> None:
+        self._mac = hashlib.blake2b(key=secrets.token_bytes(32), digest_size=8)
+
+    def make(self, addr: tuple[str, int], rank: int, nonce: int) -> int:
+        m = self._mac.copy()
+        m.update(socket.inet_aton(addr[0]) + _COOKIE.pack(addr[1], rank, nonce))
+        return int.from_bytes(m.digest(), "big") & (2**62 - 1) | 1
 
 
 def welcome_extras(chunk_bytes: int) -> dict:
@@ -113,6 +172,7 @@ def parse_welcome(payload: bytes, rank: int) -> dict:
          "bound_ppm": get_int(obj, "bound_ppm", 0, wire.PPM - 1)}
     if get_int(obj, "rank", 0, 65534) != rank:
         raise Refused("WELCOME for another rank")
+    w["nonce"] = get_int(obj, "nonce", 1, 2**62)
     if "phase" in obj:
         w["phase"] = get_str(obj, "phase")
     w["chunk_bytes"] = (get_int(obj, "chunk_bytes", 4, wire.MAX_CHUNK_BYTES)
@@ -138,21 +198,32 @@ def parse_welcome(payload: bytes, rank: int) -> dict:
 
 
 class Rendezvous:
-    """Aggregator side of joining: collect HELLOs from ranks 0..expected-1."""
+    """Aggregator side of joining: collect HELLOs from ranks 0..expected-1.
+
+    ``require_session``: the session was set by the launcher, so a HELLO must
+    carry it (members know it before they join); else a HELLO may carry 0.
+    """
 
     def __init__(self, eng: Engine, expected_ranks: list[int], welcome: dict, *,
-                 want_tcp: bool, include_table: bool, listen: socket.socket | None):
+                 want_tcp: bool, include_table: bool, listen: socket.socket | None,
+                 require_session: bool = False):
         self.eng = eng
         self.expected = set(expected_ranks)
         self.welcome = dict(welcome)
         self.want_tcp = want_tcp
         self.include_table = include_table
+        self.require_session = require_session
         self.numel = welcome.get("numel")
         self.addrs: dict[int, tuple[str, int]] = {}
         self.nonces: dict[int, list[int]] = {}  # per rank: nonces of its joins, newest last
+        self.pin_nonce: dict[int, int] = {}  # per rank: the nonce of the join that pinned it
         self.tcp_nonce: dict[int, int] = {}  # per rank: the join whose nonce bound its TCP conn
+        self.cookies = Cookies()
+        self.bad_hellos: set[tuple[str, int]] = set()  # sources of HELLOs whose tags failed
+        self._refusals = [0.0, 0]  # [second, refusals sent in it]
         self.listen = listen
         eng.joining.handler = self.on_join
+        eng.joining.on_bad_tag = self.on_bad_tag
         if listen is not None:
             listen.setblocking(False)
             eng.sel.register(listen, 1, "listen")
@@ -180,21 +251,49 @@ class Rendezvous:
         return not self.want_tcp or all(r in self.eng.peers.tcp for r in self.expected)
 
     def _welcome_payload(self, rank: int) -> dict:
-        w = dict(self.welcome, numel=self.numel, rank=rank)
+        w = dict(self.welcome, numel=self.numel, rank=rank, nonce=self.pin_nonce[rank])
         if self.include_table:
             if not set(self.addrs) >= self.expected:
                 return {}
             w["peers"] = {str(r): list(a) for r, a in self.addrs.items()}
         return w
 
+    def on_bad_tag(self, buf, n: int, addr, now: float) -> None:
+        """A message whose tag failed: if it is a HELLO, refuse it (so its sender learns that the
+        secrets differ), at most ``REFUSALS_PER_S`` a second and never larger than the HELLO."""
+        eng = self.eng
+        if addr is None or n < wire.HEADER_SIZE + wire.TAG_SIZE:
+            return
+        try:
+            h = wire.unpack_header(buf, n, eng.chunk_bytes)
+        except wire.MalformedDatagram:
+            return
+        if h.type != MsgType.HELLO or h.src not in self.expected:
+            return
+        sec = int(now)
+        if self._refusals[0] != sec:
+            self._refusals = [sec, 0]
+        if self._refusals[1] >= REFUSALS_PER_S:
+            return
+        self._refusals[1] += 1
+        addr = (addr[0], addr[1])
+        if addr not in self.bad_hellos:
+            log.warning("rank %d: a HELLO for rank %d from %s:%d failed authentication: that "
+                        "process has another secret (or none)", eng.rank, h.src, *addr)
+            if len(self.bad_hellos) < 64:
+                self.bad_hellos.add(addr)
+        eng.send_raw(_msg(MsgType.CHALLENGE, {"refused": "tag"}, src=eng.rank,
+                          session=0), addr, h.src)
+
     def on_join(self, h: wire.Header, payload: bytes, addr, tcp_peer) -> None:
         """Handle one HELLO (already authenticated when the job has a secret); never raises."""
         eng = self.eng
-        if h.type != MsgType.HELLO or (h.session and h.session != eng.session):
+        if h.type != MsgType.HELLO or (h.session and h.session != eng.session) \
+                or (self.require_session and h.session != eng.session):
             eng.counters.foreign += 1
             return
         try:
-            rank, numel, nonce = parse_hello(payload)
+            rank, numel, nonce, answer = parse_hello(payload)
         except Refused:
             eng.counters.malformed += 1
             return
@@ -204,16 +303,27 @@ class Rendezvous:
             return
         conn = eng.joining.current_conn
         if conn is not None:
-            self._bind_tcp(conn, rank, nonce)
+            self._bind_tcp(conn, h, rank, nonce)
             return
-        if addr is None:
-            eng.counters.foreign += 1
+        if addr is None or h.flags & Flag.TCP:
+            eng.counters.foreign += 1  # a TCP HELLO belongs on its connection
             return
         addr = (addr[0], addr[1])
+        cookie = self.cookies.make(addr, rank, nonce)
+        if answer is None:
+            # Not yet proof of anything (it may be a replay): challenge the address it came from.
+            eng.send_raw(_msg(MsgType.CHALLENGE, {"rank": rank, "nonce": nonce,
+                                                  "challenge": cookie},
+                              src=eng.rank, session=eng.session), addr, rank)
+            return
+        if answer != cookie:
+            eng.counters.foreign += 1  # answered from another address, or to another aggregator
+            return
         seen = self.nonces.setdefault(rank, [])
         pinned = self.addrs.get(rank)
         if pinned is not None and pinned != addr:
-            # A new address for a joined rank: a re-join with the secret, or an attack.
+            # A joined rank at a new address, proved there: a re-join with the secret (and a
+            # nonce never used before: an old join's answer replayed from where it was is not).
             if eng.sealer.key is None or nonce in seen:
                 eng.counters.foreign += 1
                 return
@@ -223,7 +333,9 @@ class Rendezvous:
         if self.numel is None:
             self.numel = numel
         self.addrs[rank] = addr
+        self.pin_nonce[rank] = nonce
         eng.peers.addrs[rank] = addr
+        eng.bad.forgive(addr)
         w = self._welcome_payload(rank)
         if not w:
             return
@@ -232,16 +344,21 @@ class Rendezvous:
             for r, a in self.addrs.items():
                 if r != eng.rank:
                     eng.send_raw(_msg(MsgType.WELCOME, self._welcome_payload(r), src=eng.rank,
-                                      session=eng.session), a)
+                                      session=eng.session), a, r)
         else:
-            eng.send_raw(_msg(MsgType.WELCOME, w, src=eng.rank, session=eng.session), addr)
+            eng.send_raw(_msg(MsgType.WELCOME, w, src=eng.rank, session=eng.session), addr, rank)
 
-    def _bind_tcp(self, conn: TcpControl, rank: int, nonce: int) -> None:
-        """Bind a TCP control connection to ``rank``: once per join, never by a replay."""
+    def _bind_tcp(self, conn: TcpControl, h: wire.Header, rank: int, nonce: int) -> None:
+        """Bind a TCP control connection to ``rank``: once per join, never by a replay.
+
+        Only a HELLO marked TCP that carries the job's session and the nonce of the
+        rank's current join does: a UDP HELLO (sniffed before the session was
+        known, or after) cannot, being unmarked under the MAC.
+        """
         eng = self.eng
-        seen = self.nonces.get(rank)
-        if not seen or nonce != seen[-1] or self.tcp_nonce.get(rank) == nonce:
-            eng.counters.foreign += 1  # no UDP join yet, an old join, or a replay
+        if h.session != eng.session or not h.flags & Flag.TCP \
+                or nonce != self.pin_nonce.get(rank) or self.tcp_nonce.get(rank) == nonce:
+            eng.counters.foreign += 1  # no UDP join yet, an old join, a UDP HELLO, or a replay
             return
         old = eng.peers.tcp.get(rank)
         if eng.sealer.key is None:
@@ -264,9 +381,15 @@ class Rendezvous:
     def run(self, timeout: float) -> None:
         def missing() -> list[int]:
             return sorted(self.expected - set(self.addrs))
-        self.eng.run_until(self.complete, time.monotonic() + timeout,
-                           lambda: f"join: ranks {missing()} did not say HELLO within {timeout} s"
-                           + (" (or did not open TCP control)" if self.want_tcp else ""))
+
+        def describe() -> str:
+            text = f"join: ranks {missing()} did not say HELLO within {timeout} s" \
+                + (" (or did not open TCP control)" if self.want_tcp else "")
+            if self.bad_hellos:
+                where = ", ".join(f"{a}:{p}" for a, p in sorted(self.bad_hellos))
+                text += f"; HELLOs from {where} failed authentication: the secrets differ"
+            return text
+        self.eng.run_until(self.complete, time.monotonic() + timeout, describe)
 
 
 def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int, hello: dict,
@@ -274,54 +397,98 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
                     hint: str = "is the server running? same session id and secret?") -> dict:
     """Member side: HELLO every 20 ms until WELCOME; returns ``parse_welcome``'s dict.
 
-    ``hello`` must hold ``rank``, ``numel`` and ``nonce``. A WELCOME counts only
-    from the aggregator's rank (and, without a secret, its address) and for
-    our session when we know it. The aggregator may legitimately start later
-    than its members, so silence is an error only after ``timeout``; but after
-    ``quiet_after`` seconds of it the member says so once (logger ``dblp``,
-    WARNING) naming the address it is trying, so a missing aggregator is not
-    a silent two-minute hang. ``hint`` says what to check.
+    ``hello`` must hold ``rank``, ``numel`` and ``nonce``; a CHALLENGE that echoes
+    the nonce adds its ``answer``, which every later HELLO carries. A CHALLENGE
+    or WELCOME counts only from the aggregator's rank (and, without a secret,
+    its address), for this join's nonce and for our session when we know it.
+    The aggregator may legitimately start later than its members, so silence
+    is an error only after ``timeout``; but after ``quiet_after`` seconds of it
+    the member says so once (logger ``dblp``, WARNING) naming the address it
+    is trying, so a missing aggregator is not a silent two-minute hang.
+    ``hint`` says what to check. An aggregator heard only in tags that fail
+    (or that refuses ours) is another secret: TransportError at once, naming it.
     """
     eng.peers.addrs[server_rank] = server_addr
     got: dict = {}
+    hello = dict(hello)
+    nonce = hello["nonce"]
+    where = f"{server_addr[0]}:{server_addr[1]}"
+    mismatch: list = []  # [first failed answer's time, why], once one arrived
+    keyed = eng.sealer.key is not None
+    first_sent: list[float] = []  # when the first HELLO left (its CHALLENGE seeds the RTT)
+
+    def send_hello() -> None:
+        eng.send_raw(_msg(MsgType.HELLO, hello, src=eng.rank, session=session or 0),
+                     server_addr, server_rank)
 
     def on_join(h, payload, addr, tcp_peer):
-        if h.type != MsgType.WELCOME or h.src != server_rank or (session and h.session != session) \
-                or (eng.sealer.key is None and addr is not None
-                    and (addr[0], addr[1]) != server_addr):
+        if h.type not in (MsgType.WELCOME, MsgType.CHALLENGE) or h.src != server_rank \
+                or (session and h.type == MsgType.WELCOME and h.session != session) \
+                or (not keyed and addr is not None and (addr[0], addr[1]) != server_addr):
             eng.counters.foreign += 1
             return
         try:
+            if h.type == MsgType.CHALLENGE:
+                challenge = parse_challenge(payload, eng.rank, nonce)
+                if challenge is None:
+                    if keyed:  # a keyed member's HELLOs verify; a refusal for it is a replay
+                        eng.counters.foreign += 1
+                    else:
+                        mismatch[:] = [0.0, "the aggregator has a secret and this rank has none"]
+                    return
+                if hello.get("answer") != challenge:
+                    if "answer" not in hello and len(first_sent) == 1:  # an unambiguous sample
+                        eng.peers.rtt_sample(server_rank, time.monotonic() - first_sent[0])
+                    hello["answer"] = challenge
+                    send_hello()
+                return
             w = parse_welcome(payload, eng.rank)
         except Refused:
             eng.counters.malformed += 1
             return
-        if w["session"] != h.session:
-            eng.counters.malformed += 1
+        if w["session"] != h.session or w["nonce"] != nonce:
+            eng.counters.foreign += 1  # a WELCOME for another join (an earlier one, replayed)
             return
         got.update(w)
 
+    def on_bad_tag(buf, n, addr, now):
+        if addr is None or (addr[0], addr[1]) != server_addr or mismatch:
+            return
+        try:
+            h = wire.unpack_header(buf, n, eng.chunk_bytes)
+        except wire.MalformedDatagram:
+            return
+        if h.type in (MsgType.CHALLENGE, MsgType.WELCOME) and h.src == server_rank:
+            zero = bytes(buf[n - wire.TAG_SIZE:n]) == wire.ZERO_TAG
+            mismatch[:] = [now, "the aggregator has no secret and this rank has one" if zero
+                           else "the secret differs between this rank and the aggregator"]
+            log.error("rank %d: the aggregator at %s answers, but its messages fail "
+                      "authentication: %s", eng.rank, where, mismatch[1])
+
     eng.joining.handler = on_join
-    msg = _msg(MsgType.HELLO, hello, src=eng.rank, session=session or 0)
+    eng.joining.on_bad_tag = on_bad_tag
     t_start = time.monotonic()
     deadline = t_start + timeout
-    where = f"{server_addr[0]}:{server_addr[1]}"
     warned = quiet_after is None or quiet_after >= timeout
-    sent = 0
-    while not got:
-        now = time.monotonic()
-        if now >= deadline:
-            raise TransportError(f"rank {eng.rank}: no WELCOME from the aggregator at {where} "
-                                 f"(UDP) within {timeout} s ({hint})")
-        if not warned and quiet_after is not None and now - t_start >= quiet_after:
-            warned = True
-            log.warning("rank %d: no answer from the aggregator at %s (UDP) after %.0f s; "
-                        "still trying until join_timeout=%s s (%s)", eng.rank, where,
-                        now - t_start, timeout, hint)
-        t_sent = time.monotonic()
-        eng.send_raw(msg, server_addr)
-        sent += 1
-        eng.poll(0.02)
-        if got and sent == 1:  # first HELLO answered: seed the RTT estimate
-            eng.peers.rtt_sample(server_rank, time.monotonic() - t_sent)
+    try:
+        while not got:
+            now = time.monotonic()
+            if mismatch and now - mismatch[0] >= WRONG_SECRET_S:
+                raise TransportError(f"rank {eng.rank}: the aggregator at {where} cannot "
+                                     f"authenticate this rank: {mismatch[1]} (give every rank "
+                                     "the same DBLP_SECRET / transport config secret)")
+            if now >= deadline:
+                raise TransportError(f"rank {eng.rank}: no WELCOME from the aggregator at "
+                                     f"{where} (UDP) within {timeout} s ({hint})")
+            if not warned and quiet_after is not None and now - t_start >= quiet_after:
+                warned = True
+                log.warning("rank %d: no answer from the aggregator at %s (UDP) after %.0f s; "
+                            "still trying until join_timeout=%s s (%s)", eng.rank, where,
+                            now - t_start, timeout, hint)
+            if len(first_sent) < 2:
+                first_sent.append(time.monotonic())
+            send_hello()
+            eng.poll(0.02)
+    finally:
+        eng.joining.on_bad_tag = None
     return got

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from . import wire
-from .config import TransportConfig, merge
+from .config import TransportConfig, merge, warn_unauthenticated
 from .engine import Engine
 from .join import Rendezvous, new_session_id, welcome_extras
 from .rounds import Part, grad_norm, make_layout, max_passes, run_round
@@ -43,6 +43,7 @@ class ParameterServer:
         if cfg.mode != "ps":
             raise ValueError(f"mode={cfg.mode!r} has no parameter server (every rank aggregates "
                              "a shard): start only TransportGroups, or use mode='ps'")
+        warn_unauthenticated(cfg, world_size, "aggregator")
         self.config = cfg
         self.world_size = world_size
         self.control = cfg.control
@@ -97,7 +98,8 @@ class ParameterServer:
                    **welcome_extras(self.config.chunk_bytes)}
         rv = self.rendezvous = Rendezvous(self.engine, list(range(self.world_size)), welcome,
                                           want_tcp=self.control == "tcp", include_table=False,
-                                          listen=self.listen)
+                                          listen=self.listen,
+                                          require_session=self.config.session_id is not None)
         rv.run(self.join_timeout)
         numel = rv.numel
         assert numel is not None, "a completed join knows the tensor size"

@@ -7,10 +7,17 @@ frame on the optional TCP control connection): the same fixed 40-byte header
 written down: ``pack``/``unpack`` below and ``dblp.scapy_layer.DBLP`` are both
 generated from them, and the tests check one against the other.
 
-The trailer is a keyed BLAKE2b-128 MAC over header and payload with the job's
-secret (``Sealer``); a job without a secret sends zeros there and checks
-nothing. The secret itself never travels. A receiver with a secret drops
-(and counts) every message whose tag does not verify, before parsing it.
+The trailer is a keyed BLAKE2b-128 MAC with the job's secret (``Sealer``)
+over the destination rank (2 bytes, big-endian, not sent: the receiver puts
+its own rank there) followed by header and payload; a job without a secret
+sends zeros there and checks nothing. The secret itself never travels. A
+receiver with a secret drops (and counts) every message whose tag does not
+verify, before parsing it. Covering the destination means a message sealed
+for one rank never verifies at another (a STOP for one member re-sent to a
+member pushing the same part is dropped as unauthenticated); the header's
+``session`` ties every message after the join to one job, and the join
+itself is a challenge (``dblp.join``), so no message of an earlier job or
+session is taken for one of this job.
 
 Payload per message type:
 
@@ -31,7 +38,12 @@ Payload per message type:
   ``flags & CRITICAL`` its phase; ``index`` numbers the transmissions (1, 2,
   ... on retransmission), and the member acknowledges each number once.
 * DONE: empty acknowledgement of FINAL.
-* HELLO / WELCOME: small JSON objects for joining (numel, address table).
+* HELLO / CHALLENGE / WELCOME: small JSON objects for joining (``dblp.join``):
+  HELLO (rank, numel, the member's fresh nonce and, once challenged, its
+  answer), CHALLENGE (the aggregator's answer to a HELLO: the nonce echoed
+  and a value only it can make, bound to the address the HELLO came from;
+  or a refusal of a HELLO whose tag failed), WELCOME (session, settings,
+  address table, the nonce of the HELLO it answers echoed).
 
 No message exceeds ``MAX_DATAGRAM`` (1472) bytes of UDP payload, so each fits
 a 1500-byte MTU without IP fragmentation; a receiver rejects anything longer.
@@ -50,7 +62,7 @@ import hmac
 import struct
 
 MAGIC = 0xDB1B
-VERSION = 2  # 2: the MAC trailer
+VERSION = 3  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins
 MTU = 1500  # the Ethernet MTU every datagram is sized for
 IP_HEADER = 20
 UDP_HEADER = 8
@@ -71,6 +83,7 @@ class MsgType(enum.IntEnum):
     DONE = 6
     HELLO = 7
     WELCOME = 8
+    CHALLENGE = 9
 
 
 class Flag(enum.IntFlag):
@@ -101,7 +114,8 @@ HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
 
 # (name, bytes, description) -- THE declaration of what follows the payload.
 TRAILER_FIELDS: tuple[tuple[str, int, str], ...] = (
-    ("tag", 16, "keyed BLAKE2b-128 of header + payload with the job's secret; zeros without one"),
+    ("tag", 16, "keyed BLAKE2b-128 of destination rank (2 bytes, not sent) + header + payload "
+     "with the job's secret; zeros without one"),
 )
 
 HEADER_FORMAT = "!" + "".join(code for _, code, _ in HEADER_FIELDS)
@@ -205,19 +219,27 @@ def pack_body(type: int, payload: bytes = b"", **fields) -> bytes:
     return pack_header(type, length=len(payload), **fields) + payload
 
 
-def pack(type: int, payload: bytes = b"", *, key: bytes | None = None, **fields) -> bytes:
-    """A whole message: header + payload + trailer (tagged with ``key``, zeros without)."""
-    return Sealer(key).seal(pack_body(type, payload, **fields))
+def pack(type: int, payload: bytes = b"", *, key: bytes | None = None, dst: int = 0,
+         **fields) -> bytes:
+    """A whole message to rank ``dst``: header + payload + trailer (tagged with ``key``, zeros
+    without)."""
+    return Sealer(key).seal(pack_body(type, payload, **fields), dst)
+
+
+_DST = struct.Struct("!H")
 
 
 class Sealer:
     """Tags outgoing messages and verifies incoming ones with the job's secret.
 
-    Without a key every tag is zeros and every message verifies: the job is
-    open to anyone who can reach its port (closed networks, benchmarks).
+    A tag covers the rank the message is for (``dst``), then header and
+    payload: a receiver verifies with its own rank, so a message sealed for
+    another rank fails here. Without a key every tag is zeros and every
+    message verifies: the job is open to anyone who can reach its port
+    (closed networks, benchmarks).
     """
 
-    __slots__ = ("key", "_mac")
+    __slots__ = ("key", "_mac", "_by_dst", "native")
 
     def __init__(self, key: bytes | None):
         if key is not None and not 16 <= len(key) <= 64:
@@ -225,28 +247,43 @@ class Sealer:
         self.key = key
         # A keyed template: copying it skips re-hashing the key block per message.
         self._mac = None if key is None else hashlib.blake2b(key=key, digest_size=TAG_SIZE)
+        self._by_dst: dict[int, hashlib.blake2b] = {}  # the template with each destination fed in
+        #: The C core's keyed context for this key (``dblp.batch.native_mac``): None until
+        #: asked for, False where the core cannot make one.
+        self.native: object = None
 
-    def tag(self, *parts) -> bytes:
-        """The trailer for a message made of ``parts`` (header, payload: any buffers)."""
+    def _for(self, dst: int) -> hashlib.blake2b:
+        m = self._by_dst.get(dst)
+        if m is None:
+            assert self._mac is not None
+            m = self._mac.copy()
+            m.update(_DST.pack(dst))
+            if len(self._by_dst) < 70000:
+                self._by_dst[dst] = m
+        return m
+
+    def tag(self, dst: int, *parts) -> bytes:
+        """The trailer of a message for rank ``dst`` made of ``parts`` (header, payload: buffers)."""
         if self._mac is None:
             return ZERO_TAG
-        m = self._mac.copy()
+        m = self._for(dst).copy()
         for p in parts:
             m.update(p)
         return m.digest()
 
-    def seal(self, body) -> bytes:
-        """``body`` (header + payload) followed by its trailer."""
-        return bytes(body) + self.tag(body)
+    def seal(self, body, dst: int) -> bytes:
+        """``body`` (header + payload) for rank ``dst``, followed by its trailer."""
+        return bytes(body) + self.tag(dst, body)
 
-    def verify(self, buf, n: int) -> bool:
-        """Whether the first ``n`` bytes of ``buf`` end in the right tag (always without a key)."""
+    def verify(self, buf, n: int, dst: int) -> bool:
+        """Whether the first ``n`` bytes of ``buf`` end in the right tag for rank ``dst``
+        (always without a key)."""
         if self._mac is None:
             return True
         if n < HEADER_SIZE + TAG_SIZE:
             return False
         mv = memoryview(buf)
-        return hmac.compare_digest(self.tag(mv[:n - TAG_SIZE]), mv[n - TAG_SIZE:n])
+        return hmac.compare_digest(self.tag(dst, mv[:n - TAG_SIZE]), mv[n - TAG_SIZE:n])
 
 
 _TYPES = frozenset(int(t) for t in MsgType)

@@ -67,6 +67,7 @@ PAYLOADS: dict[wire.MsgType, Payload] = {
     wire.MsgType.DONE: Payload("empty"),
     wire.MsgType.HELLO: Payload("json"),
     wire.MsgType.WELCOME: Payload("json"),
+    wire.MsgType.CHALLENGE: Payload("json"),
 }
 assert set(PAYLOADS) == set(wire.MsgType), "every message type needs a PAYLOADS entry"
 assert {p.kind for p in PAYLOADS.values()} <= {"empty", "floats", "bitmaps", "json"}
@@ -116,7 +117,7 @@ def _payload_fields() -> list[Field]:
         out.append(Field(f"{PROTO}.{b.name}", b.name, "BYTES", "NONE", b.description))
         out.append(Field(f"{PROTO}.{b.name}.chunks", f"{b.name} chunks", "UINT32", "DEC",
                          f"chunks marked in the {b.name} bitmap (of count)"))
-    out.append(Field(f"{PROTO}.json", "json", "STRING", "NONE", "HELLO/WELCOME: the JSON object"))
+    out.append(Field(f"{PROTO}.json", "json", "STRING", "NONE", "HELLO/CHALLENGE/WELCOME: the JSON object"))
     return out
 
 

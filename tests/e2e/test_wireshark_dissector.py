@@ -89,7 +89,9 @@ def _job_messages(pcap, keys) -> dict[int, tuple[str, object, bytes, tuple[int, 
         udp = pkt[UDP]
         raw = bytes(udp)[8:udp.len]
         for mode, sealer in sealers.items():
-            if len(raw) >= wire.HEADER_SIZE + wire.TAG_SIZE and sealer.verify(raw, len(raw)):
+            # The tag covers the destination rank (not on the wire): any rank of the jobs.
+            if len(raw) >= wire.HEADER_SIZE + wire.TAG_SIZE and any(
+                    sealer.verify(raw, len(raw), dst) for dst in range(4)):
                 out[number] = (mode, DBLP(raw), raw, (udp.sport, udp.dport))
     return out
 

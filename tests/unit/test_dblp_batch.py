@@ -101,7 +101,8 @@ def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel, core):
     old, s_old, n_old, k_old = _send_stream(False, numel, key)
     new, s_new, n_new, k_new = _send_stream(True, numel, key)
     # unpaced: the largest batch, several GSO messages where the C core sends
-    messages = batch.GSO_MESSAGES if core is not None and key is None else 1
+    messages = batch.GSO_MESSAGES if core is not None and (key is None or batch.native_auth()) \
+        else 1
     assert k_old == 1 and k_new == messages * batch.GSO_MAX_SEGMENTS
     assert len(new) == len(old) == s_old.count + 1
     for i, (a, b) in enumerate(zip(old, new, strict=True)):
@@ -111,7 +112,8 @@ def test_batched_send_puts_the_same_datagrams_on_the_wire(key, numel, core):
     assert np.array_equal(np.isfinite(s_new.sent_at), np.isfinite(s_old.sent_at))
     assert wire.unpack(new[-1])[0].type == MsgType.PROBE
     if core is not None and s_old.count > 2:  # a batch: two full chunks or more
-        assert (core.sends > 0) == (key is None)  # the C core sends for a job without a secret
+        # the C core sends, for a job with a secret too where it was built with libcrypto
+        assert (core.sends > 0) == (key is None or batch.native_auth())
 
 
 def test_the_scapy_layer_decodes_what_a_batch_sent():
@@ -123,7 +125,7 @@ def test_the_scapy_layer_decodes_what_a_batch_sent():
         p = DBLP(d)
         assert (p.magic, p.type, p.count, p.session) == (wire.MAGIC, MsgType.DATA, s.count, SESSION)
         assert p.index == int(s.order[i]) and p.length == len(d) - wire.HEADER_SIZE - wire.TAG_SIZE
-        assert p.trailer["tag"] == wire.Sealer(KEY).tag(d[:-wire.TAG_SIZE])
+        assert p.trailer["tag"] == wire.Sealer(KEY).tag(2, d[:-wire.TAG_SIZE])  # for rank 2
 
 
 def test_a_refused_gso_send_falls_back_to_one_datagram_per_call(monkeypatch):
@@ -131,6 +133,7 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_per_call(monkeypatch):
     if not batch.batching_supported():
         pytest.skip("no recvmmsg here")
     old, s_old, _, _ = _send_stream(False, 60 * wire.CHUNK_ELEMS, KEY)
+    monkeypatch.setattr(batch, "NATIVE", None)  # Python's sendmsg, whose message we spoil
     monkeypatch.setattr(batch.SendBatch, "segment_cmsg", staticmethod(
         lambda size: [(socket.IPPROTO_UDP, batch.UDP_SEGMENT, b"\x00")]))
     new, s_new, n_new, k_after = _send_stream(True, 60 * wire.CHUNK_ELEMS, KEY)
@@ -150,9 +153,10 @@ def test_a_send_cut_short_by_a_full_socket_buffer_sends_the_rest_next(monkeypatc
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def send_gso(self, fd, buf, template, off, rows, chunks, addr, tag, per):
+        def send_gso(self, fd, buf, template, off, rows, chunks, addr, tag, per, *auth):
             calls.append(len(chunks))
-            return real.send_gso(fd, buf, template, off, rows, chunks[:per], addr, tag, per)
+            return real.send_gso(fd, buf, template, off, rows, chunks[:per], addr, tag, per,
+                                 *auth)
 
     monkeypatch.setattr(batch, "NATIVE", OneMessageLeaves())
     new, s_new, n_new, k_new = _send_stream(True, 300 * wire.CHUNK_ELEMS + 5, None)
@@ -226,6 +230,8 @@ def test_the_c_core_is_built_and_takes_runs():
     """The install builds it here; a silent fallback would leave the line-rate path untested."""
     assert batch.NATIVE is not None, "dblp._fastpath is not built: run ./setup.sh"
     assert batch.NATIVE.__file__.startswith(str(__import__("pathlib").Path(batch.__file__).parent))
+    # ./setup.sh installs libssl-dev: keyed jobs must get the C path too
+    assert batch.native_auth(), "dblp._fastpath was built without libcrypto (libssl-dev)"
 
 
 @pytest.mark.parametrize("numel", [1, 7, 8, 9, 65_536 + 3, 3 * 65_536 + 8, 1_000_003])
@@ -254,7 +260,7 @@ def _datagrams(numel: int, key, kind=PUSH, src=2, round=ROUND, session=SESSION):
         out.append(sealer.seal(wire.pack_body(
             MsgType.DATA, payload, src=src, part=0, session=session, round=round, index=c,
             count=count, bound=0, aux=1 + c % 3, flags=wire.Flag.PULL if kind == PULL else 0,
-            copies=1 + c % 2)))
+            copies=1 + c % 2), 1))
     return out
 
 
@@ -270,7 +276,8 @@ def _mix(numel: int, key, seed: int):
         _datagrams(numel, key, session=SESSION + 1)[2],  # another job
         _datagrams(numel, key, src=7)[3],  # unknown sender
         _datagrams(numel, wire.ZERO_TAG * 2)[4],  # forged tag (wrong key)
-        wire.pack(MsgType.PROBE, key=key, src=2, part=0, session=SESSION, round=ROUND, index=1,
+        wire.Sealer(key).seal(_datagrams(numel, key)[9][:-wire.TAG_SIZE], 0),  # for rank 0
+        wire.pack(MsgType.PROBE, key=key, dst=1, src=2, part=0, session=SESSION, round=ROUND, index=1,
                   count=len(good), copies=2),
         b"\x00" * 30,  # truncated
         good[5][:-4],  # declared length != payload
@@ -279,7 +286,7 @@ def _mix(numel: int, key, seed: int):
     ]
     bad_count = bytearray(good[7][:-wire.TAG_SIZE])
     struct.pack_into("!I", bad_count, wire.FIELD_OFFSETS["count"][0], len(good) + 1)
-    extra.append(wire.Sealer(key).seal(bytes(bad_count)))
+    extra.append(wire.Sealer(key).seal(bytes(bad_count), 1))
     for d in extra:
         seq.insert(int(rng.integers(0, len(seq) + 1)), d)
     return seq[:]
@@ -322,12 +329,17 @@ def _feed_batched(eng, seq, addr, now):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("bound_ppm", [0, 300_000], ids=["reliable", "stop-mid-run"])
 def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_ppm, core):
-    if not batch.batching_supported():
-        pytest.skip("no recvmmsg here")
     numel = 150 * wire.CHUNK_ELEMS + 33  # a short last chunk
     seq = _mix(numel, key, seed)
     if kind == PULL:  # the same datagrams as a pull stream
         seq = [_as_pull(d, key) for d in seq]
+    _same_outcome(key, kind, numel, seq, bound_ppm, core)
+
+
+def _same_outcome(key, kind, numel, seq, bound_ppm, core) -> None:
+    """``seq`` fed one by one and through ``batch.deliver`` leaves the same receiver behind."""
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
     rx = _rx()
     peer = rx.getsockname()
     try:
@@ -347,7 +359,7 @@ def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_pp
                                 r.t_first, eng.counters.snapshot(), len(eng.early), replies))
             finally:
                 eng.close()
-        if core is not None and key is None:
+        if core is not None and (key is None or batch.native_auth()):
             assert core.rows > 0  # the C core took runs of this sequence
         a, b = results
         names = ["out", "have", "n_have", "stopped", "max_pass", "t_first", "counters", "early",
@@ -361,6 +373,67 @@ def test_batched_receive_leaves_what_one_by_one_leaves(key, kind, seed, bound_pp
         rx.close()
 
 
+def _fuzzed(numel: int, key, seed: int) -> list[bytes]:
+    """A stream's datagrams with random damage: flipped bytes (header, payload or tag), cut
+    ends, fields set to edge values; a third of the damaged ones sealed again with the key
+    (a member with the key gone wrong), so the checks after the tag are reached too."""
+    rng = np.random.default_rng(seed)
+    good = _datagrams(numel, key)
+    seq = [good[i] for i in rng.permutation(len(good))]
+    out = []
+    for i, d in enumerate(seq):
+        if i < 8 or rng.random() < 0.7:  # a clean start: the C core takes the leading run
+            out.append(d)
+            continue
+        body = bytearray(d)
+        what = rng.integers(0, 4)
+        if what == 0:  # flip bytes anywhere
+            for _ in range(int(rng.integers(1, 4))):
+                body[int(rng.integers(0, len(body)))] ^= int(rng.integers(1, 256))
+        elif what == 1:  # a header field at an edge value
+            name = wire.FIELD_NAMES[int(rng.integers(0, len(wire.FIELD_NAMES)))]
+            off, size = wire.FIELD_OFFSETS[name]
+            top = (1 << 8 * size) - 1
+            edge = [0, 1, top, int.from_bytes(rng.bytes(size), "big")]
+            body[off:off + size] = edge[int(rng.integers(0, 4))].to_bytes(size, "big")
+        elif what == 2:  # cut short, or lengthened (within one datagram: a longer one
+            # reaches a ring slot cut, as the kernel cuts it, which the MAC then refuses)
+            room = wire.MAX_DATAGRAM - len(body)
+            body = body[:int(rng.integers(0, len(body)))] if rng.random() < 0.5 or room < 1 \
+                else body + bytes(int(rng.integers(1, min(64, room) + 1)))
+        else:  # the tag alone
+            body[-1] ^= 0x80
+        if key is not None and rng.random() < 0.33 and len(body) > wire.TAG_SIZE:
+            body = bytearray(wire.Sealer(key).seal(bytes(body[:-wire.TAG_SIZE]), 1))
+        out.append(bytes(body))
+    return out
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["open", "keyed"])
+@pytest.mark.parametrize("kind", [PUSH, PULL], ids=["push", "pull"])
+@pytest.mark.parametrize("seed", range(6))
+def test_take_run_fuzzed_against_the_per_datagram_path(key, kind, seed, core):
+    """The batched path (the C core's ``take_run`` first) and ``Engine.handle`` one by one,
+    on randomly damaged datagrams, with and without a secret: the same outcome."""
+    numel = 120 * wire.CHUNK_ELEMS + 5
+    seq = _fuzzed(numel, key, 1000 + seed)
+    if kind == PULL:
+        seq = [_as_pull(d, key) for d in seq]
+    _same_outcome(key, kind, numel, seq, 0 if seed % 2 else 200_000, core)
+
+
+@pytest.mark.parametrize("dst", [0, 1, 7, 65534])
+@pytest.mark.parametrize("length", [wire.HEADER_SIZE, 100, wire.MAX_DATAGRAM - wire.TAG_SIZE])
+def test_the_c_cores_tags_are_pythons(dst, length):
+    if not batch.native_auth():
+        pytest.skip("the C core was built without libcrypto")
+    body = np.random.default_rng(length).integers(0, 256, length, np.uint8).tobytes()
+    for key in (KEY, bytes(range(16)), bytes(range(64))):
+        mac = batch.NATIVE.mac_new(key)
+        assert batch.NATIVE.mac_tag(mac, dst, body) == wire.Sealer(key).tag(dst, body)
+        assert batch.NATIVE.mac_tag(mac, dst, body) != wire.Sealer(key).tag(dst ^ 1, body)
+
+
 def _as_pull(d: bytes, key) -> bytes:
     """``d`` with the PULL flag set (re-sealed), if it is a DBLP datagram of ours."""
     if len(d) < wire.HEADER_SIZE + wire.TAG_SIZE or d[:2] != b"\xdb\x1b" or \
@@ -368,8 +441,8 @@ def _as_pull(d: bytes, key) -> bytes:
         return d
     body = bytearray(d[:-wire.TAG_SIZE])
     body[wire.FIELD_OFFSETS["flags"][0]] |= int(wire.Flag.PULL)
-    forged = d[-wire.TAG_SIZE:] != wire.Sealer(key).tag(d[:-wire.TAG_SIZE])
-    return bytes(body) + (d[-wire.TAG_SIZE:] if forged else wire.Sealer(key).tag(bytes(body)))
+    forged = d[-wire.TAG_SIZE:] != wire.Sealer(key).tag(1, d[:-wire.TAG_SIZE])
+    return bytes(body) + (d[-wire.TAG_SIZE:] if forged else wire.Sealer(key).tag(1, bytes(body)))
 
 
 def test_stop_comes_at_the_same_chunk_when_a_run_crosses_the_bound(core):

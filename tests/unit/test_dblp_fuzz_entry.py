@@ -143,7 +143,7 @@ def test_fuzz_data_control_and_join_with_production_defaults(sink):
         b = _mutate(rng, bytearray(rng.choice(bodies)))
         if i % 2:  # a member with the key gone wrong: sealed, so the parser is reached
             _fix_length(b)
-            raw = SEAL.seal(b)
+            raw = SEAL.seal(b, 2)
         else:  # anyone else: unsealed or zero-tagged
             raw = bytes(b) + (wire.ZERO_TAG if i % 4 else b"")
         eng.handle(memoryview(raw), len(raw), pinned if i % 3 else other, None, time.monotonic())
@@ -153,7 +153,7 @@ def test_fuzz_data_control_and_join_with_production_defaults(sink):
         pay = _join_payload(rng)
         body = wire.pack_header(MsgType.HELLO, src=rng.choice([0, 1, 2, 9]),
                                 session=rng.choice([0, SESSION, 1]), length=len(pay)) + pay
-        raw = SEAL.seal(body) if i % 4 else body + wire.ZERO_TAG
+        raw = SEAL.seal(body, 2) if i % 4 else body + wire.ZERO_TAG
         eng.handle(memoryview(raw), len(raw), pinned if i % 5 else other, None, time.monotonic())
         n += 1
     for _ in range(10_000):  # the member side's parsers directly
@@ -199,9 +199,9 @@ def test_fuzz_tcp_framing_with_production_defaults(sink):
             k = rng.randrange(5)
             body = bytearray(rng.choice(bodies))
             if k == 0:
-                stream += _frame(SEAL.seal(body))
+                stream += _frame(SEAL.seal(body, 2))
             elif k == 1:
-                stream += _frame(SEAL.seal(_mutate(rng, body)))
+                stream += _frame(SEAL.seal(_mutate(rng, body), 2))
             elif k == 2:
                 stream += _frame(bytes(_mutate(rng, body)))
             elif k == 3:

@@ -27,9 +27,10 @@ SECRET = secrets.token_hex(32)
 _OFF = {k: v[0] for k, v in wire.FIELD_OFFSETS.items()}
 
 
-def _seal(body: bytes, key: bytes | None = None) -> bytes:
-    """A whole message: the body plus the trailer the wire format declares."""
-    return wire.Sealer(key).seal(body)
+def _seal(body: bytes, key: bytes | None = None, dst: int = 2) -> bytes:
+    """A whole message for rank ``dst`` (the server of a 2-member job unless told): the body
+    plus the trailer the wire format declares."""
+    return wire.Sealer(key).seal(body, dst)
 
 
 def _hello(rank: int, numel: int, session: int = 0, payload=None, key=None) -> bytes:
@@ -234,7 +235,7 @@ def test_copy_amplification_requests_get_bounded_replies(keyed):
         for i in range(300):
             probe = wire.pack_header(MsgType.PROBE, src=0, session=job.srv.session_id, round=0,
                                      index=1000 + i, count=count, copies=16)
-            sock.sendto(_seal(probe, key), job.srv.address)
+            sock.sendto(_seal(probe, key, dst=1), job.srv.address)  # server of 1 member
             if i % 50 == 49:
                 job.srv.engine.poll(0.01)
         job.srv.engine.poll(0.05)
@@ -305,7 +306,7 @@ def test_tcp_hello_cannot_replace_the_real_control_connection(keyed):
         for nonce in nonces:
             body = json.dumps({"rank": 0, "numel": numel, "mode": "ps", "nonce": nonce}).encode()
             msg = _seal(wire.pack_header(MsgType.HELLO, src=0, session=job.srv.session_id,
-                                         length=len(body)) + body, key)
+                                         length=len(body)) + body, key, dst=1)
             c = socket.create_connection(("127.0.0.1", job.srv.port))
             c.sendall(len(msg).to_bytes(2, "big") + msg)
             stolen.append(c)
@@ -414,8 +415,8 @@ def test_a_keyed_job_refuses_unkeyed_and_wrongly_keyed_members():
     th.start()
     try:
         for secret in (None, secrets.token_hex(32)):
-            g = dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, secret=secret, join_timeout=0.4)
-            with pytest.raises(dblp.TransportError, match="no WELCOME"):
+            g = dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, secret=secret, join_timeout=5)
+            with pytest.raises(dblp.TransportError, match="secret"):
                 g.allreduce_(np.ones(10, np.float32))
             g.close()
         assert srv.engine.counters.unauthenticated >= 2

@@ -1,0 +1,96 @@
+"""An unauthenticated flood: its source is rate-limited before its tags are verified.
+
+One Python process sends forged DATA of the running round (the session and
+round as a sniffer sees them, tags it cannot make) to the aggregator as fast
+as it can. The aggregator verifies a source's first bad tags, then drops the
+rest by address alone (``dblp.engine_state.BadSources``): every round still
+completes with the exact mean.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dblp
+from dblp.testing import free_port
+
+pytestmark = pytest.mark.unit
+
+FLOOD = r"""
+import os, socket, sys, time
+from dblp import wire
+port, session, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+pay = bytes(wire.CHUNK_BYTES)
+msgs = [wire.pack_header(wire.MsgType.DATA, src=0, session=session, round=r, index=i,
+                         count=170, length=len(pay), aux=1) + pay + os.urandom(wire.TAG_SIZE)
+        for r in range(8) for i in range(16)]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1], flush=True)
+end, n = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    for m in msgs:
+        try:
+            s.sendto(m, ("127.0.0.1", port))
+        except OSError:
+            pass
+    n += len(msgs)
+print(n, flush=True)
+"""
+
+
+def flood(port: int, session: int, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", FLOOD, str(port), str(session), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
+    n, rounds, numel = 2, 6, 60_000
+    secret = "ab" * 32
+    port = free_port()
+    srv = dblp.ParameterServer("127.0.0.1", port, n, "reliable", secret=secret,
+                               session_id=0x5EED, round_timeout=10)
+    proc = flood(port, 0x5EED, 4.0)
+    flood_port = int(proc.stdout.readline())  # type: ignore[union-attr]
+    blocked_seen: list[bool] = []
+    results: dict = {}
+    errors: list = []
+
+    def serve():
+        try:
+            srv.serve(rounds, on_round_end=lambda r, st: blocked_seen.append(
+                ("127.0.0.1", flood_port) in srv.engine.bad.blocked))
+        except Exception as exc:
+            errors.append(exc)
+
+    def work(w):
+        try:
+            with dblp.TransportGroup(w, n, "127.0.0.1", port, policy="reliable", secret=secret,
+                                     session_id=0x5EED, round_timeout=10) as g:
+                for r in range(rounds):
+                    t = np.full(numel, float(w + 1), np.float32)
+                    g.allreduce_(t)
+                    results[(w, r)] = t
+                    time.sleep(0.05)
+        except Exception as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(w,))
+                                                  for w in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    sent = int(proc.communicate(timeout=30)[0].split()[-1])
+    srv.close()
+    assert not errors, errors
+    for w in range(n):
+        for r in range(rounds):
+            assert np.all(results[(w, r)] == 1.5), (w, r)
+    assert any(blocked_seen), blocked_seen
+    c = srv.engine.counters
+    assert c.unauthenticated > 1000 and sent > 1000, (c, sent)
