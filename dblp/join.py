@@ -282,8 +282,9 @@ class Rendezvous:
                         "process has another secret (or none)", eng.rank, h.src, *addr)
             if len(self.bad_hellos) < 64:
                 self.bad_hellos.add(addr)
-        eng.send_raw(_msg(MsgType.CHALLENGE, {"refused": "tag"}, src=eng.rank,
-                          session=0), addr, h.src)
+        refusal = _msg(MsgType.CHALLENGE, {"refused": "tag"}, src=eng.rank, session=0)
+        if len(refusal) + wire.TAG_SIZE <= n:  # never an amplifier (a real HELLO is longer)
+            eng.send_raw(refusal, addr, h.src)
 
     def on_join(self, h: wire.Header, payload: bytes, addr, tcp_peer) -> None:
         """Handle one HELLO (already authenticated when the job has a secret); never raises."""

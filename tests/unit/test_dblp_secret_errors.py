@@ -100,3 +100,39 @@ def test_a_job_without_a_secret_warns_once_at_start_on_every_rank(caplog, monkey
     with caplog.at_level(logging.WARNING, logger="dblp"):
         run_job(n_workers=2, rounds=1, numel=2_000, secret=secrets.token_hex(32))
     assert not [r for r in caplog.records if "has no secret" in r.getMessage()]
+
+
+def test_a_refusal_is_never_larger_than_the_hello_it_answers():
+    """A short datagram shaped like a HELLO with a bad tag gets no answer (no amplifier);
+    a member's HELLO, longer than any refusal, gets one."""
+    import json
+    import socket
+
+    from dblp import wire
+    from dblp.wire import MsgType
+    srv = dblp.ParameterServer("127.0.0.1", 0, 1, "reliable", secret=secrets.token_hex(32),
+                               join_timeout=1.0)
+    th = threading.Thread(target=lambda: pytest.raises(dblp.TransportError, srv.serve, 1))
+    th.start()
+    atk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    atk.bind(("127.0.0.1", 0))
+    atk.settimeout(0.3)
+    try:
+        short = wire.pack_header(MsgType.HELLO, src=0) + bytes(wire.TAG_SIZE)
+        body = json.dumps({"rank": 0, "numel": 10, "mode": "ps", "nonce": 5}).encode()
+        hello = wire.pack_header(MsgType.HELLO, src=0, length=len(body)) + body \
+            + bytes(wire.TAG_SIZE)
+        got = []
+        for msg in (short, hello):
+            atk.sendto(msg, ("127.0.0.1", srv.port))
+            try:
+                got.append(atk.recv(65536))
+            except TimeoutError:
+                got.append(None)
+        assert got[0] is None
+        assert got[1] is not None and len(got[1]) <= len(hello)
+        assert wire.unpack_header(got[1]).type == MsgType.CHALLENGE
+    finally:
+        th.join(30)
+        atk.close()
+        srv.close()
