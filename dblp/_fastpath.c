@@ -267,17 +267,35 @@ done:
  * to copy from memory instead of cache). Once a read has drained the socket
  * the call returns what it has, so a ring that is not full still means
  * "nothing more waiting", as recv_ring's does.
+ *
+ * ``blocked`` (optional, with ``state`` of 6): sources whose tags keep failing,
+ * 6 bytes each (port and IPv4 as sockaddr_in holds them). A message from one
+ * is dropped whole before it is copied anywhere (a flood arrives coalesced,
+ * 44 datagrams a message) and its datagrams are added to state[5], which the
+ * caller counts and resets; a call returns after GRO_MAX_DROPPED of them
+ * even with nothing in the ring.
  */
 #ifndef UDP_GRO
 #define UDP_GRO 104
 #endif
+/* Whether ``a``'s port and IPv4 address are one of the 6-byte keys in ``keys``. */
+static int is_blocked(const struct sockaddr_in *a, const uint8_t *keys, Py_ssize_t n) {
+    const uint8_t *k = (const uint8_t *)a + 2;  /* sin_port, sin_addr: as sockaddr_in holds them */
+    for (Py_ssize_t o = 0; o + 6 <= n; o += 6)
+        if (!memcmp(keys + o, k, 6))
+            return 1;
+    return 0;
+}
 #define GRO_MAX_MSGS 64
+/* Dropped unread: the datagrams of one call from blocked sources, at most (then it returns). */
+#define GRO_MAX_DROPPED 8192
 static PyObject *recv_gro(PyObject *self, PyObject *args) {
     int fd;
-    Py_buffer data, names, lens, bounce, bnames, blens, bsegs, state;
+    Py_buffer data, names, lens, bounce, bnames, blens, bsegs, state, blocked = {0};
     Py_ssize_t stride, slot, slots, bstride;
-    if (!PyArg_ParseTuple(args, "iw*nnw*w*nw*nw*w*w*w*", &fd, &data, &stride, &slot, &names,
-                          &lens, &slots, &bounce, &bstride, &bnames, &blens, &bsegs, &state))
+    if (!PyArg_ParseTuple(args, "iw*nnw*w*nw*nw*w*w*w*|y*", &fd, &data, &stride, &slot, &names,
+                          &lens, &slots, &bounce, &bstride, &bnames, &blens, &bsegs, &state,
+                          &blocked))
         return NULL;
     PyObject *res = NULL;
     Py_ssize_t nmax = blens.len / (Py_ssize_t)sizeof(int64_t);
@@ -287,7 +305,8 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
         || bstride < 65535 || bounce.len < nmax * bstride
         || bnames.len < nmax * (Py_ssize_t)sizeof(struct sockaddr_in)
         || bsegs.len < nmax * (Py_ssize_t)sizeof(int64_t)
-        || state.len < 5 * (Py_ssize_t)sizeof(int64_t)) {
+        || state.len < 5 * (Py_ssize_t)sizeof(int64_t)
+        || (blocked.buf && (blocked.len % 6 || state.len < 6 * (Py_ssize_t)sizeof(int64_t)))) {
         PyErr_SetString(PyExc_ValueError, "recv_gro: buffers smaller than the ring");
         goto done;
     }
@@ -358,6 +377,14 @@ static PyObject *recv_gro(PyObject *self, PyObject *args) {
         Py_ssize_t j = (Py_ssize_t)st[1];
         int64_t len = bl[j], seg = bs[j] > 0 ? bs[j] : len;
         const uint8_t *msg = bb + j * bstride;
+        if (blocked.buf && st[2] == 0 && is_blocked(&bn[j], blocked.buf, blocked.len)) {
+            /* a source of bad tags (dblp.engine_state.BadSources): its whole run, unread */
+            st[5] += seg > 0 ? (len + seg - 1) / seg : 1;
+            st[1]++;
+            if (st[5] >= GRO_MAX_DROPPED && i == 0)
+                break;  /* back to the caller now and then, though the flood goes on */
+            continue;
+        }
         do {
             int64_t off = st[2], piece = len - off < seg ? len - off : seg;
             int64_t keep = piece < slot ? piece : slot;
@@ -382,6 +409,8 @@ done:
     PyBuffer_Release(&blens);
     PyBuffer_Release(&bsegs);
     PyBuffer_Release(&state);
+    if (blocked.buf)
+        PyBuffer_Release(&blocked);
     return res;
 }
 

@@ -336,7 +336,7 @@ class RecvRing:
         self.blens = np.zeros(n, np.int64)
         self.bsegs = np.zeros(n, np.int64)
         # messages held, the next one, the offset in it, drained, datagrams per message
-        self.bstate = np.zeros(5, np.int64)
+        self.bstate = np.zeros(6, np.int64)  # [5]: datagrams dropped unread (blocked sources)
         self._fixed: tuple[tuple[int, int], np.ndarray] | None = None
         self._peers: tuple[tuple, np.ndarray, np.ndarray] | None = None
         self._pinned: dict[tuple, bytes | None] = {}
@@ -345,16 +345,19 @@ class RecvRing:
     def available() -> bool:
         return _recvmmsg is not None
 
-    def receive(self) -> int:
+    def receive(self, blocked: bytes = b"") -> int:
         """Datagrams read into slots ``0..m-1`` (0: none waiting, -1: an error to skip).
 
         Fewer than ``slots`` means nothing more is waiting; a full ring may leave
-        coalesced datagrams behind for the next call (``held``).
+        coalesced datagrams behind for the next call (``held``). ``blocked``:
+        sources (``blocked_keys``) whose coalesced messages the core drops unread,
+        counted in ``take_dropped``; other paths leave them to ``deliver``.
         """
         if self.gro:
+            extra = (blocked,) if blocked else ()
             m = self._core.recv_gro(self._fd, self.data, self.stride, self.slot, self.names,
                                     self.lens, self.slots, self.bounce, GRO_BUFFER, self.bnames,
-                                    self.blens, self.bsegs, self.bstate)
+                                    self.blens, self.bsegs, self.bstate, *extra)
         elif NATIVE is not None:
             m = NATIVE.recv_ring(self._fd, self.data, self.stride, self.slot, self.names,
                                  self.lens, self.slots)
@@ -369,6 +372,12 @@ class RecvRing:
         if m < 0:  # -errno
             return 0 if -m in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR) else -1
         return m
+
+    def take_dropped(self) -> int:
+        """Datagrams ``receive`` dropped unread since the last call (blocked sources)."""
+        n = int(self.bstate[5])
+        self.bstate[5] = 0
+        return n
 
     def held(self) -> bool:
         """Whether datagrams already read from the socket wait here (the socket may be idle)."""
@@ -571,17 +580,23 @@ def _name_keys(names: np.ndarray) -> np.ndarray:
     return wide.view(">u8").ravel()
 
 
-def _blocked_rows(eng: Engine, ring: RecvRing, lo: int, m: int, now: float) -> np.ndarray:
-    """Rows ``lo..m-1`` from a source ``eng.bad`` blocks: dropped before any check costs CPU."""
+def blocked_keys(eng: Engine, now: float) -> bytes:
+    """The sources ``eng.bad`` blocks now, 6 bytes each (port and IPv4, as ``sockaddr_in``)."""
     bad = eng.bad
     for addr, until in list(bad.blocked.items()):
         if now >= until:
             bad.is_blocked(addr, now)  # expires it
     if bad.keys is None:
-        raw = [r for r in (_port_and_ip(a) for a in bad.blocked) if r is not None]
-        bad.keys = _name_keys(np.frombuffer(b"".join(bytes(2) + r for r in raw), np.uint8)
-                              .reshape(-1, 8))
-    return np.isin(_name_keys(ring.names[lo:m]), bad.keys)
+        bad.keys = b"".join(r for r in (_port_and_ip(a) for a in bad.blocked) if r is not None)
+    return bad.keys
+
+
+def _blocked_rows(eng: Engine, ring: RecvRing, lo: int, m: int, now: float) -> np.ndarray:
+    """Rows ``lo..m-1`` from a source ``eng.bad`` blocks: dropped before any check costs CPU."""
+    keys = np.frombuffer(blocked_keys(eng, now), np.uint8).reshape(-1, 6)
+    wide = np.zeros((len(keys), 8), np.uint8)
+    wide[:, 2:] = keys
+    return np.isin(_name_keys(ring.names[lo:m]), wide.view(">u8").ravel())
 
 
 _FLAGS_OFF = wire.FIELD_OFFSETS["flags"][0]

@@ -535,8 +535,11 @@ class Engine:
         """Up to ``limit`` datagrams, a ring (``recvmmsg``) at a time (``batch.deliver``)."""
         ring = self.ring
         assert ring is not None
+        blocked = batch.blocked_keys(self, now) if self.bad.blocked else b""
         for _ in range(-(-limit // ring.slots)):
-            m = ring.receive()
+            m = ring.receive(blocked)
+            if blocked:
+                self.counters.unauthenticated += ring.take_dropped()
             if m == 0:
                 return
             self.last_read += max(0, m)

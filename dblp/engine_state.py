@@ -216,7 +216,7 @@ class BadSources:
     def __init__(self) -> None:
         self.windows: dict[tuple, list[float]] = {}  # addr -> [window start, failures]
         self.blocked: dict[tuple, float] = {}  # addr -> blocked until
-        self.keys: Any = None  # numpy keys of ``blocked`` (dblp.batch._blocked_rows), for rings
+        self.keys: bytes | None = None  # ``blocked`` as dblp.batch.blocked_keys packs them
 
     def failed(self, addr, now: float, peers: dict) -> None:
         """Count one failed tag from ``addr``; block it past the limit (unless it is a peer's)."""

@@ -594,6 +594,38 @@ def test_a_coalesced_run_reaches_the_ring_as_the_datagrams_it_was(slots):
     assert plain[45 + 9] == b""
 
 
+def test_a_blocked_sources_coalesced_runs_are_dropped_unread():
+    """A source of bad tags (``BadSources``): the core drops its coalesced messages whole and
+    counts their datagrams; another sender's, interleaved with them, arrive as they were."""
+    if batch.NATIVE is None:
+        pytest.fail("dblp._fastpath is not built: run ./setup.sh")
+    rx, ring, flood = _gro_pair(128, True)
+    honest = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert ring.gro, "the kernel refused UDP_GRO"
+        blob = bytes(range(256)) * (44 * wire.MAX_DATAGRAM // 256 + 1)
+        dest = rx.getsockname()
+        flood.bind(("127.0.0.1", 0))
+        for i in range(3):
+            _gso(flood, dest, blob[:44 * wire.MAX_DATAGRAM], wire.MAX_DATAGRAM)
+            honest.sendto(b"honest %d" % i, dest)
+        time.sleep(0.05)
+        key = batch._port_and_ip(flood.getsockname())
+        got, dropped = [], 0
+        for _ in range(10):
+            m = ring.receive(key)
+            dropped += ring.take_dropped()
+            got += [ring.data[i, :ring.lens[i]].tobytes() for i in range(m)]
+            if m == 0 and not ring.held():
+                break
+        assert got == [b"honest 0", b"honest 1", b"honest 2"]
+        assert dropped == 3 * 44
+    finally:
+        rx.close()
+        flood.close()
+        honest.close()
+
+
 def test_an_engine_reads_what_its_ring_holds_though_the_socket_is_idle():
     """More coalesced datagrams than one poll reads: the rest wait in the ring, not in the socket.
 
