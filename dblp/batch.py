@@ -43,7 +43,7 @@ from . import wire
 from .wire import HEADER_SIZE, PPM, TAG_SIZE, MsgType
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .link import ReceiveLink
 
 #: Linux's <netinet/udp.h>: Python's socket module does not export it.
 UDP_SEGMENT = 103
@@ -553,7 +553,7 @@ def batching_supported() -> bool:
 
 
 # -- dispatch: runs of DATA as arrays, everything else through Engine.handle ----------------
-def _fast_rows(eng: Engine, ring: RecvRing, hb: np.ndarray, h: np.ndarray, lo: int, m: int,
+def _fast_rows(eng: ReceiveLink, ring: RecvRing, hb: np.ndarray, h: np.ndarray, lo: int, m: int,
                keep: np.ndarray) -> np.ndarray:
     """Rows (of ``lo..m-1``) ``Engine.handle`` would pass straight to a receiver's ``on_data``.
 
@@ -580,7 +580,7 @@ def _name_keys(names: np.ndarray) -> np.ndarray:
     return wide.view(">u8").ravel()
 
 
-def blocked_keys(eng: Engine, now: float) -> bytes:
+def blocked_keys(eng: ReceiveLink, now: float) -> bytes:
     """The sources ``eng.bad`` blocks now, 6 bytes each (port and IPv4, as ``sockaddr_in``)."""
     bad = eng.bad
     for addr, until in list(bad.blocked.items()):
@@ -591,7 +591,7 @@ def blocked_keys(eng: Engine, now: float) -> bytes:
     return bad.keys
 
 
-def _blocked_rows(eng: Engine, ring: RecvRing, lo: int, m: int, now: float) -> np.ndarray:
+def _blocked_rows(eng: ReceiveLink, ring: RecvRing, lo: int, m: int, now: float) -> np.ndarray:
     """Rows ``lo..m-1`` from a source ``eng.bad`` blocks: dropped before any check costs CPU."""
     keys = np.frombuffer(blocked_keys(eng, now), np.uint8).reshape(-1, 6)
     wide = np.zeros((len(keys), 8), np.uint8)
@@ -605,7 +605,7 @@ _PART_OFF = wire.FIELD_OFFSETS["part"][0]
 _PULL = int(wire.Flag.PULL)
 
 
-def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
+def _native_runs(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> int:
     """Rows ``0..k-1`` the C core took (``NATIVE.take_run``), a stream's run at a time; k.
 
     Only where its checks are the engine's: no secret (the pinned address is the
@@ -652,7 +652,7 @@ def _native_runs(eng: Engine, ring: RecvRing, m: int, now: float) -> int:
     return i
 
 
-def deliver(eng: Engine, ring: RecvRing, m: int, now: float) -> None:
+def deliver(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> None:
     """Handle ring slots ``0..m-1`` in arrival order, with the per-datagram path's outcome.
 
     A run of consecutive plain DATA datagrams of one stream of this round goes to

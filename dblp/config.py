@@ -53,12 +53,16 @@ ORDERS = ("shuffled", "fixed")
 SECRET_BYTES = (16, 64)  # accepted secret sizes: 128 to 512 bits
 
 
+#: The loss-bound policies by name. ``dblp.policy`` registers the built-in ones
+#: (the package imports it), and a researcher's own is registered the same way
+#: (``dblp.POLICIES["mine"] = MyBound``); kept here so the settings that name a
+#: policy read it without importing the policies, which import these settings.
+POLICIES: dict[str, type] = {}
+
+
 def _choices(registry: str):
     """Late lookup of a registry, so user registrations after import are honoured."""
-    if registry == "POLICIES":
-        from .policy import POLICIES
-        return tuple(POLICIES)
-    return globals()[registry]
+    return tuple(globals()[registry])
 
 
 def _setting(default, kind: str, doc: str, *, lo=None, hi=None, lo_open=False, hi_open=False,
@@ -270,7 +274,6 @@ class TransportConfig:
     # -- what the settings build ------------------------------------------------------
     def make_policy(self):
         """A fresh policy object of ``policy`` with its knobs from this config."""
-        from .policy import POLICIES
         cls = POLICIES[self.policy]
         return cls(**{k: getattr(self, k) for k in getattr(cls, "KNOBS", ())})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .config import check_setting, default_of
+from .config import POLICIES, check_setting, default_of
 
 
 class ReliablePolicy:
@@ -141,11 +141,12 @@ class PhaseAwareBound:
                 "norm": self.norm}
 
 
-POLICIES = {
+# The registry lives with the settings (``dblp.config.POLICIES``); the built-in policies:
+POLICIES.update({
     "reliable": ReliablePolicy,
     "static": StaticBound,
     "dblp": PhaseAwareBound,
-}
+})
 
 
 def make_policy(name, **knobs):

@@ -23,7 +23,7 @@ from .errors import TransportError
 from .wire import HEADER_SIZE, Flag, MsgType
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .link import TransferLink
 
 PUSH, PULL = 0, 1
 SENDING, PROBING, DONE = "sending", "probing", "done"
@@ -86,7 +86,7 @@ class OutTransfer:
         "_template",
     )
 
-    def __init__(self, eng: Engine, kind: int, part: int, peer: int, data: np.ndarray,
+    def __init__(self, eng: TransferLink, kind: int, part: int, peer: int, data: np.ndarray,
                  bound_ppm: int, flags: int = 0):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
@@ -378,7 +378,7 @@ class InTransfer:
         "final", "final_next_bound", "final_flags", "last_final",
     )
 
-    def __init__(self, eng: Engine, kind: int, part: int, peer: int, out: np.ndarray,
+    def __init__(self, eng: TransferLink, kind: int, part: int, peer: int, out: np.ndarray,
                  bound_ppm: int, *, add: bool, freeze: bool):
         self.eng, self.kind, self.part, self.peer = eng, kind, part, peer
         self.round = eng.round
