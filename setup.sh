@@ -94,7 +94,8 @@ install_torch() {
     say "torch: $why"
     "$VENV/bin/pip" install -q -c "$CONSTRAINTS" "${args[@]}"
     local got want
-    got=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')
+    # Its recorded version, not `import torch` (numpy, which torch warns about, comes later).
+    got=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')
     want=${args[0]#torch==}
     if [ "$got" = "$want" ]; then
         say "torch installed: $got"
