@@ -60,14 +60,17 @@ def test_a_ten_percent_slower_dblp_fails_the_reference(ci_run):
     assert "REGRESSION" in res.stderr
     rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
     # Its own rounds against the physical bound: what a slowdown shared with static moves.
-    # The normal rounds (about 50 of them) fail by twice their tolerance; the burst rounds
-    # (five) vary more from run to run, so beside the reference their row may land either
-    # side of its 5 % line; against the same run's dblp the slowdown shows in them too.
+    # The normal rounds (about 50 of them, no loss, so whatever the phase) fail by twice
+    # their tolerance, and against the same run's dblp they are the slowdown itself. The
+    # five burst rounds are not held to it: the ci preset's detector reads the zero-filled
+    # norm, which depends on which chunks a burst took, so the twin's phase at a burst may
+    # differ from dblp's (critical: P_low's longer round; relaxed: P_high's), and one run
+    # showed its burst rounds 9.8 % over dblp's, another level with them.
     row = rows["arms.dblp-slowed.normal_round_over_phys_bound"]
     assert row.rstrip().endswith("REGRESSED"), row
     arms = json.loads((ci_run / "summary.json").read_text())["arms"]
-    for figure in ("burst_round_over_phys_bound", "normal_round_over_phys_bound"):
-        assert arms["dblp-slowed"][figure] > 1.05 * arms["dblp"][figure], (figure, arms)
+    slowed, dblp = (arms[a]["normal_round_over_phys_bound"] for a in ("dblp-slowed", "dblp"))
+    assert slowed > 1.05 * dblp, (slowed, dblp)
 
 
 @pytest.mark.e2e

@@ -134,7 +134,7 @@ def _expected(d) -> dict:
         bm = payload[i * size:(i + 1) * size]
         exp[f"dblp.{name}"] = bm
         exp[f"dblp.{name}.chunks"] = int(np.unpackbits(np.frombuffer(bm, np.uint8))[:count].sum())
-    if t in (wire.MsgType.HELLO, wire.MsgType.WELCOME):
+    if t in (wire.MsgType.HELLO, wire.MsgType.WELCOME, wire.MsgType.CHALLENGE):
         exp["dblp.json"] = payload.decode()
         json.loads(exp["dblp.json"])
     for name, value in d.trailer.items():
