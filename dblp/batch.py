@@ -521,30 +521,35 @@ NATIVE = _load_native()
 _ANY_ADDR = bytes(6)
 
 
-def native_auth() -> bool:
-    """Whether the C core computes and checks tags (built with libcrypto)."""
-    if NATIVE is None or not hasattr(NATIVE, "mac_new"):
+def _can_authenticate(core) -> bool:
+    """Whether ``core`` computes and checks tags: built with libcrypto (it then has
+    ``mac_new``) and that libcrypto has keyed BLAKE2b (``mac_new`` raises RuntimeError
+    when it has not, as an OpenSSL built without it would). Asked once, at import."""
+    if core is None or not hasattr(core, "mac_new"):
         return False
     try:
-        NATIVE.mac_new(bytes(32))
-    except (NotImplementedError, RuntimeError):
+        core.mac_new(bytes(32))
+    except RuntimeError:
         return False
     return True
 
 
+_NATIVE_AUTH = _can_authenticate(NATIVE)
+
+
+def native_auth() -> bool:
+    """Whether the C core in use (`NATIVE`: tests may switch it off) authenticates."""
+    return NATIVE is not None and _NATIVE_AUTH
+
+
 def native_mac(sealer: wire.Sealer):
     """The C core's keyed context for ``sealer``'s key (made once per sealer), or None:
-    no secret, no core, or a core built without libcrypto."""
-    if sealer.key is None or NATIVE is None:
+    no secret, or no authenticating C core (`native_auth`)."""
+    if sealer.key is None or not native_auth():
         return None
-    mac = sealer.native
-    if mac is None:
-        try:
-            mac = NATIVE.mac_new(sealer.key)
-        except (AttributeError, NotImplementedError, RuntimeError):
-            mac = False
-        sealer.native = mac
-    return mac or None
+    if sealer.native is None:
+        sealer.native = NATIVE.mac_new(sealer.key)
+    return sealer.native
 
 
 def batching_supported() -> bool:
