@@ -54,6 +54,22 @@ def _kind(msg: bytes):
         return None
 
 
+def _sniffed(job, eng: Engine, keep, *, start_server: bool = False) -> list[bytes]:
+    """Run ``job`` to its end and keep what ``eng`` received that ``keep(header)`` accepts:
+    the authentic messages a sniffer on the network would have (its rounds checked exact)."""
+    got: list[bytes] = []
+    _tap(eng, lambda m, a: got.append(m) if (h := _kind(m)) is not None and keep(h) else None)
+    if start_server:
+        job.start_server()
+    try:
+        job.start_members()
+    finally:
+        job.finish()
+    job.assert_exact()
+    assert got, "the job sent nothing of the kind to keep"
+    return got
+
+
 def _attacker() -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", 0))
@@ -190,19 +206,11 @@ def test_an_old_jobs_hello_does_not_move_a_rank():
     same secret between rounds: it must not re-pin the rank nor tell the attacker anything
     but a challenge it cannot answer (it used to get the WELCOME, then the aggregate)."""
     secret = secrets.token_hex(32)
-    old: list[bytes] = []
     first = Job(2, rounds=1, secret=secret, start_server=False)
     first.make_server()
     assert first.srv is not None
-    _tap(first.srv.engine, lambda m, a: old.append(m) if (h := _kind(m)) is not None
-         and h.type == MsgType.HELLO and h.src == 1 else None)
-    first.start_server()
-    try:
-        first.start_members()
-    finally:
-        first.finish()
-    first.assert_exact()
-    assert old
+    old = _sniffed(first, first.srv.engine, lambda h: h.type == MsgType.HELLO and h.src == 1,
+                   start_server=True)
 
     atk = _attacker()
     got: list[bytes] = []
@@ -234,16 +242,8 @@ def test_an_old_jobs_welcome_is_not_adopted_by_a_joining_member():
     """A WELCOME sniffed in one job, sent to a member of the next (same secret) while it
     waits for its aggregator: the WELCOME must echo this join's nonce, so it is refused."""
     secret = secrets.token_hex(32)
-    old: list[bytes] = []
     first = Job(1, rounds=1, secret=secret)
-    _tap(first.groups[0].engine, lambda m, a: old.append(m) if (h := _kind(m)) is not None
-         and h.type == MsgType.WELCOME else None)
-    try:
-        first.start_members()
-    finally:
-        first.finish()
-    first.assert_exact()
-    assert old
+    old = _sniffed(first, first.groups[0].engine, lambda h: h.type == MsgType.WELCOME)
 
     atk = _attacker()
     job = Job(1, rounds=2, secret=secret, start_server=False)
