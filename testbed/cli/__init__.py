@@ -28,6 +28,7 @@ COMMANDS = {
     "net": "testbed.cli.fabric:net",
     "clean": "testbed.cli.fabric:clean",
     "burst": "testbed.cli.fabric:burst",
+    "wireshark": "testbed.cli.wireshark:wireshark_cmd",
 }
 #: `dblp-testbed bench ...`, alike.
 BENCH_COMMANDS = {

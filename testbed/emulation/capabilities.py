@@ -89,6 +89,15 @@ def c_core() -> dict:
     return {"loaded": True, "path": getattr(core, "__file__", None), "error": None}
 
 
+def c_core_warning(core: dict) -> str | None:
+    """The line `doctor` notes and `run` says at its start when the C core is missing."""
+    if core["loaded"]:
+        return None
+    return (f"dblp's C core not loaded ({core['error']}): the transport runs its pure-Python "
+            "path, several times the CPU per datagram, and every timing moves; rebuild it with "
+            "./setup.sh (needs a C compiler)")
+
+
 def check(probe_qdiscs: bool = True) -> dict:
     """A JSON-able capability report with ``problems`` (blocking) and ``notes``."""
     rep = {"root": os.geteuid() == 0,
@@ -124,10 +133,9 @@ def check(probe_qdiscs: bool = True) -> dict:
         if rep["root"] and not rep["nft_netdev_egress"]:
             notes.append("nftables netdev egress hook unavailable: `loss` bursts will fail "
                          "(use `police` or `congest`)")
-    if not rep["c_core"]["loaded"]:
-        notes.append(f"dblp's C core not loaded ({rep['c_core']['error']}): the transport runs "
-                     "its pure-Python path, several times the CPU per datagram; rebuild it with "
-                     "./setup.sh (needs a C compiler)")
+    core_note = c_core_warning(rep["c_core"])
+    if core_note:
+        notes.append(core_note)
     if not rep["kernel_datapath"]:
         notes.append("OVS kernel datapath absent: using the userspace datapath (one forwarding "
                      "thread; see docs/results/capacity.md)")

@@ -94,6 +94,9 @@ def run_experiment(spec: Spec, out: str | None) -> Finished:
     run_dir = new_run_dir(spec, out)
     manifest = Manifest(run_dir, spec, caps)
     output.say(f"run directory: {run_dir}")
+    core_note = capabilities.c_core_warning(caps["c_core"])
+    if core_note:  # the manifest records it too; said now: every timing of the run depends on it
+        output.warn(core_note)
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     status, error = "ok", None
     try:

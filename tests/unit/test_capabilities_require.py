@@ -35,3 +35,18 @@ def test_the_c_core_is_reported_and_its_absence_noted(monkeypatch):
     rep = capabilities.check(probe_qdiscs=False)
     assert rep["c_core"] == core
     assert any(n.startswith("dblp's C core not loaded") for n in rep["notes"])
+
+
+def test_a_run_without_the_c_core_says_so_at_its_start():
+    """`run` warns with the same line before its first unit (testbed/run/runner.py)."""
+    import inspect
+
+    from testbed.emulation import capabilities
+    from testbed.run import runner
+    line = capabilities.c_core_warning({"loaded": False, "path": None,
+                                        "error": "No module named 'dblp._fastpath'"})
+    assert line is not None and "No module named 'dblp._fastpath'" in line and "./setup.sh" in line
+    assert capabilities.c_core_warning(capabilities.c_core()) is None   # built here
+    # The runner says it right after the run directory, before the fabric is built.
+    src = inspect.getsource(runner.run_experiment)
+    assert src.index("c_core_warning") < src.index("_run_on_fabric(")

@@ -70,6 +70,7 @@ COVERED = {
     "python -m dblp.wireshark": "test_wireshark_command (below); its output loaded by "
                                 "tests/e2e/test_wireshark_dissector.py",
     "tshark -X lua_script:dblp.lua": "tests/e2e/test_wireshark_dissector.py",
+    "dblp-testbed wireshark --install": "tests/unit/test_wireshark_install.py",
 }
 
 
