@@ -17,6 +17,9 @@ Settings: one frozen, typed, validated object (``dblp.config``)::
                                chunk_bytes=1416 (8192: IP-fragmented), chunk_order="shuffled"
                                | "fixed", probe_wait=None (adaptive) | seconds (UDP control),
                                nagle=False (True: Nagle on the TCP control connections),
+                               bucket_s=None (0.1: 100 ms bucket steps into default-sized
+                               socket buffers), no_progress_probes=0 (10: re-probe instead of
+                               resending while the receiver's bitmap is unchanged),
                                # the data path (dblp.batch): same bytes on the wire either way
                                batched_io=True (UDP GSO sends, recvmmsg reads as arrays)
                                | False (one system call per datagram))
@@ -50,7 +53,7 @@ Parameter-server mode (N workers + 1 server; the paper's setup)::
                      # chunks, bytes_sent, chunks_sent, retransmitted, missing_at_stop,
                      # pull_missing, probe_rounds, passes_push, passes_pull, rtt_s,
                      # grad_norm, counters{unauthenticated, malformed, foreign, stale,
-                     # duplicates, late, early_dropped}
+                     # duplicates, late, early_dropped, sender_dropped, resends_skipped}
     group.close()
 
     model.register_comm_hook(group, dblp.ddp_comm_hook)   # DDP, single bucket

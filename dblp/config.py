@@ -161,7 +161,7 @@ class TransportConfig:
     (``read``), from JSON (``from_json``) or from ``DBLP_*`` variables
     (``from_env``). ``dataclasses.replace(cfg, p=0.02)`` re-validates.
 
-    Prototype mode: four settings reproduce the *costs* of the paper
+    Prototype mode: six settings reproduce the *costs* of the paper
     authors' prototype, one at a time, so an ablation can attribute a
     speedup to each; their defaults are this transport's own behaviour.
     ``chunk_bytes=8192`` sends 8 KB chunks the kernel IP-fragments (~6
@@ -174,7 +174,12 @@ class TransportConfig:
     transport's message for identical replicas, keeps its adaptive timer
     either way); ``nagle=True``
     leaves Nagle's algorithm on for the TCP control connections (no effect on
-    the UDP control path).
+    the UDP control path); ``bucket_s=0.1`` makes the sender's token bucket
+    refill in 100 ms steps and empty each step at once into socket buffers of
+    Linux's stock default size, dropping what the full send buffer refuses
+    (and losing what overflows a receiver's buffer); ``no_progress_probes=10``
+    makes a sender whose receiver's bitmap did not change since its last
+    resend probe again instead of resending, up to ten probe rounds in a row.
     """
 
     # -- loss-bound policy (only the aggregator's matters in PS mode) --------------------
@@ -238,6 +243,28 @@ class TransportConfig:
     # message waits for the previous one's ACK (up to a delayed-ACK timeout).
     nagle: bool = _setting(False, "bool", "TCP control: leave Nagle's algorithm on (no "
                            "TCP_NODELAY), as the prototype did; no effect with UDP control")
+    # The transport's bucket is 2 ms deep and refills continuously, into socket
+    # buffers enlarged to hold a burst; the prototype's refilled every 100 ms and
+    # emptied each refill at once into buffers of the kernel's default size, so
+    # a share of every pass overflowed them before reaching the wire.
+    bucket_s: float | None = _setting(None, "float", "the prototype's sender: the token bucket "
+                                      "refills in whole steps of this many seconds of the "
+                                      "pacing rate and releases each step's chunks at once, one "
+                                      "datagram per call, into send and receive buffers of "
+                                      "Linux's stock default size (212992 bytes); a datagram the "
+                                      "full send buffer refuses is dropped, not retried (None = "
+                                      "a continuous bucket of about 2 ms into the transport's "
+                                      "enlarged buffers; the prototype's 0.1)",
+                                      lo=0.0, lo_open=True, hi=10.0, optional=True)
+    # The transport resends what every BITMAP lists; the prototype, seeing the
+    # receiver's bitmap unchanged since its last resend, probed again instead,
+    # up to ten probe rounds in a row, before resending.
+    no_progress_probes: int = _setting(0, "int", "the prototype's no-progress rule: a sender "
+                                       "whose receiver's bitmap is unchanged since its last "
+                                       "resend probes again instead of resending, up to this "
+                                       "many probe rounds in a row (0 = off: every BITMAP is "
+                                       "answered with a resend; the prototype's 10)",
+                                       lo=0, hi=1000)
     # -- the data path -----------------------------------------------------------------
     # One system call and one Python call per datagram cap the transport near
     # 1 Gbit/s on a small machine; batches move the same datagrams (dblp.batch).
@@ -282,7 +309,8 @@ class TransportConfig:
         return {"control": self.control, "key": self.key, "early_bytes": self.early_bytes,
                 "hello_timeout": self.hello_timeout, "chunk_bytes": self.chunk_bytes,
                 "chunk_order": self.chunk_order, "probe_wait": self.probe_wait,
-                "nagle": self.nagle, "batched_io": self.batched_io}
+                "nagle": self.nagle, "bucket_s": self.bucket_s,
+                "no_progress_probes": self.no_progress_probes, "batched_io": self.batched_io}
 
     @property
     def key(self) -> bytes | None:

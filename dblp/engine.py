@@ -72,6 +72,9 @@ __all__ = ["Engine", "TcpControl", "InTransfer", "OutTransfer", "PUSH", "PULL", 
 _DATA = int(MsgType.DATA)
 _INDEX = struct.Struct("!I")
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
+#: A stock Linux kernel's default socket buffer (net.core.wmem_default, rmem_default): the
+#: size of the prototype's buffers (``bucket_s``; ``Engine._stock_buffers``).
+STOCK_SOCKET_BUFFER = 212992
 # Linux's <netinet/in.h>: Python's socket module does not export them.
 _IP_MTU_DISCOVER = 10
 _IP_PMTUDISC_DONT = 0  # never set Don't Fragment: the kernel fragments large datagrams
@@ -93,6 +96,8 @@ class Engine:
         "chunk_bytes", "max_datagram", "chunk_order",
         # control timing: the prototype's fixed probe timer (None = adaptive), Nagle on TCP
         "probe_wait", "nagle",
+        # the prototype's sender (its bucket's step, None = ours) and no-progress rule (0 = off)
+        "bucket_s", "no_progress_probes",
         # sockets and the receive buffer
         "sock", "sel", "buf", "mv",
         # pacing: one bucket for the link, optional buckets per destination
@@ -135,6 +140,8 @@ class Engine:
                  chunk_order: str = default_of("chunk_order"),
                  probe_wait: float | None = default_of("probe_wait"),
                  nagle: bool = default_of("nagle"),
+                 bucket_s: float | None = default_of("bucket_s"),
+                 no_progress_probes: int = default_of("no_progress_probes"),
                  batched_io: bool = default_of("batched_io"),
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
         if control not in ("udp", "tcp"):
@@ -142,6 +149,7 @@ class Engine:
         # The ranges are TransportConfig's (one home); an Engine built directly checks them too.
         for name, value in (("chunk_bytes", chunk_bytes), ("chunk_order", chunk_order),
                             ("probe_wait", probe_wait), ("nagle", nagle),
+                            ("bucket_s", bucket_s), ("no_progress_probes", no_progress_probes),
                             ("batched_io", batched_io)):
             check_setting(name, value)
         if not 0.0 <= fault_rx_drop < 1.0:
@@ -163,15 +171,21 @@ class Engine:
         self.chunk_order = chunk_order
         self.probe_wait = None if probe_wait is None else float(probe_wait)
         self.nagle = nagle
+        self.bucket_s = None if bucket_s is None else float(bucket_s)
+        self.no_progress_probes = no_progress_probes
         # sockets
         batched = batched_io and batch.batching_supported()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        rcv_buf = max(sock_buf, batch.RECV_BUFFER) if batched else sock_buf
-        for opt, force, size in ((socket.SO_RCVBUF, 33, rcv_buf), (socket.SO_SNDBUF, 32, sock_buf)):
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, force, size)  # *BUFFORCE (root)
-            except OSError:
-                self.sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        if self.bucket_s is not None:
+            self._stock_buffers()
+        else:
+            rcv_buf = max(sock_buf, batch.RECV_BUFFER) if batched else sock_buf
+            for opt, force, size in ((socket.SO_RCVBUF, 33, rcv_buf),
+                                     (socket.SO_SNDBUF, 32, sock_buf)):
+                try:
+                    self.sock.setsockopt(socket.SOL_SOCKET, force, size)  # *BUFFORCE (root)
+                except OSError:
+                    self.sock.setsockopt(socket.SOL_SOCKET, opt, size)
         if self.max_datagram > wire.MAX_DATAGRAM:
             self._allow_fragmentation()
         self.sock.bind(bind)
@@ -181,7 +195,8 @@ class Engine:
         self.buf = bytearray(65536)
         self.mv = memoryview(self.buf)
         # pacing
-        self.bucket = TokenBucket(rate_bps, largest=self.wire_size(self.max_datagram))
+        self.bucket = TokenBucket(rate_bps, largest=self.wire_size(self.max_datagram),
+                                  step_s=self.bucket_s)
         self.pace = PaceAudit(self.bucket)  # the pacing error of the round (fidelity)
         self.peer_rate_bps = peer_rate_bps
         self.peer_buckets: dict[int, TokenBucket] = {}
@@ -192,7 +207,7 @@ class Engine:
             key is None or batch.native_mac(self.sealer) is not None) else 1
         self.batch_max = batch.batch_limit(rate_bps, self.max_datagram,
                                            self.wire_size(self.max_datagram),
-                                           messages) if batched else 1
+                                           messages) if batched and bucket_s is None else 1
         self.send_buf = batch.SendBatch(self.batch_max, chunk_bytes) if self.batch_max > 1 else None
         self.ring = batch.RecvRing(self.sock, largest=wire.largest_datagram(chunk_bytes)) \
             if batched else None
@@ -240,6 +255,18 @@ class Engine:
         if sys.platform.startswith("linux"):
             self.sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _IP_PMTUDISC_DONT)
 
+    def _stock_buffers(self) -> None:
+        """The prototype's socket: send and receive buffers of a stock kernel's default size.
+
+        Set explicitly instead of left alone because the default is the
+        machine's (``net.core.wmem_default``/``rmem_default``: 212992 bytes on
+        a stock Linux, 4 MiB on machines tuned for bulk traffic, such as the
+        one the references ran on), and the cost must not move with it. The
+        kernel doubles what is asked, for its bookkeeping, so half is asked.
+        """
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            self.sock.setsockopt(socket.SOL_SOCKET, opt, STOCK_SOCKET_BUFFER // 2)
+
     @staticmethod
     @functools.cache
     def wire_size(datagram: int) -> int:
@@ -269,6 +296,15 @@ class Engine:
             return math.inf
         return self.probe_wait if self.probe_wait is not None else rto * backoff
 
+    def reprobe_wait(self, peer: int) -> float:
+        """Seconds a sender waits before it probes again instead of resending (no progress).
+
+        The prototype's fixed probe wait where set, else one RTO: a probe round
+        as long as one whose answer is awaited, on either control path (TCP
+        control has no probe timer of its own, so the RTT estimate's RTO).
+        """
+        return self.probe_wait if self.probe_wait is not None else self.peers.rtt(peer).rto
+
     def copies(self, peer: int) -> int:
         if self.control == "tcp" and peer in self.peers.tcp:
             return 1
@@ -284,16 +320,28 @@ class Engine:
 
     # -- output ---------------------------------------------------------------------
     def send_data(self, hdr: bytes, payload, peer: int) -> int:
+        """Send one DATA datagram; its bytes, or 0 if the send buffer is full (retry later).
+
+        With ``bucket_s`` (the prototype's sender) a full send buffer drops the
+        datagram instead: it counts as sent, and only the next BITMAP shows it
+        missing (``counters.sender_dropped``).
+        """
         tag = self.sealer.tag(peer, hdr, payload)
         try:
             n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers.addrs[peer])
         except (BlockingIOError, InterruptedError):
-            return 0
+            if self.bucket_s is None:
+                return 0
+            n = len(hdr) + len(payload) + len(tag)
+            self.counters.sender_dropped += 1  # never left: not in bytes_sent nor datagrams
         except OSError:
             # e.g. ECONNREFUSED from an earlier ICMP: count as lost
             n = len(hdr) + len(payload) + len(tag)
-        self.datagrams["data"] += 1
-        self.bytes_sent += n
+            self.datagrams["data"] += 1
+            self.bytes_sent += n
+        else:
+            self.datagrams["data"] += 1
+            self.bytes_sent += n
         paced = self.wire_size(n) - WIRE_OVERHEAD  # the buckets add one datagram's overhead
         self.bucket.consume(paced)
         if self.peer_rate_bps is not None:

@@ -21,16 +21,28 @@ class TokenBucket:
     ``largest``: the wire size of the largest datagram it must pass (an
     IP-fragmented data chunk with every fragment's headers); the bucket is at
     least that deep, else such a datagram would wait forever.
+
+    ``step_s``: refill in whole steps of that many seconds instead of
+    continuously, the bucket one step deep (the authors' prototype's 100 ms
+    bucket, ``TransportConfig.bucket_s``): each step's tokens arrive at once,
+    so the sender releases a step's worth of datagrams back to back instead
+    of one every datagram's time. The mean rate is the same.
     """
 
     def __init__(self, rate_bps: float | None, depth_bytes: int | None = None,
-                 overhead: int = WIRE_OVERHEAD, clock=time.monotonic, largest: int = 1514):
+                 overhead: int = WIRE_OVERHEAD, clock=time.monotonic, largest: int = 1514,
+                 step_s: float | None = None):
+        if step_s is not None and not step_s > 0:
+            raise ValueError(f"step_s must be positive or None, got {step_s!r}")
+        self.step = step_s
         if rate_bps is not None:
             rate_bps = float(rate_bps)
             if not rate_bps > 0:
                 raise ValueError(f"rate_bps must be positive or None, got {rate_bps!r}")
         self.rate = None if rate_bps is None else rate_bps / 8.0  # bytes/s
         self.overhead = overhead
+        if depth_bytes is None and step_s is not None and self.rate is not None:
+            depth_bytes = max(largest, int(self.rate * step_s))
         if depth_bytes is None:
             depth_bytes = 16 * 1514 if self.rate is None else max(8 * 1514, int(self.rate * 0.002))
             depth_bytes = max(depth_bytes, largest)
@@ -43,9 +55,25 @@ class TokenBucket:
         self.last = clock()
 
     def _refill(self, now: float) -> None:
-        if now > self.last:  # a stale ``now`` must not move the clock back
+        if now <= self.last:  # a stale ``now`` must not move the clock back
+            return
+        if self.step is None:
             self.tokens = min(self.depth, self.tokens + (now - self.last) * self.rate)
             self.last = now
+            return
+        steps = math.floor((now - self.last) / self.step)
+        if steps:
+            self.tokens = min(self.depth, self.tokens + steps * self.step * self.rate)
+            self.last += steps * self.step
+
+    def _until(self, need: float, now: float) -> float:
+        """Seconds from ``now`` until the bucket holds ``need`` bytes (after ``_refill(now)``)."""
+        if self.tokens >= need:
+            return 0.0
+        if self.step is None:
+            return (need - self.tokens) / self.rate
+        steps = math.ceil((need - self.tokens) / (self.step * self.rate))
+        return max(0.0, self.last + steps * self.step - now)
 
     def wait_time(self, nbytes: int, now: float | None = None, count: int = 1) -> float:
         """Seconds until ``count`` datagrams of ``nbytes`` payload may leave back to back (0 = now)."""
@@ -53,8 +81,7 @@ class TokenBucket:
             return 0.0
         now = self.clock() if now is None else now
         self._refill(now)
-        need = count * (nbytes + self.overhead)
-        return 0.0 if self.tokens >= need else (need - self.tokens) / self.rate
+        return self._until(count * (nbytes + self.overhead), now)
 
     def allowance(self, nbytes: int, now: float | None = None) -> int:
         """How many datagrams of ``nbytes`` payload may leave back to back now (a batch).

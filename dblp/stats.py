@@ -6,7 +6,7 @@ import dataclasses
 
 @dataclasses.dataclass
 class Counters:
-    """Datagrams the transport ignored, by reason. Never fatal, always counted."""
+    """Datagrams the transport ignored, by reason, and what prototype mode cost. Never fatal."""
 
     unauthenticated: int = 0  # MAC missing or wrong (the job has a secret)
     malformed: int = 0  # not a DBLP message, bad field, truncated
@@ -15,6 +15,9 @@ class Counters:
     duplicates: int = 0  # a chunk already held
     late: int = 0  # data after the receiver froze its result (push STOP)
     early_dropped: int = 0  # a future round beyond the bounded early buffer
+    # Prototype mode's own costs, counted where they happen (never with the defaults):
+    sender_dropped: int = 0  # data datagrams a full send buffer refused (``bucket_s``)
+    resends_skipped: int = 0  # BITMAPs answered with a probe, not a resend (``no_progress_probes``)
 
     def snapshot(self) -> dict:
         return dataclasses.asdict(self)

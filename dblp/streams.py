@@ -66,6 +66,14 @@ class OutTransfer:
     An unanswered PROBE is resent after ``Engine.probe_timeout``: the adaptive
     RTO with backoff, the prototype's fixed ``probe_wait``, or never over TCP
     control (TCP retransmits it).
+
+    The prototype's no-progress rule (``no_progress_probes`` = N > 0): a
+    BITMAP equal to the one the last resend pass was made from says that pass
+    delivered nothing; the sender then waits ``Engine.reprobe_wait`` and
+    probes again instead of resending, up to N probe rounds in a row, and
+    resends at the next one. Each such round is counted
+    (``counters.resends_skipped``). Pull repairs (FINAL's, not the
+    prototype's) always resend.
     """
 
     __slots__ = (
@@ -80,6 +88,9 @@ class OutTransfer:
         # probing: ids, their send times (RTT samples), the probe timer and its backoff,
         # the peer's loss estimate before this wait's first timeout (undone if it was late)
         "probe_id", "probe_first", "probe_times", "next_probe_t", "backoff", "loss_undo",
+        # the no-progress rule: the bitmap the last resend was made from, the probe
+        # rounds skipped since, and whether the pending probe timer is such a round's
+        "resent_from", "skipped", "reprobe",
         # accounting for RoundStats
         "chunks_sent", "retransmitted", "probes", "t_done",
         # the header of this pass's batches, by the copies it asks for (``send_batch``)
@@ -121,6 +132,9 @@ class OutTransfer:
         self.next_probe_t = math.inf
         self.backoff = 1.0
         self.loss_undo: float | None = None
+        self.resent_from: np.ndarray | None = None
+        self.skipped = 0
+        self.reprobe = False
         self.sent_at = np.full(self.count, math.inf)  # when each chunk last left (loss samples)
         if self.nbytes == 0:
             self.state = DONE
@@ -197,6 +211,7 @@ class OutTransfer:
     def _send_probe(self, now: float) -> None:
         eng = self.eng
         now = time.monotonic()  # the loop's ``now`` may predate a batch of sends
+        self.reprobe = False
         self.probe_id += 1
         self.probe_times[self.probe_id] = now
         copies = eng.copies(self.peer)
@@ -210,7 +225,10 @@ class OutTransfer:
     def on_timer(self, now: float) -> float:
         if self.state != PROBING:
             return math.inf
-        if now >= self.next_probe_t:
+        if now >= self.next_probe_t and self.reprobe:
+            # A probe round the no-progress rule skipped: probe again, no loss shown.
+            self._send_probe(now)
+        elif now >= self.next_probe_t:
             # No reply: the probe or its answer was lost. Treat it as evidence of loss so
             # the next probe (and the peer's reply) go out with more copies, until an
             # answer shows it was only late (``on_reply``).
@@ -252,10 +270,33 @@ class OutTransfer:
                 # BITMAP with nothing missing: the receiver holds all; probe again for STOP.
                 self.next_probe_t = now
             return
+        if self._no_progress(held, now):
+            return
         self.queue = self.order[missing[self.order]]
         self.pos = 0
         self.passes += 1
         self.state = SENDING
+
+    def _no_progress(self, held: np.ndarray, now: float) -> bool:
+        """Whether the no-progress rule skips this resend (class docstring); it then re-probes.
+
+        Replies to the probe just answered (its other copies) no longer answer:
+        the next probe's id is the first that does.
+        """
+        rule = self.eng.no_progress_probes
+        if not rule or self.required is not None:
+            return False
+        if self.resent_from is not None and self.skipped < rule \
+                and np.array_equal(held, self.resent_from):
+            self.skipped += 1
+            self.eng.counters.resends_skipped += 1
+            self.probe_first = self.probe_id + 1
+            self.reprobe = True
+            self.next_probe_t = now + self.eng.reprobe_wait(self.peer)
+            return True
+        self.resent_from = held
+        self.skipped = 0
+        return False
 
     def _late_probes(self, h: wire.Header, now: float) -> None:
         """What an answer says of the probes out: an RTT sample, and whether timeouts were late.

@@ -23,6 +23,11 @@ How traffic is found, three ways, all in the generated script:
   is how sharded mode's rank-to-rank traffic between ephemeral ports is
   found. ``--disable-heuristic dblp_udp`` turns it off.
 
+Chunks larger than one MTU (``chunk_bytes = 8192``, the prototype's) leave
+as IP fragments; Wireshark reassembles them (``ip.defragment``, on by
+default) before the UDP dissector, so the dissector sees, and accepts, the
+whole DATA datagram, up to ``MAX_DATA_DATAGRAM``.
+
 The MAC trailer is shown, not verified: the job's secret never travels, and
 a dissector that asked for it would put it in a preferences file.
 """
@@ -36,6 +41,11 @@ from . import wire
 from .server import DEFAULT_PORT
 
 PROTO = "dblp"
+#: The longest DATA datagram any job may send (``wire.MAX_CHUNK_BYTES`` of floats): jobs
+#: with chunks larger than one MTU (``chunk_bytes``, the prototype's 8192) send DATA that
+#: the kernel IP-fragments and Wireshark reassembles; every other message is at most
+#: ``wire.MAX_DATAGRAM``.
+MAX_DATA_DATAGRAM = wire.datagram_size(wire.MAX_CHUNK_BYTES)
 
 # Lua's ftypes per struct code of the header declaration.
 _FTYPES = {"B": "UINT8", "H": "UINT16", "I": "UINT32", "Q": "UINT64"}
@@ -182,7 +192,8 @@ def lua_dissector() -> str:
         payload_rows.append(f"[{int(t)}] = {{kind = {_lua_str(p.kind)}, bitmaps = {{{bitmaps}}}}}")
     consts = {
         "HEADER_SIZE": wire.HEADER_SIZE, "TAG_SIZE": wire.TAG_SIZE,
-        "MAX_DATAGRAM": wire.MAX_DATAGRAM, "MAGIC": f"0x{wire.MAGIC:04X}",
+        "MAX_DATAGRAM": wire.MAX_DATAGRAM, "MAX_DATA_DATAGRAM": MAX_DATA_DATAGRAM,
+        "DATA": int(wire.MsgType.DATA), "MAGIC": f"0x{wire.MAGIC:04X}",
         "VERSION": wire.VERSION, "DEFAULT_PORT": DEFAULT_PORT,
     }
     # Lua's TvbRange:uint() reads at most 4 bytes: the 64-bit session is only shown.
@@ -245,9 +256,15 @@ end
 
 -- Whether tvb is a DBLP message of this wire version. Only the header must be
 -- captured: the harness records runs with a short snap length (headers only).
+-- DATA may be longer than one MTU (a job's chunk_bytes, e.g. the prototype's 8 KB):
+-- Wireshark reassembles its IP fragments before the UDP dissector, which hands
+-- over the whole datagram. Every other message fits one unfragmented datagram.
 local function looks_like_dblp(tvb)
     local n = tvb:reported_len()
-    if tvb:len() < HEADER_SIZE or n < HEADER_SIZE + TAG_SIZE or n > MAX_DATAGRAM then
+    if tvb:len() < HEADER_SIZE or n < HEADER_SIZE + TAG_SIZE or n > MAX_DATA_DATAGRAM then
+        return false
+    end
+    if n > MAX_DATAGRAM and read(tvb, "type") ~= DATA then
         return false
     end
     return read(tvb, "magic") == MAGIC and read(tvb, "version") == VERSION

@@ -226,6 +226,13 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
                               fix="use 0 (adaptive) or a fixed wait in seconds, e.g. 1.0"),
         "nagle": Setting(bool, False, transport="nagle",
                          fix="use false (TCP_NODELAY) or true (the prototype's Nagle)"),
+        # 0: the transport's own sender (a continuous bucket into enlarged buffers).
+        "bucket_s": Setting(_NUMBER, 0.0, unset=0, transport="bucket_s",
+                            fix="use 0 (the transport's sender) or the prototype's bucket "
+                                "step in seconds, e.g. 0.1"),
+        "no_progress_probes": Setting(int, 0, transport="no_progress_probes",
+                                      fix="use 0 (always resend) or the prototype's 10 probe "
+                                          "rounds"),
     },
     # The burst generator: its fields, defaults and ranges live in controllers.bursts
     # (BurstEvery validates them); here only their types, for reading TOML.

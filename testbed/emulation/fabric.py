@@ -10,7 +10,8 @@ Use (the orchestrator's API)::
                 controller_socket=None,            # default RUN/control.sock
                 bursts=None,                       # BurstSchedule.to_dict() (controllers.bursts)
                 roles=None,                        # {"server": h, "workers": [...]} override
-                monitor_s=5.0) as fab:             # port stats into RUN/raw/port_stats.jsonl
+                monitor_s=5.0,                     # port stats into RUN/raw/port_stats.jsonl
+                chunk_bytes=None) as fab:          # the job's; fragmented: raised reassembly limits
         fab.startup_s                    # seconds from __enter__ to routed
         fab.server, fab.workers          # role placement: fab.place(n) for n workers
         fab.role("cross")                # cross-traffic hosts
@@ -34,7 +35,9 @@ a state file for `dblp-testbed clean`; build OpenFlow 1.3 switches with
 explicit DPIDs and ``fail_mode=secure`` (no standalone flooding); shape every
 interface with HTB plus a ``pfifo limit N`` drop-tail child (Mininet's own
 queue option needs netem, absent here); turn TX offload off on host
-interfaces (TCP over the userspace datapath needs it); start the controller
+interfaces (TCP over the userspace datapath needs it); raise each host's IP
+reassembly limits when the job's chunks are IP-fragmented (``chunk_bytes``,
+``reassembly_sysctls``); start the controller
 process (os-ken, ``controllers.run``) with the topology JSON; start the
 switches; wait until every switch is connected and its routes are confirmed
 by a barrier. ``__exit__`` (also on exceptions, Ctrl-C and failed start-up)
@@ -65,6 +68,34 @@ from controllers.protocol import ControlClient, StatusRequest
 from testbed import REPO_ROOT, output
 from testbed.emulation import capabilities, cleanup
 from topologies import TopoGraph
+
+
+#: IP reassembly limits a host gets when a job's chunks are IP-fragmented
+#: (``reassembly_sysctls``). Linux's defaults (4 MiB, 3 MiB, 30 s) stall a
+#: receiver after a loss burst: its reassembly memory fills with datagrams that
+#: lost a fragment, and every fragment after that is dropped until they expire
+#: (docs/results/paper-prototype.md). The kernel takes any high threshold from
+#: the low one up (a long: memory is the only limit) and any whole number of
+#: seconds; 1 GiB holds the incomplete datagrams of more than a second of
+#: 100 Mbit/s traffic many times over, and one second is ample for the
+#: fragments of one datagram, which leave back to back, to arrive.
+REASSEMBLY_LIMITS = {"net.ipv4.ipfrag_high_thresh": 1 << 30,
+                     "net.ipv4.ipfrag_low_thresh": 3 << 28,
+                     "net.ipv4.ipfrag_time": 1}
+
+
+def reassembly_sysctls(chunk_bytes: int | None) -> dict[str, int]:
+    """The sysctls each host's namespace gets for a job with ``chunk_bytes`` chunks.
+
+    None for chunks that fit one datagram at the MTU (nothing to reassemble:
+    the kernel's defaults stay), else ``REASSEMBLY_LIMITS``. The low
+    threshold is written after the high one: the kernel keeps low <= high.
+    """
+    from dblp import wire
+
+    if chunk_bytes is None or wire.fragments(wire.datagram_size(chunk_bytes)) == 1:
+        return {}
+    return dict(REASSEMBLY_LIMITS)
 
 
 @dataclass
@@ -117,7 +148,7 @@ class Fabric:
                  queue_pkts: int = 100, controller_socket: str | None = None,
                  bursts=None, roles: dict | None = None, datapath: str = "auto",
                  ready_timeout_s: float = 90.0, tx_offload_off: bool = True,
-                 monitor_s: float = 5.0, log=None):
+                 monitor_s: float = 5.0, log=None, chunk_bytes: int | None = None):
         if not isinstance(topo, TopoGraph):
             raise TypeError(f"topo must be a topologies.TopoGraph, got {type(topo).__name__}")
         if bw_mbps is not None and not (isinstance(bw_mbps, (int, float)) and 0.1 <= bw_mbps <= 10000):
@@ -138,6 +169,8 @@ class Fabric:
         self.datapath_req = datapath
         self.ready_timeout_s = ready_timeout_s
         self.tx_offload_off = tx_offload_off
+        # The job's chunk size: IP-fragmented chunks get raised reassembly limits.
+        self.reassembly = reassembly_sysctls(chunk_bytes)
         if not isinstance(monitor_s, (int, float)) or monitor_s < 0:
             raise ValueError(f"monitor_s must be >= 0 (0: no port statistics), got {monitor_s!r}")
         self.monitor_s = monitor_s
@@ -286,6 +319,9 @@ class Fabric:
             if self.bw_mbps is not None:
                 host_cmds.append((name, ["tc", "-force", "-batch", "-"],
                                   shaping_batch([h.intf], self.bw_mbps, self.queue_pkts)))
+            if self.reassembly:  # per namespace: each host its own reassembly memory
+                host_cmds.append((name, ["sysctl", "-q", "-w"] + [
+                    f"{k}={v}" for k, v in self.reassembly.items()], None))
         procs = []
         for name, argv, stdin in host_cmds:
             procs.append((name, argv, subprocess.Popen(

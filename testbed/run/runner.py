@@ -129,7 +129,8 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
     t0 = time.monotonic()
     with Fabric(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
                 queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
-                roles={"server": server, "workers": list(workers)}) as fab:
+                roles={"server": server, "workers": list(workers)},
+                chunk_bytes=spec["transport"]["chunk_bytes"]) as fab:
         manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DEFAULT_PORT,
                         rtt_ms=measure_rtt_ms(fab, workers[0], server))
         output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "

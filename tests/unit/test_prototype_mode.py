@@ -1,7 +1,8 @@
-"""Prototype mode: the four settings that put the authors' prototype's costs back, on real sockets.
+"""Prototype mode: the six settings that put the authors' prototype's costs back, on real sockets.
 
 Each setting is shown doing what it says on 127.0.0.1 (8 KB chunks, fixed
-order, a fixed probe wait, Nagle on TCP control), the defaults are shown to
+order, a fixed probe wait, Nagle on TCP control, the 100 ms bucket into
+default-sized buffers, the no-progress rule), the defaults are shown to
 send the very bytes the transport sent before the settings existed, and the
 `paper-prototype` preset is shown to reach the transport's config.
 """
@@ -18,8 +19,9 @@ import pytest
 import dblp
 from dblp import wire
 from dblp.config import TransportConfig
-from dblp.engine import PUSH, Engine, OutTransfer, pack_bitmap, stream_order
+from dblp.engine import DONE, PUSH, STOCK_SOCKET_BUFFER, Engine, OutTransfer, pack_bitmap, stream_order
 from dblp.framing import TcpControl
+from dblp.pacing import TokenBucket
 from dblp.testing import expected_aggregate, run_job
 from dblp.wire import MsgType
 
@@ -56,8 +58,8 @@ def _capture(numel: int = 4 * wire.CHUNK_ELEMS + 100, **engine_kw):
 # -- defaults: the bytes of before ------------------------------------------------------
 def test_defaults_send_the_same_bytes_as_before():
     cfg = TransportConfig()
-    assert (cfg.chunk_bytes, cfg.chunk_order, cfg.probe_wait, cfg.nagle) == (
-        wire.CHUNK_BYTES, "shuffled", None, False)
+    assert (cfg.chunk_bytes, cfg.chunk_order, cfg.probe_wait, cfg.nagle, cfg.bucket_s,
+            cfg.no_progress_probes) == (wire.CHUNK_BYTES, "shuffled", None, False, None, 0)
     assert wire.CHUNK_BYTES == 1416 and wire.datagram_size() == wire.MAX_DATAGRAM == 1472
     assert wire.fragments(wire.MAX_DATAGRAM) == 1
     s, grams, _ = _capture()
@@ -234,6 +236,138 @@ def test_probe_wait_leaves_tcp_control_to_tcp():
         lst.close()
 
 
+# -- bucket_s: the prototype's sender ---------------------------------------------------
+def test_a_stepped_bucket_releases_a_whole_step_at_once():
+    """100 ms of tokens arrive at once, every 100 ms; a continuous bucket holds 2 ms."""
+    t = [0.0]
+    stepped = TokenBucket(8e6, clock=lambda: t[0], step_s=0.1)  # 1 MB/s: 100 kB a step
+    smooth = TokenBucket(8e6, clock=lambda: t[0])
+    assert stepped.depth == 100_000 and smooth.depth == 8 * 1514
+    assert stepped.allowance(1458) == 66 and smooth.allowance(1458) == 8  # 1,500 bytes each
+    stepped.consume(66 * 1458, count=66)
+    t[0] = 0.099  # a continuous bucket would hold 99 kB again by now
+    assert stepped.allowance(1458) == 0
+    assert stepped.wait_time(1458) == pytest.approx(0.001)
+    t[0] = 0.1
+    assert stepped.allowance(1458) == 66  # the next step, whole
+    t[0] = 0.35  # two steps passed: capped at one step's depth
+    assert stepped.allowance(1458) == 66
+
+
+def test_the_prototype_socket_has_a_stock_kernels_default_buffers():
+    proto, ours = Engine(0, bind=("127.0.0.1", 0), bucket_s=0.1), Engine(0, bind=("127.0.0.1", 0))
+    try:
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            assert proto.sock.getsockopt(socket.SOL_SOCKET, opt) == STOCK_SOCKET_BUFFER == 212992
+            assert ours.sock.getsockopt(socket.SOL_SOCKET, opt) > STOCK_SOCKET_BUFFER
+        assert proto.batch_max == 1  # one datagram per call, as the prototype sent
+        assert proto.bucket.step == 0.1 and ours.bucket.step is None
+    finally:
+        proto.close()
+        ours.close()
+
+
+@pytest.mark.parametrize("bucket_s", [None, 0.1], ids=["ours", "prototype"])
+def test_the_prototype_sender_loses_chunks_with_no_loss_on_the_wire(bucket_s):
+    """Loopback, nothing dropped on the wire: only the 100 ms bucket loses first-pass chunks.
+
+    Each worker's first pass (1,130 chunks, 1.6 MB) fits one 100 ms step at
+    200 Mbit/s, so it leaves back to back into buffers of 208 KiB, and what
+    overflows them never arrives: the reliable bound resends it. The
+    transport's own sender paces the same rate from a 2 ms bucket into its
+    enlarged buffers and loses none.
+    """
+    knobs = {"rate_bps": 2e8} if bucket_s is None else {"rate_bps": 2e8, "bucket_s": bucket_s}
+    results, server, grads = run_job(n_workers=2, policy="reliable", rounds=2, numel=400_000,
+                                     knobs=knobs)
+    stats = [st for w in results.values() for _, st, _ in w] + server
+    first_pass = sum(st.chunks_sent - st.retransmitted for st in stats)
+    never_arrived = sum(st.retransmitted for st in stats)
+    dropped = sum(st.counters["sender_dropped"] for st in stats)
+    share = never_arrived / first_pass
+    if bucket_s is None:
+        assert never_arrived == 0 and dropped == 0
+        assert all(st.passes_push == 1 and st.passes_pull == 1 for st in stats)
+    else:
+        assert share > 0.05, (never_arrived, first_pass, dropped)
+        assert max(st.passes_push for st in stats) > 1
+    for r in range(2):  # either way every chunk arrives in the end (bound 0)
+        mean = (grads[0][r] + grads[1][r]) / np.float32(2)
+        for w in range(2):
+            np.testing.assert_array_equal(results[w][r][0], mean)
+
+
+# -- no_progress_probes: the prototype's no-progress rule ------------------------------
+def _no_progress(rule: int, replies: int, wait: float = 0.05) -> tuple[int, int, int]:
+    """(passes, resends skipped, probes answered) of a push to a receiver that never gains.
+
+    The receiver (a bare socket) lacks chunks 1 and 4 of 6 for good: it answers
+    the first ``replies`` probes with the same BITMAP, then STOPs.
+    """
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    eng = Engine(1, bind=("127.0.0.1", 0), session=9, probe_wait=wait, no_progress_probes=rule)
+    held = np.ones(6, bool)
+    held[[1, 4]] = False
+    answered: list[int] = []
+    try:
+        eng.peers.addrs[2] = rx.getsockname()
+        eng.begin_round(0)
+        s = OutTransfer(eng, PUSH, 0, 2, np.ones(6 * wire.CHUNK_ELEMS, np.float32), 0)
+        eng.add_sender(s)
+
+        def receiver() -> bool:
+            while True:
+                try:
+                    g = rx.recv(65536)
+                except BlockingIOError:
+                    return s.state == DONE
+                h = wire.unpack_header(g)
+                if h.type != MsgType.PROBE or h.index in answered:
+                    continue  # data, or another copy of a probe answered already
+                answered.append(h.index)
+                kind = MsgType.BITMAP if len(answered) <= replies else MsgType.STOP
+                bitmap = pack_bitmap(held if kind == MsgType.BITMAP else np.ones(6, bool))
+                rx.sendto(wire.pack(kind, bitmap, src=2, session=9, round=0, index=h.index,
+                                    count=6), eng.address)
+        eng.run_until(receiver, time.monotonic() + 10.0, lambda: s.describe())
+        return s.passes, eng.counters.resends_skipped, len(answered)
+    finally:
+        eng.close()
+        rx.close()
+
+
+def test_the_no_progress_rule_skips_resends_while_the_bitmap_stands_still():
+    """23 unchanged BITMAPs: 23 resends without the rule, 1 in every 11 with it.
+
+    With N = 10 the first BITMAP (nothing to compare with) is answered with a
+    resend, the next ten equal ones with probes only, the eleventh with a
+    resend, and so on: resends at replies 1, 12 and 23, so 1 + 3 = 4 passes
+    and 20 skipped probe rounds. Without the rule every reply resends:
+    24 passes, none skipped.
+    """
+    assert _no_progress(0, 23) == (24, 0, 24)
+    assert _no_progress(10, 23) == (4, 20, 24)
+    assert _no_progress(3, 23) == (1 + 6, 23 - 6, 24)  # resends at 1, 5, 9, 13, 17, 21
+
+
+def test_the_no_progress_rule_under_sustained_loss():
+    """A real job at 30 % loss everywhere: resends are skipped, and the sum still arrives whole."""
+    counts = {}
+    for rule in (0, 10):
+        results, server, grads = run_job(n_workers=2, policy="reliable", rounds=3,
+                                         numel=20_000, fault=0.3,
+                                         knobs={"no_progress_probes": rule})
+        stats = [st for w in results.values() for _, st, _ in w] + server
+        counts[rule] = sum(st.counters["resends_skipped"] for st in stats)
+        for r in range(3):
+            mean = (grads[0][r] + grads[1][r]) / np.float32(2)
+            for w in range(2):
+                np.testing.assert_array_equal(results[w][r][0], mean)
+    assert counts[0] == 0 and counts[10] > 0, counts
+
+
 # -- nagle ------------------------------------------------------------------------------
 def _nodelay(sock: socket.socket) -> int:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
@@ -285,6 +419,10 @@ def test_nagle_reaches_both_ends_of_a_jobs_control_connections(nagle):
     ({"probe_wait": -1.0}, "probe_wait must be in (0.0, 3600.0]"),
     ({"nagle": 1}, "nagle must be true or false"),
     ({"nagle": "yes"}, "nagle must be true or false"),
+    ({"bucket_s": 0}, "bucket_s must be in (0.0, 10.0]"),
+    ({"bucket_s": 11.0}, "bucket_s must be in (0.0, 10.0]"),
+    ({"no_progress_probes": -1}, "no_progress_probes must be in [0, 1000]"),
+    ({"no_progress_probes": 10.0}, "no_progress_probes must be an int"),
 ])
 def test_bad_prototype_settings_name_the_setting_and_its_range(bad, text):
     with pytest.raises(ValueError) as e:
@@ -295,10 +433,11 @@ def test_bad_prototype_settings_name_the_setting_and_its_range(bad, text):
 
 
 def test_prototype_settings_round_trip_and_come_from_the_environment():
-    cfg = TransportConfig(chunk_bytes=PROTO, chunk_order="fixed", probe_wait=1, nagle=True)
+    cfg = TransportConfig(chunk_bytes=PROTO, chunk_order="fixed", probe_wait=1, nagle=True,
+                          bucket_s=0.1, no_progress_probes=10)
     assert isinstance(cfg.probe_wait, float) and TransportConfig.from_json(cfg.to_json()) == cfg
     env = {"DBLP_CHUNK_BYTES": "8192", "DBLP_CHUNK_ORDER": "fixed", "DBLP_PROBE_WAIT": "1.0",
-           "DBLP_NAGLE": "on"}
+           "DBLP_NAGLE": "on", "DBLP_BUCKET_S": "0.1", "DBLP_NO_PROGRESS_PROBES": "10"}
     assert TransportConfig.from_env(env) == cfg
     assert TransportConfig.from_env({"DBLP_PROBE_WAIT": "none"}).probe_wait is None
     with pytest.raises(ValueError, match="DBLP_NAGLE"):
@@ -320,10 +459,18 @@ def test_paper_prototype_resolves_through_the_spec():
     cfg = transport_config(spec["transport"], ARMS["dblp-tcp"])
     assert (cfg.chunk_bytes, cfg.chunk_order, cfg.probe_wait, cfg.nagle, cfg.control) == (
         PROTO, "fixed", 1.0, True, "tcp")
+    assert (cfg.bucket_s, cfg.no_progress_probes) == (0.1, 10)
     assert (cfg.p_low, cfg.p_high) == (0.008, 0.408)
     default = transport_config(paper["transport"], ARMS["dblp"])
-    assert (default.chunk_bytes, default.chunk_order, default.probe_wait, default.nagle) == (
-        wire.CHUNK_BYTES, "shuffled", None, False)
+    assert (default.chunk_bytes, default.chunk_order, default.probe_wait, default.nagle,
+            default.bucket_s, default.no_progress_probes) == (
+        wire.CHUNK_BYTES, "shuffled", None, False, None, 0)
+    # The committed reference predates the last three costs: its overrides turn them off.
+    from testbed.references import REFERENCES
+    ref = load(None, PRESETS["paper-prototype"], list(REFERENCES["paper-prototype"].overrides))
+    old = transport_config(ref["transport"], ARMS["static"])
+    assert (old.chunk_bytes, old.bucket_s, old.no_progress_probes, old.probe_wait) == (
+        wire.CHUNK_BYTES, None, 0, 1.0)
     over = load(None, PAPER, ["transport.chunk_bytes=8192"])
     assert transport_config(over["transport"], ARMS["static"]).chunk_bytes == PROTO
 

@@ -294,7 +294,8 @@ def test_registered_references_are_instances_of_the_kinds():
     assert refs.REFERENCES["regime"].commands() == [["regime", "reduced", "--out", "DIR"]]
     # The prototype reference keeps MTU-sized chunks (docs/results/paper-prototype.md: 8 KB ones stall).
     assert refs.REFERENCES["paper-prototype"].commands() == [
-        ["run", "--preset", "paper-prototype", "--out", "DIR", "--set", "transport.chunk_bytes=1416"]]
+        ["run", "--preset", "paper-prototype", "--out", "DIR", "--set", "transport.chunk_bytes=1416",
+         "--set", "transport.bucket_s=0", "--set", "transport.no_progress_probes=0"]]
 
 
 # -- the renderers, from the commands' own JSON --------------------------------------------
