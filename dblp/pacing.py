@@ -70,9 +70,11 @@ class TokenBucket:
         """Seconds from ``now`` until the bucket holds ``need`` bytes (after ``_refill(now)``)."""
         if self.tokens >= need:
             return 0.0
+        rate = self.rate
+        assert rate is not None, "an unpaced bucket never waits (callers return 0 first)"
         if self.step is None:
-            return (need - self.tokens) / self.rate
-        steps = math.ceil((need - self.tokens) / (self.step * self.rate))
+            return (need - self.tokens) / rate
+        steps = math.ceil((need - self.tokens) / (self.step * rate))
         return max(0.0, self.last + steps * self.step - now)
 
     def wait_time(self, nbytes: int, now: float | None = None, count: int = 1) -> float:

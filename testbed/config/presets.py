@@ -15,7 +15,8 @@ limits for the fragmented chunks), so the paper's "up to 5.88x"
 burst-round speedup can be told apart from what this transport's own
 improvements change. The preset sets all six; the reference's table of the
 ratio adds the last three (`bucket_s`, `no_progress_probes`, 8 KB
-`chunk_bytes`) one at a time with `--set`, each a run of its own; `ci` is the short regression run CI compares against
+`chunk_bytes`) one at a time with `--set`, each a run of its own; `ci` is
+the short regression run CI compares against
 `results/reference/ci.json`; `star` is the paper's star without bursts, for
 accuracy across arms (400 rounds, cosine-annealed rate); `smoke` finishes
 in well under a minute per arm. `ci`, `star` and `smoke` keep the digits

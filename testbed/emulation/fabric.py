@@ -69,7 +69,6 @@ from testbed import REPO_ROOT, output
 from testbed.emulation import capabilities, cleanup
 from topologies import TopoGraph
 
-
 #: IP reassembly limits a host gets when a job's chunks are IP-fragmented
 #: (``reassembly_sysctls``). Linux's defaults (4 MiB, 3 MiB, 30 s) stall a
 #: receiver after a loss burst: its reassembly memory fills with datagrams that

@@ -301,39 +301,47 @@ def test_the_prototype_sender_loses_chunks_with_no_loss_on_the_wire(bucket_s):
 def _no_progress(rule: int, replies: int, wait: float = 0.05) -> tuple[int, int, int]:
     """(passes, resends skipped, probes answered) of a push to a receiver that never gains.
 
-    The receiver (a bare socket) lacks chunks 1 and 4 of 6 for good: it answers
-    the first ``replies`` probes with the same BITMAP, then STOPs.
+    The receiver (a bare socket in a thread of its own, so it answers at once
+    and never races the sender's probe timer) lacks chunks 1 and 4 of 6 for
+    good: it answers the first ``replies`` probes with the same BITMAP, then
+    STOPs.
     """
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
-    rx.setblocking(False)
+    rx.settimeout(0.2)
     eng = Engine(1, bind=("127.0.0.1", 0), session=9, probe_wait=wait, no_progress_probes=rule)
     held = np.ones(6, bool)
     held[[1, 4]] = False
     answered: list[int] = []
+    stopped = threading.Event()
+
+    def receiver() -> None:
+        while not stopped.is_set():
+            try:
+                g = rx.recv(65536)
+            except TimeoutError:
+                continue
+            h = wire.unpack_header(g)
+            if h.type != MsgType.PROBE or h.index in answered:
+                continue  # data, or another copy of a probe answered already
+            answered.append(h.index)
+            kind = MsgType.BITMAP if len(answered) <= replies else MsgType.STOP
+            bitmap = pack_bitmap(held if kind == MsgType.BITMAP else np.ones(6, bool))
+            rx.sendto(wire.pack(kind, bitmap, src=2, session=9, round=0, index=h.index,
+                                count=6), eng.address)
+
+    thread = threading.Thread(target=receiver, daemon=True)
     try:
         eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(0)
         s = OutTransfer(eng, PUSH, 0, 2, np.ones(6 * wire.CHUNK_ELEMS, np.float32), 0)
+        thread.start()
         eng.add_sender(s)
-
-        def receiver() -> bool:
-            while True:
-                try:
-                    g = rx.recv(65536)
-                except BlockingIOError:
-                    return s.state == DONE
-                h = wire.unpack_header(g)
-                if h.type != MsgType.PROBE or h.index in answered:
-                    continue  # data, or another copy of a probe answered already
-                answered.append(h.index)
-                kind = MsgType.BITMAP if len(answered) <= replies else MsgType.STOP
-                bitmap = pack_bitmap(held if kind == MsgType.BITMAP else np.ones(6, bool))
-                rx.sendto(wire.pack(kind, bitmap, src=2, session=9, round=0, index=h.index,
-                                    count=6), eng.address)
-        eng.run_until(receiver, time.monotonic() + 10.0, lambda: s.describe())
+        eng.run_until(lambda: s.state == DONE, time.monotonic() + 10.0, lambda: s.describe())
         return s.passes, eng.counters.resends_skipped, len(answered)
     finally:
+        stopped.set()
+        thread.join(5)
         eng.close()
         rx.close()
 
