@@ -73,11 +73,12 @@ from topologies import TopoGraph
 #: (``reassembly_sysctls``). Linux's defaults (4 MiB, 3 MiB, 30 s) stall a
 #: receiver after a loss burst: its reassembly memory fills with datagrams that
 #: lost a fragment, and every fragment after that is dropped until they expire
-#: (docs/results/paper-prototype.md). The kernel takes any high threshold from
-#: the low one up (a long: memory is the only limit) and any whole number of
-#: seconds; 1 GiB holds the incomplete datagrams of more than a second of
-#: 100 Mbit/s traffic many times over, and one second is ample for the
-#: fragments of one datagram, which leave back to back, to arrive.
+#: (docs/results/paper-prototype.md). Linux 6.18, written in a fresh
+#: namespace, takes any high threshold from the low one up to 2^63-1 (one
+#: below the low one is refused) and any ``ipfrag_time``, unchecked; 1 GiB
+#: holds the incomplete datagrams of more than a second of 100 Mbit/s
+#: traffic many times over, and one second is ample for the fragments of one
+#: datagram, which leave back to back, to arrive.
 REASSEMBLY_LIMITS = {"net.ipv4.ipfrag_high_thresh": 1 << 30,
                      "net.ipv4.ipfrag_low_thresh": 3 << 28,
                      "net.ipv4.ipfrag_time": 1}

@@ -109,6 +109,8 @@ def _burst_then_clean(limits: dict) -> tuple[int, int, int]:
                     p.wait()
         nstat = pair.exec(1, "nstat", "-asz", "IpReasmFails").stdout.split()
         fails = int(nstat[nstat.index("IpReasmFails") + 1])
+    print(f"ipfrag_high_thresh {limits['net.ipv4.ipfrag_high_thresh']}: {lossy} of {LOSSY} "
+          f"lossy and {clean} of {CLEAN} clean datagrams arrived, ReasmFails {fails}")
     return lossy, clean, fails
 
 
