@@ -3,7 +3,9 @@
 The servers here are real: a closed port on this machine (ssh: connection
 refused), a port that accepts but never speaks (ssh: its handshake times
 out), and the probe script run for real on folders that are and are not a
-project set-up. No address beyond this machine's loopback is contacted.
+project set-up. No address beyond this machine's loopback is contacted,
+except one ping to TEST-NET-2 (198.51.100.1, reserved for documentation: no
+one answers it) to show an unreachable pair.
 """
 import os
 import pathlib
@@ -15,7 +17,14 @@ import time
 import pytest
 
 from testbed.emulation.cluster import ClusterError, parse_server, preflight
-from testbed.emulation.cluster.preflight import judge, local_revision, parse_probe, probe_argv, probe_words
+from testbed.emulation.cluster.preflight import (
+    check_pair,
+    judge,
+    local_revision,
+    parse_probe,
+    probe_argv,
+    probe_words,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -226,3 +235,13 @@ def test_setup_sh_knows_the_cluster_group():
                          text=True, timeout=30)
     assert out.returncode == 2
     assert "unknown group 'no-such-group'" in out.stderr and "cluster" in out.stderr.split("known:")[1]
+
+
+def test_a_pair_is_checked_with_a_real_ping():
+    """This machine reaches a server at its loopback address; a pair nobody answers is named."""
+    assert check_pair(parse_server("local"), parse_server("root@127.0.0.1")) is None
+    t0 = time.monotonic()
+    problem = check_pair(parse_server("local"), parse_server("root@198.51.100.1"))
+    assert time.monotonic() - t0 < 5
+    assert problem is not None and problem.server == "local" and problem.peer == "root@198.51.100.1"
+    assert problem.why.startswith("cannot reach 198.51.100.1")

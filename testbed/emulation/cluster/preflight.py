@@ -208,14 +208,14 @@ def preflight(servers: Sequence[str], project_dir: str = str(REPO_ROOT),
     parsed = parse_servers(servers)
     revision = local_revision(project_dir)
     with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:
-        results = list(pool.map(lambda s: check_server(s, revision, project_dir, connect_timeout_s, ssh_options),
-                                parsed))
+        results = list(pool.map(
+            lambda s: check_server(s, revision, project_dir, connect_timeout_s, ssh_options), parsed))
     problems = [p for p in results if p is not None]
     if problems:
         raise ClusterError(problems)
     pairs = [(a, b) for a in parsed for b in parsed if a is not b]
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(pairs)))) as pool:
-        results = list(pool.map(lambda ab: check_pair(*ab, connect_timeout_s, ssh_options), pairs))
+        results = list(pool.map(lambda ab: check_pair(ab[0], ab[1], connect_timeout_s, ssh_options), pairs))
     problems = [p for p in results if p is not None]
     if problems:
         raise ClusterError(problems)
