@@ -15,7 +15,11 @@ DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nft
 # Optional groups, installed only by what uses them: `./setup.sh vagrant tshark`
 # before the test suite (`make test`: the Vagrantfile check, Vagrant being a
 # Ruby stack nothing else needs, and the Wireshark dissector's), never during it.
-declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark")
+# `./setup.sh cluster`: what a machine of a fabric across machines needs (sshd to
+# be reached, ssh to reach the others) and debootstrap, which builds the
+# rehearsal's machines on one host (docs/cluster.md).
+declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark"
+                              [cluster]="openssh-server openssh-client debootstrap")
 # Every Python package's exact version (torch included): CI, the VM and every
 # machine install the same set. Regenerate with `make lock`.
 CONSTRAINTS=constraints.txt

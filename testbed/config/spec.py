@@ -247,6 +247,12 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
         "arm_timeout_s": Setting(_NUMBER, 600.0, lo=1, hi=86_400,
                                  fix="use an arm timeout of 1..86400 s"),
     },
+    # The machines the fabric spans, this one ("local") first; each name's form and the
+    # placement over them are testbed.emulation.cluster's (checked in _validate_cluster).
+    "cluster": {
+        "servers": Setting(list, ["local"], min_items=1,
+                           fix='list "local" first, then one "[user@]host[:port]" per machine'),
+    },
 }
 
 
@@ -503,6 +509,7 @@ def validate(data: dict) -> Spec:
     every, bursts = _validate_bursts(data)
     schedule = BurstSchedule.resolve(bursts, every, data["training"]["rounds"], top["seed"])
 
+    _validate_cluster(data)
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
             raise SpecError(f"capture.hosts[{i}]", f"{h!r} is not a role",
@@ -584,6 +591,31 @@ def _validate_bursts(data: dict) -> tuple[BurstEvery, list]:
         except TargetError as exc:
             raise SpecError(field, exc.problem, exc.fix) from None
     return every, bursts
+
+
+def _validate_cluster(data: dict) -> None:
+    """Each server name, and the topology's pods over the servers; then: not built yet.
+
+    Why refuse a valid list of several servers: the fabric across machines
+    is not built (docs/cluster.md), and a run that quietly put every node
+    on this machine would claim a placement it never had.
+    """
+    from testbed.emulation.cluster import PlacementError, ServerError, parse_servers, place_pods
+
+    try:
+        servers = parse_servers(data["cluster"]["servers"])
+    except ServerError as exc:
+        raise SpecError(f"cluster.servers[{exc.index}]", exc.problem, exc.fix) from None
+    if len(servers) == 1:
+        return
+    graph = build_topology(data["topology"], TOPOLOGIES, data["placement"]["workers"])
+    try:
+        place_pods(graph, [s.name for s in servers])
+    except PlacementError as exc:
+        raise SpecError("cluster.servers", str(exc), "use fewer servers or a topology with "
+                        "more pods (a larger topology.k)") from None
+    raise SpecError("cluster.servers", f"{len(servers)} servers, but runs across machines are "
+                    "not built yet (docs/cluster.md)", 'keep servers = ["local"]')
 
 
 def build_topology(topo: dict, registry, workers: int):
