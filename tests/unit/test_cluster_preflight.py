@@ -3,9 +3,9 @@
 The servers here are real: a closed port on this machine (ssh: connection
 refused), a port that accepts but never speaks (ssh: its handshake times
 out), and the probe script run for real on folders that are and are not a
-project set-up. No address beyond this machine's loopback is contacted,
-except one ping to TEST-NET-2 (198.51.100.1, reserved for documentation: no
-one answers it) to show an unreachable pair.
+project set-up. No address beyond this machine's loopback is contacted: the
+unreachable pair is the broadcast address, which ping refuses before it
+sends anything (the refusal takes the same path as a silent peer).
 """
 import os
 import pathlib
@@ -238,10 +238,10 @@ def test_setup_sh_knows_the_cluster_group():
 
 
 def test_a_pair_is_checked_with_a_real_ping():
-    """This machine reaches a server at its loopback address; a pair nobody answers is named."""
+    """This machine reaches a server at its loopback address; a pair ping cannot reach is named."""
     assert check_pair(parse_server("local"), parse_server("root@127.0.0.1")) is None
     t0 = time.monotonic()
-    problem = check_pair(parse_server("local"), parse_server("root@198.51.100.1"))
+    problem = check_pair(parse_server("local"), parse_server("root@255.255.255.255"))
     assert time.monotonic() - t0 < 5
-    assert problem is not None and problem.server == "local" and problem.peer == "root@198.51.100.1"
-    assert problem.why.startswith("cannot reach 198.51.100.1")
+    assert problem is not None and problem.server == "local" and problem.peer == "root@255.255.255.255"
+    assert problem.why.startswith("cannot reach 255.255.255.255")
