@@ -266,6 +266,40 @@ register(RegimeReference(
     "and gloo"))
 
 
+def _rejudge_run(ref_dir: pathlib.Path) -> None:
+    from testbed.analysis import claims
+    claims.rejudge(ref_dir)
+
+
+def _rejudge_ablation(ref_dir: pathlib.Path) -> None:
+    from testbed.analysis import ablation
+    ablation.rejudge(ref_dir)
+
+
+#: How each kind of reference is judged again from the files it keeps (`rejudge`). Not
+#: here: commands (benches and net checks judge no claim) and the regime map (one seed,
+#: its only intervals pool burst rounds: they need its runs' rounds, which it does not
+#: keep, and the estimators of rounds have not changed).
+REJUDGERS: dict[type[Reference], Callable[[pathlib.Path], None]] = {
+    RunReference: _rejudge_run,
+    AblationReference: _rejudge_ablation,
+}
+
+
+def rejudge(refs: list[Reference], reference_dir: pathlib.Path = REFERENCE_DIR) -> list[str]:
+    """Judge the claims of ``refs`` again from their committed files, with today's intervals
+    (a run: every interval and verdict, from its rounds and evaluations; an ablation: its
+    accuracy differences, from the per-seed final accuracies it keeps). Runs nothing; a
+    reference without a folder is skipped. Returns the names rejudged."""
+    done = []
+    for ref in refs:
+        fn = REJUDGERS.get(type(ref))
+        if fn is not None and (reference_dir / ref.name).is_dir():
+            fn(reference_dir / ref.name)
+            done.append(ref.name)
+    return done
+
+
 def select(names: tuple[str, ...] | list[str]) -> list[Reference]:
     """The references called ``names`` (all when empty); an unknown name is an InputError."""
     if not names:

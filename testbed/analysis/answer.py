@@ -34,8 +34,15 @@ def point_interval(interval: dict | None, unit: str) -> str:
 
 
 def verdict_label(v: dict) -> str:
-    """The verdict as a reader should see it: "not judged" says why in a word."""
-    return f"{NOT_JUDGED} ({NOT_JUDGED_CAUSE})" if v["verdict"] == NOT_JUDGED else v["verdict"]
+    """The verdict as a reader should see it: "not judged" says why in a word, and an
+    unresolved verdict of too few seeds how many there were and about how many would do."""
+    if v["verdict"] == NOT_JUDGED:
+        return f"{NOT_JUDGED} ({NOT_JUDGED_CAUSE})"
+    short = v.get("too_few_seeds")
+    if short:
+        need = f"; about {short['needed']} needed" if short.get("needed") else ""
+        return f"{v['verdict']}: too few seeds ({short['seeds']}{need})"
+    return v["verdict"]
 
 
 def verdict_rows(summary: dict) -> list[tuple[str, str, str, str]]:
@@ -44,7 +51,7 @@ def verdict_rows(summary: dict) -> list[tuple[str, str, str, str]]:
     rows = []
     for v in summary.get("verdicts", []):
         label = verdict_label(v)
-        if not v["interval"] and v["verdict"] != NOT_JUDGED:
+        if not v["interval"] and v["verdict"] != NOT_JUDGED and not v.get("too_few_seeds"):
             label += f" ({v['reason']})"
         pair = f"{v['arm']} vs {v['baseline']}" if v.get("pair") else "(no pair ran)"
         rows.append((v["claim"], pair, point_interval(v["interval"], v["unit"]), label))

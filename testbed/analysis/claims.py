@@ -11,7 +11,14 @@ The verdict rule, never read from a point estimate:
 - **refuted** when the whole interval lies outside it;
 - **unresolved** otherwise (the interval straddles an edge of the region),
   and when the interval could not be computed (the arms did not run, no
-  burst rounds, one seed for a per-seed figure, ...), with the reason;
+  burst rounds, ...), with the reason;
+- **unresolved: too few seeds** for a figure with one value per seed
+  (``Estimator.per_seed``: the accuracy difference) that this many seeds
+  cannot settle: one seed or seeds with no spread (no interval), or an
+  interval that straddles an edge. The verdict's ``too_few_seeds`` says how
+  many seeds there were and about how many would let an interval around the
+  same point clear the nearest edge (`intervals.seeds_to_clear`, an
+  estimate from the observed sd and Student's t);
 - **not judged** when the emulator did not keep its invariants: every seed
   of the pair has an invalid unit (`testbed.invariants`), so no measurement
   is left to judge. Never reproduced, refuted or unresolved: the machine,
@@ -59,6 +66,10 @@ NOT_JUDGED = "not judged"
 #: Why a verdict is not judged, in a word: every invariant is one the emulator
 #: keeps only while the machine running it keeps up.
 NOT_JUDGED_CAUSE = "emulator saturated"
+#: The sections `judge` writes, which `rejudge` replaces.
+JUDGED_SECTIONS = ("intervals", "verdicts", "time_to_target")
+#: How `with_verdicts`'s one-seed warning starts (a rejudged summary gets it afresh).
+ONE_SEED_WARNING = "one seed per arm ("
 # With no spec value, the target lies this fraction of the way from the
 # first evaluation's accuracy (the median over every arm and seed) to the
 # lowest final accuracy over every arm and seed that ran: every run that
@@ -71,11 +82,16 @@ TARGET_FRACTION = 0.5
 TARGET_FIELD = ("training", "target_accuracy")
 
 DEFINITIONS = {
-    "interval": "95 % percentile bootstrap interval, hierarchical: seeds with replacement, then "
+    "interval": "figures of rounds (speedups, training-time cut, time to target): 95 % "
+                "percentile bootstrap interval, hierarchical: seeds with replacement, then "
                 "rounds within each drawn seed (one seed: a round bootstrap, blind to "
-                f"seed-to-seed spread); {iv.RESAMPLES} replicates, numpy rng seed {iv.RNG_SEED}",
+                f"seed-to-seed spread); {iv.RESAMPLES} replicates, numpy rng seed {iv.RNG_SEED}. "
+                "The accuracy difference (one value per seed): Student's t over the paired "
+                "per-seed differences; none from one seed or from equal differences",
     "verdict": "reproduced: the whole 95 % interval inside the claim's region; refuted: the whole "
                "interval outside it; unresolved: otherwise, or no interval (the reason says why); "
+               "unresolved, too few seeds: a figure with one value per seed that these seeds "
+               "cannot settle (too_few_seeds: the seeds, and an estimate of how many would); "
                f"not judged ({NOT_JUDGED_CAUSE}): every seed of the pair has an invalid unit",
     "left_out": "the pair's invalid units (summary invalid_units), left out of its intervals and "
                 "verdicts: a seed takes part only when both of its units are valid",
@@ -208,6 +224,42 @@ def verdict(interval: iv.Interval | None, region: Region, why_none: str = "") ->
     return UNRESOLVED, f"the {span} straddles the region's edge at {edge:g}{caveat}"
 
 
+def nearest_edge(point: float, region: Region) -> float | None:
+    """The finite edge of ``region`` nearest ``point``: the one an interval around it clears last."""
+    edges = [e for e in (region.lo, region.hi) if math.isfinite(e)]
+    return min(edges, key=lambda e: abs(point - e)) if edges else None
+
+
+def too_few_seeds(interval: iv.Interval | None, region: Region, verdict_reason: tuple[str, str],
+                  n_short: int | None) -> tuple[str, dict] | None:
+    """For a figure with one value per seed, an unresolved verdict that more seeds could settle:
+    (reason, the verdict's ``too_few_seeds``: seeds, needed, edge); None otherwise.
+
+    ``n_short``: the seeds when there was no interval for too few of them
+    (`intervals.TooFewSeeds`). With an interval that straddles an edge, how
+    many seeds would let one around the same point clear the nearest edge
+    is `intervals.seeds_to_clear`'s estimate.
+    """
+    v, why = verdict_reason
+    if v != UNRESOLVED:
+        return None
+    if interval is None:
+        if n_short is None:
+            return None
+        return why, {"seeds": n_short, "needed": None, "edge": None}
+    edge = nearest_edge(interval.point, region)
+    if edge is None or interval.method != iv.T_METHOD:   # a bootstrap's width is not a t's
+        return None
+    need = iv.seeds_to_clear(interval, edge)
+    n, sd = interval.n_seeds, iv.differences_sd(interval)
+    how = (f"about {need} seeds would let an interval around {interval.point:.3g} clear the "
+           f"edge at {edge:g} (an estimate: the per-seed differences' sd, {sd:.3g}, and the "
+           "point held fixed, Student's t)" if need is not None else
+           f"no number of seeds up to {iv.MAX_SEEDS} would let an interval around "
+           f"{interval.point:.3g} clear the edge at {edge:g}")
+    return f"too few seeds ({n}): {why}; {how}", {"seeds": n, "needed": need, "edge": edge}
+
+
 def target_metric(spec, evals: pd.DataFrame | None) -> tuple[float | None, str]:
     """(target accuracy, where it came from): the spec's field, else derived from the run.
 
@@ -250,11 +302,14 @@ def _seeded(df: pd.DataFrame | None, seed: int) -> pd.DataFrame | None:
 
 
 def _measure(frames: iv.RunFrames, arm: str, base: str, est: iv.Estimator,
-             resamples: int, rng_seed: int) -> tuple[iv.Interval | None, str | None]:
+             resamples: int, rng_seed: int) -> tuple[iv.Interval | None, str | None, int | None]:
+    """(interval, why none, seeds when there were too few for one value per seed)."""
     try:
-        return est(frames, arm, base, resamples=resamples, rng_seed=rng_seed), None
+        return est(frames, arm, base, resamples=resamples, rng_seed=rng_seed), None, None
+    except iv.TooFewSeeds as exc:
+        return None, str(exc), exc.n_seeds
     except ValueError as exc:
-        return None, str(exc)
+        return None, str(exc), None
 
 
 Invalid = Mapping[tuple[str, int], Sequence[str]]
@@ -292,16 +347,21 @@ def not_judged_reason(units: list[dict]) -> str:
 
 def _figures(frames: iv.RunFrames, arm: str, base: str, units: list[dict], judgeable: bool,
              resamples: int, rng_seed: int) -> dict:
-    """Every estimator's interval for one pair; none, with the reason, when it is not judgeable."""
+    """Every estimator's interval for one pair; none, with the reason, when it is not judgeable.
+
+    ``_short`` (dropped before the summary is written) keeps the seeds of a
+    per-seed figure that had too few of them for an interval.
+    """
     figures = {}
     for est in iv.ESTIMATORS.values():
+        short = None
         if judgeable:
-            interval, reason = _measure(frames, arm, base, est, resamples, rng_seed)
+            interval, reason, short = _measure(frames, arm, base, est, resamples, rng_seed)
         else:
             interval, reason = None, not_judged_reason(units)
         figures[est.name] = {"estimator": est.name, "unit": est.unit,
                              "interval": interval.to_dict() if interval else None,
-                             "reason": reason}
+                             "reason": reason, "_short": short}
     return figures
 
 
@@ -342,8 +402,13 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
             pair = found[f"{arm}_vs_{base}"]
             fig = pair["figures"][claim.estimator]
             got = iv.Interval(**fig["interval"]) if fig["interval"] else None
+            short = None
             if pair["judged"]:
                 v, why = verdict(got, claim.region, fig["reason"] or "")
+                if iv.ESTIMATORS[claim.estimator].per_seed:
+                    short = too_few_seeds(got, claim.region, (v, why), fig["_short"])
+                    if short:
+                        why = short[0]
                 if pair["left_out"]:
                     why += f"; {len(pair['left_out'])} invalid unit(s) left out"
             else:
@@ -351,7 +416,8 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
             verdicts.append({**head, "pair": f"{arm}_vs_{base}", "arm": arm, "baseline": base,
                              "verdict": v, "reason": why,
                              "interval": dict(fig["interval"]) if fig["interval"] else None,
-                             "left_out": pair["left_out"]})
+                             "left_out": pair["left_out"],
+                             **({"too_few_seeds": short[1]} if short else {})})
         if not pairs:
             verdicts.append({**head, "pair": None, "arm": None, "baseline": None,
                              "verdict": UNRESOLVED, "interval": None, "left_out": [],
@@ -359,6 +425,8 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
                                        f"{COMPARISONS[claim.comparison].what})"})
     for pair in found.values():
         del pair["judged"]   # said by its figures' reasons and its verdicts
+        for fig in pair["figures"].values():
+            del fig["_short"]  # said by the verdicts' too_few_seeds
     return {"intervals": found, "verdicts": verdicts,
             "time_to_target": _time_to_target(rounds, evals, target, source, arms)}
 
@@ -392,6 +460,41 @@ def with_verdicts(summary: dict, spec, rounds: pd.DataFrame, evals: pd.DataFrame
                   if f["interval"] and f["interval"]["n_seeds"] == 1})
     if one:
         out["warnings"] = list(summary["warnings"]) + [
-            f"one seed per arm ({', '.join(one)}): the intervals are round bootstraps, blind to "
+            f"{ONE_SEED_WARNING}{', '.join(one)}): the intervals are round bootstraps, blind to "
             "seed-to-seed spread, and per-seed figures have none; run more seeds (`run --seeds N`)"]
+    return out
+
+
+
+def rejudge(run_dir) -> dict:
+    """A run's summary.json judged again from the tables it keeps, with today's intervals.
+
+    Why: the committed references keep their rounds, evaluations and spec
+    beside the summary (`testbed.references.KEPT_FILES`), and a change to
+    how a figure's interval is computed (Student's t for the accuracy
+    difference, "too few seeds") should reach their verdicts without
+    running them again. Everything but the judged sections (intervals,
+    verdicts, time to target, their definitions and the one-seed warning)
+    is kept as the run wrote it; the invalid units are the summary's. The
+    figures of rounds come out as the run's own analysis gave them (same
+    tables, same bootstrap seed). Returns the new summary, written in place.
+    """
+    import pathlib
+
+    from testbed.analysis import formats
+    from testbed.analysis.raw import load_spec
+
+    run_dir = pathlib.Path(run_dir)
+    summary = formats.read_summary(run_dir / "summary.json")
+    rounds = pd.read_csv(run_dir / "rounds.csv")
+    evals = pd.read_csv(run_dir / "evals.csv")
+    if "valid" in evals.columns:
+        evals = evals[evals["valid"].astype(bool)]
+    invalid = {(u["arm"], int(u["seed"])): list(u["reasons"])
+               for u in summary.get("invalid_units", [])}
+    kept = {k: v for k, v in summary.items() if k not in JUDGED_SECTIONS}
+    kept["warnings"] = [w for w in summary["warnings"] if not w.startswith(ONE_SEED_WARNING)]
+    kept["schema"] = formats.SUMMARY_SCHEMA
+    out = with_verdicts(kept, load_spec(run_dir), rounds, evals, invalid)
+    formats.write_summary(run_dir / "summary.json", out)
     return out

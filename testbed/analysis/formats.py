@@ -41,8 +41,13 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #   5: arms.<arm>.normal_round_phys_bound_ms_p50 and normal_round_over_phys_bound
 #      (the CI guard's figure for a slowdown DBLP shares with static).
 #      Optional, so versions 1-4 still read.
-SUMMARY_SCHEMA = 5
-KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5})
+#   6: verdicts[].too_few_seeds (a figure with one value per seed that the
+#      seeds could not settle: how many there were, about how many would;
+#      testbed.analysis.claims.too_few_seeds), and the accuracy difference's
+#      interval is Student's t over the paired seeds. Optional, so versions
+#      1-5 still read.
+SUMMARY_SCHEMA = 6
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -148,6 +153,16 @@ SUMMARY_VERDICT_FIELDS = (
     Field("reason", "str"),
     Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS; null: not measurable"),
     _LEFT_OUT,
+    Field("too_few_seeds", "dict", required=False,
+          doc="SUMMARY_TOO_FEW_SEEDS_FIELDS: the verdict is unresolved because a figure with one "
+              "value per seed had too few seeds. Version 6 on"),
+)
+SUMMARY_TOO_FEW_SEEDS_FIELDS = (
+    Field("seeds", "int", doc="the seeds both arms had"),
+    Field("needed", "int", nullable=True,
+          doc="an estimate of the seeds that would settle it (intervals.seeds_to_clear); null: "
+              "no estimate (no interval, or the point sits on the edge)"),
+    Field("edge", "num", nullable=True, doc="the region's edge the estimate is for"),
 )
 SUMMARY_TIME_TO_TARGET_FIELDS = (
     Field("metric", "str", doc="evals column the target is on"),
@@ -265,6 +280,8 @@ def _check_verdict_sections(summary: dict, where: str) -> None:
         w = f"{where} verdicts[{i}]"
         check_fields(v, SUMMARY_VERDICT_FIELDS, w)
         _check_interval(v["interval"], f"{w}.interval")
+        if "too_few_seeds" in v:
+            check_fields(v["too_few_seeds"], SUMMARY_TOO_FEW_SEEDS_FIELDS, f"{w}.too_few_seeds")
         _check_units(v.get("left_out", []), f"{w}.left_out")
     if "time_to_target" in summary:
         ttt = check_fields(summary["time_to_target"], SUMMARY_TIME_TO_TARGET_FIELDS,

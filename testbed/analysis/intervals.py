@@ -35,7 +35,9 @@ A against baseline B, registered in ``ESTIMATORS``:
   windows overlap by the optimizer step (~1 ms), alike for every arm.
 - ``accuracy_delta``: 100 x the mean over seeds of (A's - B's metric at the
   final evaluation), in points. A final evaluation is one number per seed,
-  with no rounds under it to resample, so this estimator needs two seeds.
+  with no rounds under it to resample: Student's t over the paired per-seed
+  differences (`mean_difference`), and no interval at all from one seed or
+  from seeds whose differences are all equal (`TooFewSeeds`).
 - ``time_to_target``: the sum over seeds of B's time to the target / the sum
   of A's (> 1: A reaches it sooner), over the seeds where both reached it.
   The time to target of one (arm, seed), `time_to_target`, is the wall time
@@ -44,6 +46,23 @@ A against baseline B, registered in ``ESTIMATORS``:
   evaluates at the same rounds). Within a seed it splits into the steps
   of the rounds before (start to the next round's start) and the reaching
   round's own window, and those are what the second stage resamples.
+
+Which estimators have one value per seed (``Estimator.per_seed``), decided
+one by one, because a verdict's "too few seeds" (`seeds_to_clear`) applies
+to those only:
+
+- ``accuracy_delta``: yes. Each seed ends in one evaluation; two or three
+  of them are all there is, so the interval is Student's t (whose coverage
+  holds at 3 and 5 seeds: test_intervals), and a verdict it cannot settle
+  says how many seeds would.
+- ``train_time_cut`` and ``time_to_target``: no. A seed's figure is a sum
+  of tens of round windows (or steps), and their round-to-round spread,
+  which the bootstrap's second stage resamples, makes most of the
+  interval's width; the seed stage adds where the bursts met the phases.
+  They keep the hierarchical bootstrap and its one-seed caveat. Their
+  verdicts say "straddles", not "too few seeds": more rounds narrow them
+  as well as more seeds do, and no count of seeds can be read from them.
+- ``burst_speedup``: no; it pools every burst round of every seed.
 """
 from __future__ import annotations
 
@@ -252,6 +271,29 @@ def ratio_of_sums(arm: Mapping, base: Mapping, *, what: str = "values",
     return _of_sums(lambda sa, sb: sb / sa, arm, base, what, resamples, rng_seed, level)
 
 
+#: How `mean_difference` names its method: `seeds_to_clear` reads its intervals only.
+T_METHOD = "Student t over the paired per-seed differences"
+#: The most seeds `seeds_to_clear` looks at before it says "not within reach".
+MAX_SEEDS = 1000
+
+
+class TooFewSeeds(ValueError):
+    """No interval from one value per seed: one seed, or seeds whose values leave no spread.
+
+    A ValueError like every "no interval", so callers that only need the
+    reason keep working; ``n_seeds`` lets a verdict say "too few seeds (n)".
+    """
+
+    def __init__(self, n_seeds: int, message: str):
+        super().__init__(message)
+        self.n_seeds = n_seeds
+
+
+def _t_quantile(level: float, n: int) -> float:
+    from scipy.stats import t as student_t
+    return float(student_t.ppf((1 + level) / 2, n - 1))
+
+
 def mean_difference(arm: Mapping, base: Mapping, *, scale: float = 1.0,
                     resamples: int = RESAMPLES, rng_seed: int = RNG_SEED,
                     level: float = LEVEL) -> Interval:
@@ -264,25 +306,63 @@ def mean_difference(arm: Mapping, base: Mapping, *, scale: float = 1.0,
     (48 % at two seeds, 75 % at three, in simulation); Student's t on the
     paired differences holds its level for normal differences at any number
     of seeds (``test_mean_difference_t_interval_holds_its_level``), so the
-    interval is mean +- t(level, n-1) x sd / sqrt(n). ``resamples`` and
-    ``rng_seed`` are accepted for the estimators' common signature; nothing
-    is resampled.
-    """
-    from scipy.stats import t as student_t
+    interval is mean +- t(level, n-1) x sd / sqrt(n).
 
+    Differences that are all equal (a metric in steps, such as one test
+    example in 360, repeats itself by chance: two seeds each -0.15 points)
+    say nothing about the spread, and their sd of zero would give a
+    zero-width interval: no interval either (`TooFewSeeds`, as for one
+    seed). ``resamples`` and ``rng_seed`` are accepted for the estimators'
+    common signature; nothing is resampled.
+    """
     seeds = _paired({s: np.atleast_1d(v) for s, v in arm.items()},
                     {s: np.atleast_1d(v) for s, v in base.items()}, "a value")
     if len(seeds) < 2:
-        raise ValueError(f"one value per seed and only {len(seeds)} seed: no spread to resample "
-                         "(run more seeds, `run --seeds N`)")
+        raise TooFewSeeds(len(seeds), f"too few seeds ({len(seeds)}): one value per seed and "
+                          f"only {len(seeds)} seed: no spread to resample (run more seeds, "
+                          "`run --seeds N`)")
     d = scale * np.array([float(np.atleast_1d(arm[s])[0]) - float(np.atleast_1d(base[s])[0])
                           for s in seeds])
     n = len(d)
     point = float(d.mean())
-    half = float(student_t.ppf((1 + level) / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
+    if np.ptp(d) <= 1e-9 * max(1.0, float(np.abs(d).max())):
+        raise TooFewSeeds(n, f"too few seeds ({n}): the {n} per-seed differences are all "
+                          f"{point:+.4g}, which says nothing of their spread (a metric in steps "
+                          "repeats itself by chance): no interval (run more seeds, "
+                          "`run --seeds N`)")
+    half = _t_quantile(level, n) * float(d.std(ddof=1)) / math.sqrt(n)
     return Interval(point, point - half, point + half, n_seeds=n, n_samples=2 * n,
-                    method="Student t over the paired per-seed differences", resamples=0,
-                    level=level, rng_seed=rng_seed)
+                    method=T_METHOD, resamples=0, level=level, rng_seed=rng_seed)
+
+
+def differences_sd(interval: Interval) -> float:
+    """The sd of the per-seed differences behind one of `mean_difference`'s intervals."""
+    if interval.method != T_METHOD:
+        raise ValueError(f"{T_METHOD!r} intervals only, not {interval.method!r}: a bootstrap's "
+                         "width is not a t's")
+    n = interval.n_seeds
+    return (interval.hi - interval.lo) / 2 * math.sqrt(n) / _t_quantile(interval.level, n)
+
+
+def seeds_to_clear(interval: Interval, edge: float) -> int | None:
+    """An estimate: the fewest seeds whose t interval around this point would clear ``edge``.
+
+    The sd of the per-seed differences is read back from the interval
+    (half-width x sqrt(n) / t(level, n-1)) and held fixed, as is the point:
+    the answer is the smallest n >= 2 with t(level, n-1) x sd / sqrt(n) below
+    the distance from the point to ``edge``. An estimate, not a promise: with
+    more seeds both the point and the sd move. None when the point sits on
+    the edge or no n up to `MAX_SEEDS` would do. Only for `mean_difference`'s
+    intervals (ValueError otherwise, `differences_sd`).
+    """
+    sd = differences_sd(interval)
+    gap = abs(interval.point - edge)
+    if gap == 0:
+        return None
+    for m in range(2, MAX_SEEDS + 1):
+        if _t_quantile(interval.level, m) * sd / math.sqrt(m) < gap:
+            return m
+    return None
 
 
 # ------------------------------------------------- estimators on frames --
@@ -458,6 +538,9 @@ class Estimator:
     unit: str
     what: str
     fn: Callable[..., Interval]
+    #: One value per seed (the module's docstring says which and why): its verdicts can
+    #: be "too few seeds", with `seeds_to_clear`'s estimate.
+    per_seed: bool = False
 
     def __call__(self, frames: RunFrames, arm: str, base: str, **kw) -> Interval:
         return self.fn(frames, arm, base, **kw)
@@ -469,7 +552,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     Estimator("train_time_cut", "%", "training time (sum of round windows): 100 x (1 - arm / "
               "baseline)", train_time_cut),
     Estimator("accuracy_delta", "points", "final evaluation's metric: arm - baseline, x 100, "
-              "paired by seed", accuracy_delta),
+              "paired by seed", accuracy_delta, per_seed=True),
     Estimator("time_to_target", "x", "wall time to the target metric: baseline / arm, over "
               "the seeds where both reached it", time_to_target_ratio),
 )}

@@ -152,8 +152,9 @@ def verdicts_table(summary: dict) -> str:
     for v in summary.get("verdicts", []):
         iv = v.get("interval") or {}
         pair = f"{v['arm']} vs {v['baseline']}" if v.get("pair") else "(did not run)"
+        seeds = iv.get("n_seeds", (v.get("too_few_seeds") or {}).get("seeds", "–"))
         rows.append(f"| {v['claim']} | {pair} | {v['paper']} | {_figure(v)} "
-                    f"| {iv.get('n_seeds', '–')} | {verdict_label(v)} |")
+                    f"| {seeds} | {verdict_label(v)} |")
     bad = invalid_lines(summary)
     if bad:
         rows += ["", "Invalid units, left out of every figure, interval and verdict:", ""]
@@ -313,9 +314,13 @@ def seeds_table(ref_dir: pathlib.Path) -> str:
     for pair in summary.get("intervals", {}).values():
         fig = pair.get("figures", {}).get("accuracy_delta")
         if fig and fig.get("interval"):
+            i = fig["interval"]
             out += (f"\nFinal accuracy, {pair['arm']} minus {pair['baseline']}: {_figure(fig)} "
-                    f"(95 % bootstrap interval over {fig['interval'].get('n_seeds', '–')} seeds, "
-                    "summary.json).\n")
+                    f"(95 % interval, {i.get('method', 'bootstrap')}, over "
+                    f"{i.get('n_seeds', '–')} seeds, summary.json).\n")
+        elif fig and fig.get("reason"):
+            out += (f"\nFinal accuracy, {pair['arm']} minus {pair['baseline']}: no interval, "
+                    f"{fig['reason']} (summary.json).\n")
     return out
 
 
@@ -766,7 +771,8 @@ def _ablation_axis(field: str) -> Callable[[pathlib.Path], str]:
 def _ablation_tables() -> dict[str, Callable[[pathlib.Path], str]]:
     from testbed.analysis import ablation
     out = {"ablation-baselines": _of_ablation(ablation.baselines_table),
-           "ablation-harm": _of_ablation(ablation.harm_table)}
+           "ablation-harm": _of_ablation(ablation.harm_table),
+           "ablation-accuracy": _of_ablation(ablation.accuracy_verdicts)}
     out.update({f"ablation-{f}": _ablation_axis(f) for f in ABLATION_AXES})
     return out
 

@@ -92,11 +92,14 @@ def _verdict_section(s: dict) -> dict:
     return {"title": "Verdicts on the paper's claims",
             "text": ["Reproduced when the whole 95 % interval lies inside the claim's region, "
                      "refuted when it lies wholly outside, unresolved otherwise (or when there "
-                     "is no interval: the reason says why), not judged when every seed of the "
-                     "pair has an invalid unit (the emulator broke an invariant). Never from a "
-                     "point estimate. Intervals: hierarchical bootstrap, seeds then rounds within "
-                     "each seed (one seed: rounds only, blind to seed-to-seed spread), over the "
-                     "seeds whose units of both arms are valid.",
+                     "is no interval: the reason says why; \"too few seeds\" for the accuracy "
+                     "difference, one value per seed, with an estimate of the seeds that would "
+                     "settle it), not judged when every seed of the pair has an invalid unit (the "
+                     "emulator broke an invariant). Never from a point estimate. Intervals of "
+                     "rounds: hierarchical bootstrap, seeds then rounds within each seed (one "
+                     "seed: rounds only, blind to seed-to-seed spread); the accuracy difference: "
+                     "Student's t over the paired seeds; both over the seeds whose units of both "
+                     "arms are valid.",
                      *(f"{name}: {v['what']}. Region: {v['region_why']}."
                        for name, v in claims.items())],
             "tables": [(["claim", "pair", "paper", "region", "measured [95 % interval]", "seeds",

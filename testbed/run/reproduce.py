@@ -227,8 +227,12 @@ def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
 @click.option("--readme-only", is_flag=True,
               help="Run nothing: re-render the tables of the README and docs/ from "
                    "results/reference/.")
+@click.option("--rejudge", is_flag=True,
+              help="Run nothing: judge the claims of the committed references again from the "
+                   "files they keep (today's intervals), rewrite their summaries, then re-render "
+                   "the tables.")
 @json_option
-def reproduce_cmd(names, runs_root, readme_only, json_out):
+def reproduce_cmd(names, runs_root, readme_only, rejudge, json_out):
     """Regenerate the measured tables from scratch: every reference (or NAMES).
 
     A reference is a preset run or a set of other commands (benches, net
@@ -238,15 +242,18 @@ def reproduce_cmd(names, runs_root, readme_only, json_out):
     table of every reference's wall time) are re-rendered from them.
     """
     refs = select(names)
-    done = {} if readme_only else reproduce(refs, pathlib.Path(runs_root))
+    done = {} if readme_only or rejudge else reproduce(refs, pathlib.Path(runs_root))
+    rejudged = references.rejudge(refs) if rejudge else []
     changed, no_data = update_readme(only=tuple(names))
     failed = [n for n, e in done.items() if e["status"] != "ok"]
-    doc = {"runs": done, "readme_tables_changed": changed, "failed": failed,
-           "references_without_data": no_data}
+    doc = {"runs": done, "rejudged": rejudged, "readme_tables_changed": changed,
+           "failed": failed, "references_without_data": no_data}
 
     def text():
         for n, e in done.items():
             click.echo(f"{n}: {e['status']} in {e['wall_s'] / 60:.1f} min ({e['run_dir']})")
+        if rejudge:
+            click.echo(f"judged again from their files: {', '.join(rejudged) or 'none'}")
         click.echo(f"tables re-rendered: {', '.join(changed) or 'none changed'}")
         if no_data:
             click.echo(f"no committed data yet (their blocks left as they are): "

@@ -133,6 +133,11 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
     assert "| **0.408** |" in report
     assert (tmp_path / "plots" / "ablation-p_high.png").stat().st_size > 10_000
     assert analysis.read_summary(tmp_path)["schema"] == analysis.SCHEMA
+    # Judged again from the per-seed finals the summary keeps: the same accuracy intervals.
+    assert analysis.rejudge(tmp_path) == json.loads(json.dumps(doc))
+    verdicts = analysis.accuracy_verdicts(doc)
+    assert "- **reproduced**: P_high 0.208, " in verdicts
+    assert "- **refuted**: P_high 0.408 (the preset's), " in verdicts
 
 
 def test_an_ablation_reference_keeps_its_summary_and_plots_and_renders_readme_tables(tmp_path):

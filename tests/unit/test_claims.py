@@ -7,8 +7,9 @@ import sys
 import pandas as pd
 import pytest
 
-from testbed.analysis import claims
+from testbed.analysis import answer, claims, formats
 from testbed.analysis import intervals as iv
+from workloads.runlog import check_fields
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_intervals import ROUNDS, TRUTH, synthetic  # noqa: E402
@@ -182,6 +183,61 @@ def test_with_verdicts_keeps_the_summary_declared_and_warns_on_one_seed():
         assert out["arms"][arm]["time_to_target_s"] == out["time_to_target"]["per_arm"][arm][
             "t_s_median"] > 0
     assert out["warnings"][0] == "w" and "one seed per arm (dblp_vs_static)" in out["warnings"][1]
-    assert _verdicts(out, "accuracy")["dblp_vs_static"]["reason"].startswith(
-        "one value per seed and only 1 seed")
+    acc = _verdicts(out, "accuracy")["dblp_vs_static"]
+    assert acc["reason"].startswith("too few seeds (1): one value per seed and only 1 seed")
+    assert acc["too_few_seeds"] == {"seeds": 1, "needed": None, "edge": None}
+    assert answer.verdict_label(acc) == "unresolved: too few seeds (1)"
     assert json.loads(json.dumps(out, allow_nan=False)) == out      # plain JSON, no NaN
+
+
+def test_an_accuracy_interval_across_the_edge_is_too_few_seeds_with_an_estimate():
+    """Three seeds of a -0.45 point difference with 0.3 points of noise: the t interval
+    straddles -0.5, and the verdict says so as too few seeds, with how many would clear it;
+    a burst speedup that straddles stays a plain "straddles" (its rounds are pooled)."""
+    truth = _truth(dblp=(400.0, 24.0, 75.0, 0.8955), static=(400.0, 30.0, 100.0, 0.9))
+    rounds, evals = synthetic(seeds=(1, 2, 3), arms=("static", "dblp"), acc_sd=0.003,
+                              truth=truth, seed_sd=0.3)
+    out = claims.judge({"training": {}}, ["static", "dblp"], rounds, evals, resamples=500)
+    acc = _verdicts(out, "accuracy")["dblp_vs_static"]
+    got = iv.Interval(**acc["interval"])
+    assert got.lo < -0.5 < got.hi and acc["verdict"] == claims.UNRESOLVED
+    short = acc["too_few_seeds"]
+    assert short["seeds"] == 3 and short["edge"] == -0.5
+    assert short["needed"] == iv.seeds_to_clear(got, -0.5) and short["needed"] > 3
+    assert acc["reason"].startswith("too few seeds (3): the 95 % interval")
+    assert f"about {short['needed']} seeds would" in acc["reason"]
+    assert answer.verdict_label(acc) == f"unresolved: too few seeds (3; about {short['needed']} needed)"
+    burst = _verdicts(out, "burst_speedup")["dblp_vs_static"]
+    assert "too_few_seeds" not in burst
+    check_fields(acc, formats.SUMMARY_VERDICT_FIELDS, "verdict")
+    check_fields(short, formats.SUMMARY_TOO_FEW_SEEDS_FIELDS, "too_few_seeds")
+
+
+def test_a_reproduced_or_refuted_accuracy_verdict_is_never_too_few_seeds():
+    rounds, evals = synthetic(seeds=tuple(range(6)), arms=("static", "dblp"), acc_sd=0.0003)
+    out = claims.judge({"training": {}}, ["static", "dblp"], rounds, evals, resamples=500)
+    acc = _verdicts(out, "accuracy")["dblp_vs_static"]
+    assert acc["verdict"] == claims.REPRODUCED and "too_few_seeds" not in acc
+
+
+def test_rejudging_a_committed_reference_keeps_its_figures_of_rounds(tmp_path):
+    """The default reference judged again from the files it keeps: the bootstrap figures come
+    out as the run's analysis gave them (same tables, same seed), the accuracy difference is
+    Student's t, and the summary is declared."""
+    import shutil
+
+    from testbed.references import REFERENCE_DIR
+    ref = tmp_path / "default"
+    shutil.copytree(REFERENCE_DIR / "default", ref)
+    before = json.loads((ref / "summary.json").read_text())
+    after = claims.rejudge(ref)
+    assert json.loads((ref / "summary.json").read_text()) == after
+    assert after["schema"] == formats.SUMMARY_SCHEMA
+    for key, pair in before["intervals"].items():
+        for name in ("burst_speedup", "train_time_cut", "time_to_target"):
+            assert after["intervals"][key]["figures"][name] == pair["figures"][name], (key, name)
+        assert after["intervals"][key]["figures"]["accuracy_delta"]["interval"]["method"] == \
+            iv.T_METHOD
+    assert {k: v for k, v in after.items() if k not in claims.JUDGED_SECTIONS + ("schema",
+            "definitions")} == {k: v for k, v in before.items()
+                                if k not in claims.JUDGED_SECTIONS + ("schema", "definitions")}

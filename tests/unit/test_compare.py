@@ -273,7 +273,7 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
 def test_version_1_to_3_summaries_without_their_successors_fields_still_read(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run, figures=False)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 5
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 6
     # Version 3: fidelity flags, which decided nothing, instead of invalid units; nothing
     # left out of a verdict or an interval.
     s["schema"] = 3

@@ -83,12 +83,14 @@ def test_accuracy_delta_is_in_points_and_paired_by_seed():
 
 
 def test_a_seed_effect_shared_by_both_arms_cancels_in_the_pairing():
-    """Accuracy differs a lot between seeds but equally for both arms: the pairing sees through it."""
-    rounds, evals = synthetic(seeds=tuple(range(5)), acc_sd=0.0)
+    """Accuracy differs by 5 points between seeds but equally for both arms, the arms' own
+    noise is 0.01 points: the pairing sees through the seeds (unpaired, the interval would be
+    some 10 points wide)."""
+    rounds, evals = synthetic(seeds=tuple(range(5)), acc_sd=0.0001)
     shift = {s: 0.05 * s for s in range(5)}
     evals["test_accuracy"] += evals["seed"].map(shift)
     got = iv.accuracy_delta(iv.RunFrames(rounds, evals), "dblp", "static")
-    assert got.point == pytest.approx(-0.3) and got.hi - got.lo < 1e-9
+    assert got.point == pytest.approx(-0.3, abs=0.05) and got.hi - got.lo < 0.2
 
 
 def test_more_seeds_give_a_narrower_interval():
@@ -127,6 +129,56 @@ def test_mean_difference_t_interval_holds_its_level(seeds):
         hits += got.lo <= 0.0 <= got.hi
     assert 0.93 <= hits / trials <= 0.97
     assert got.method.startswith("Student t") and got.n_seeds == seeds
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_the_accuracy_interval_covers_within_three_points_of_nominal(seeds):
+    """Issue 40: at 3 and 5 seeds, the accuracy difference's 95 % interval covers the true
+    difference 92-98 % of the time. 6,000 simulated runs (fixed generator) put the Monte
+    Carlo error's sd at 0.28 points, a tenth of the tolerance. Per-seed accuracies share a
+    seed effect (1 point) and differ by arm (0.3 points of noise, a true gap of -0.4)."""
+    g = np.random.default_rng(40)
+    trials = 6000
+    effect = g.normal(0, 0.01, size=(trials, seeds))
+    a = 0.300 + effect + g.normal(0, 0.003, size=(trials, seeds))
+    b = 0.304 + effect + g.normal(0, 0.003, size=(trials, seeds))
+    hits = 0
+    for k in range(trials):
+        got = iv.mean_difference(dict(enumerate(a[k])), dict(enumerate(b[k])), scale=100.0)
+        hits += got.lo <= -0.4 <= got.hi
+    assert abs(hits / trials - 0.95) <= 0.03
+    assert got.n_seeds == seeds and got.method == iv.T_METHOD
+
+
+def test_one_seed_or_equal_differences_give_no_interval_but_too_few_seeds():
+    """Two seeds each 0.15 points apart (a metric in steps repeats itself) say nothing of the
+    spread: no zero-width interval, the same refusal as one seed, with the seeds counted."""
+    with pytest.raises(iv.TooFewSeeds, match=r"too few seeds \(1\)") as one:
+        iv.mean_difference({1: 0.5}, {1: 0.4})
+    assert one.value.n_seeds == 1
+    with pytest.raises(iv.TooFewSeeds, match=r"too few seeds \(2\).*all -0.15") as two:
+        iv.mean_difference({1: 0.2985, 2: 0.3105}, {1: 0.3, 2: 0.312}, scale=100.0)
+    assert two.value.n_seeds == 2 and isinstance(two.value, ValueError)
+
+
+def test_seeds_to_clear_is_the_smallest_n_whose_t_interval_clears_the_edge():
+    from scipy.stats import t
+    got = iv.mean_difference({1: 0.0, 2: 0.0, 3: 0.0}, {1: 0.5, 2: 1.2, 3: 0.7})  # -0.8, sd 0.36
+    sd = iv.differences_sd(got)
+    assert sd == pytest.approx(np.std([-0.5, -1.2, -0.7], ddof=1))
+    need = iv.seeds_to_clear(got, -0.5)
+    assert need is not None and need > 3
+
+    def half(n):
+        return t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    assert half(need) < abs(got.point + 0.5) <= half(need - 1)
+    assert iv.seeds_to_clear(got, got.point) is None        # the point on the edge: never
+    with pytest.raises(ValueError, match="Student t"):
+        iv.seeds_to_clear(iv.Interval(1.0, 0.5, 1.5, 3, 100, "percentile bootstrap"), 0.0)
+
+
+def test_only_the_accuracy_difference_has_one_value_per_seed():
+    assert [e.name for e in iv.ESTIMATORS.values() if e.per_seed] == ["accuracy_delta"]
 
 
 def test_one_seed_is_a_round_bootstrap_and_says_so():

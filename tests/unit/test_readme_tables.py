@@ -5,6 +5,7 @@ reference with all of its tables; every page under docs/ is rendered by
 `reproduce` and checked here.
 """
 import json
+import re
 
 import pytest
 
@@ -26,6 +27,50 @@ def test_every_page_is_rendered_and_checked():
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_page_tables_match_the_committed_reference_runs(page):
     assert rd.stale(PAGES[page], refs.REFERENCE_DIR) == []
+
+
+#: "point [lo, hi]" as pages write an interval: a number, maybe its unit, then the bracket.
+QUOTED_INTERVAL = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*(?:x|%|points?)?\s*"
+                             r"\[([-+]?\d+(?:\.\d+)?),\s*([-+]?\d+(?:\.\d+)?)\]")
+
+
+def _agrees(quoted: tuple[str, ...], shown: tuple[str, ...]) -> bool:
+    """Whether an interval quoted in prose is a generated one, rounded as the prose rounds it."""
+    def close(q, v):
+        places = len(q.split(".")[1]) if "." in q else 0
+        return abs(float(v) - float(q)) <= 0.5 * 10 ** -places + 1e-9
+    return all(close(q, v) for q, v in zip(quoted, shown, strict=True))
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_interval_the_prose_quotes_is_one_its_generated_tables_show(page):
+    """Issue 40: a page's hand-written text may quote an interval only as its own generated
+    blocks show it (rounded as the text rounds it), so an interval recomputed in the tables
+    can never be contradicted by a stale quote beside them. Which intervals lie where
+    (inside, wholly below, straddling) is generated text (the verdicts, the ablation's
+    accuracy block), never hand-written."""
+    text = PAGES[page]
+    shown = [m.groups() for b in rd.BLOCK_RE.finditer(text)
+             for m in QUOTED_INTERVAL.finditer(b["body"])]
+    prose = rd.BLOCK_RE.sub("", text)
+    for m in QUOTED_INTERVAL.finditer(prose):
+        assert any(_agrees(m.groups(), t) for t in shown), (
+            f"{page}: the text quotes {' '.join(m.group(0).split())!r}, which none of the "
+            "page's generated tables shows")
+
+
+def test_the_detector_page_says_of_its_signal_rows_only_what_their_intervals_show():
+    """The prose: the two signals' accuracy differences from static "cannot be told apart",
+    their intervals overlapping; the loose bound's accuracy gain cannot be told from zero."""
+    from testbed.analysis import ablation
+    doc = ablation.read_summary(refs.REFERENCE_DIR / "detector")
+    signal = next(a for a in doc["axes"] if a["setting"].endswith(".signal"))
+    a, b = (p["against"]["static"]["accuracy_delta"]["interval"] for p in signal["points"])
+    assert a["lo"] <= b["hi"] and b["lo"] <= a["hi"]
+    assert "intervals cannot tell apart" in PAGES["docs/results/detector.md"]
+    high = doc["baseline_points"]["static-high"]["against"]["static"]["accuracy_delta"]["interval"]
+    assert high["lo"] <= 0 <= high["hi"]
+    assert "cannot tell it from zero" in PAGES["docs/results/detector.md"]
 
 
 def test_each_reference_has_its_page_with_only_its_own_tables():
