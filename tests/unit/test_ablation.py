@@ -62,7 +62,11 @@ def fake_run(calls, fail=()):
             return "failed"
         p = spec["transport"]["p_high"]
         truth = dict(TRUTH, dblp=(100.0 + 100 * (0.408 - p), 24.0, 75.0, 0.98 - 0.3 * p))
-        rounds, evals = synthetic(seeds=tuple(spec.seed_values), arms=tuple(spec.arms), truth=truth)
+        # Each run its own noise (as real runs have): with one generator seed for all, the
+        # first arm of every run would draw the same per-seed noise, and the differences
+        # between runs would all be equal (no spread, no interval).
+        rounds, evals = synthetic(seeds=tuple(spec.seed_values), arms=tuple(spec.arms), truth=truth,
+                                  rng=round(p * 1000))
         rounds["phase"] = ["relaxed" if (r // 10) % 2 else "critical" for r in rounds["round"]]
         rounds.loc[~rounds["arm"].str.startswith("dblp"), "phase"] = pd.NA
         datasets.write(out, datasets.TABLES["rounds"], _columns(datasets.TABLES["rounds"], rounds))
