@@ -372,7 +372,7 @@ def accuracy_verdicts(doc: dict) -> str:
             name = f"{axis['label']} {p['value']}" + (" (the preset's)" if p["base"] else "")
             cell = _fmt(fig, "") if got else f"no interval: {fig['reason']}"
             if short and short[1]["needed"]:
-                cell += f"; about {short[1]['needed']} seeds needed"
+                cell += f" (about {short[1]['needed']} seeds needed)"
             groups.setdefault(label, []).append(f"{name}, {cell}")
     seeds = sorted({len(p["seeds"]) for a in doc["axes"] for p in a["points"]
                     if not p.get("missing")})

@@ -477,7 +477,11 @@ def rejudge(run_dir) -> dict:
     verdicts, time to target, their definitions and the one-seed warning)
     is kept as the run wrote it; the invalid units are the summary's. The
     figures of rounds come out as the run's own analysis gave them (same
-    tables, same bootstrap seed). Returns the new summary, written in place.
+    tables, same bootstrap seed). A summary from before the invariants
+    (versions 1-3: fidelity_flags, no invalid_units) keeps its version
+    number, since its per-arm figures still pool every unit; its verdicts
+    may then carry version 6's too_few_seeds. Returns the new summary,
+    written in place.
     """
     import pathlib
 
@@ -494,7 +498,10 @@ def rejudge(run_dir) -> dict:
                for u in summary.get("invalid_units", [])}
     kept = {k: v for k, v in summary.items() if k not in JUDGED_SECTIONS}
     kept["warnings"] = [w for w in summary["warnings"] if not w.startswith(ONE_SEED_WARNING)]
-    kept["schema"] = formats.SUMMARY_SCHEMA
+    # A summary of versions 1-3 keeps its version: its per-arm figures pooled every unit
+    # (fidelity_flags decided nothing), and calling it version 4 or later would say that
+    # invariants had left units out. Its judged sections are today's all the same.
+    kept["schema"] = formats.SUMMARY_SCHEMA if summary["schema"] >= 4 else summary["schema"]
     out = with_verdicts(kept, load_spec(run_dir), rounds, evals, invalid)
     formats.write_summary(run_dir / "summary.json", out)
     return out

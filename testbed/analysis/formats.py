@@ -45,7 +45,8 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #      seeds could not settle: how many there were, about how many would;
 #      testbed.analysis.claims.too_few_seeds), and the accuracy difference's
 #      interval is Student's t over the paired seeds. Optional, so versions
-#      1-5 still read.
+#      1-5 still read. A version 1-3 reference judged again from its kept
+#      tables (claims.rejudge) keeps its number and may carry too_few_seeds.
 SUMMARY_SCHEMA = 6
 KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6})
 
