@@ -393,8 +393,8 @@ def test_seeds_table_per_seed_accuracy_time_and_the_summarys_interval(tmp_path):
         "0.010 against 0.010.",
         "", "Over its last 4 evaluations each arm's accuracy moved by at most (worst seed): "
         "reliable 0.00, dblp 47.50 points.",
-        "", "Final accuracy, dblp minus static: -0.28 [-0.56, +0.00] points (95 % bootstrap "
-        "interval over 2 seeds, summary.json)."]
+        "", "Final accuracy, dblp minus static: -0.28 [-0.56, +0.00] points (95 % interval, "
+        "bootstrap, over 2 seeds, summary.json)."]   # the interval's own method; none given here
 
 
 def test_wall_times_table_lists_every_reference_and_the_sum(tmp_path, monkeypatch):
