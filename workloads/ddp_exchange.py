@@ -115,7 +115,7 @@ class DdpIntegration:
         dist.init_process_group(backend.BACKEND,
                                 init_method=f"tcp://{args.master_addr}:{args.master_port}",
                                 rank=args.rank, world_size=args.world_size,
-                                timeout=timedelta(seconds=cfg.join_timeout), pg_options=cfg)
+                                timeout=timedelta(seconds=cfg.round_timeout), pg_options=cfg)
         self.group = _dblp_group(dist, backend, torch)
         self.module: Any = torch.nn.parallel.DistributedDataParallel(model)
         self._seen: dict[str, int] = {}
