@@ -591,13 +591,13 @@ class Progress:
         self.last_print = now
         self.round = self._latest_round()
         el = now - self.t0
-        eta = (el / self.round * (self.rounds - self.round)) if self.round else float("nan")
+        # Before the first round there is no rate to extrapolate: the ETA is "?", not nan.
+        eta = el / self.round * (self.rounds - self.round) if self.round else None
         place = f" {self.clock.place()}" if self.clock is not None else ""
         msg = (f"[{self.arm}]{place} round {self.round}/{self.rounds}  elapsed {el:5.0f} s  "
-               f"ETA {eta:5.0f} s")
+               f"ETA {'?' if eta is None else f'{eta:.0f}':>5} s")
         if self.clock is not None:
-            left = eta if self.round else None
-            msg += f"  run ETA {span(self.clock.remaining_s(left, now))}"
+            msg += f"  run ETA {span(self.clock.remaining_s(eta, now))}"
         if self.tty and not final:
             output.say("\r" + msg, nl=False)
         else:

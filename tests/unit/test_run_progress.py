@@ -63,3 +63,14 @@ def test_the_round_line_carries_the_unit_and_the_run_eta(tmp_path, capsys):
     assert line.startswith("[gloo s0] unit 1/4 round 40/200") and "run ETA " in line
     eta = line.split("run ETA ")[1]
     assert eta != "?"   # its own rounds give the estimate
+
+
+def test_before_the_first_round_the_round_line_says_it_does_not_know(tmp_path, capsys):
+    log = tmp_path / "worker0.jsonl"
+    log.write_text("")
+    clock = RunClock(UNITS)
+    clock.start(0)
+    Progress("gloo s0", 200, log, clock=clock).show(final=True)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("[gloo s0] unit 1/4 round 0/200") and "nan" not in line
+    assert line.endswith("ETA     ? s  run ETA ?"), line
