@@ -61,6 +61,20 @@ class ExchangeResult:
     phase: str | None = None
 
 
+@dataclass(frozen=True)
+class Synced:
+    """One round's exchange as the round log records it.
+
+    ``comm_s``: seconds of the round spent exchanging the gradient.
+    ``comm_cpu_s``: the process's CPU seconds in that exchange (None: not
+    separable from the compute).
+    """
+
+    result: ExchangeResult
+    comm_s: float
+    comm_cpu_s: float | None
+
+
 class LocalExchange:
     """No communication: each worker trains on its own shard (the compute-only bound)."""
 

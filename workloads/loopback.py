@@ -80,7 +80,8 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     """Train one arm on loopback; returns its summary (status, accuracy, times, exit codes).
 
     ``transport``: settings of the dblp arms' ``TransportConfig`` (e.g.
-    ``{"round_timeout": 20.0}``), written to ``raw/<arm>/seed-<seed>/transport.json``.
+    ``{"round_timeout": 20.0}``), written to ``raw/<arm>/seed-<seed>/transport.json``;
+    with ``{"mode": "sharded"}`` no server starts (every worker aggregates a shard).
     """
     if arm not in transports():
         raise ValueError(f"unknown arm {arm!r}; choose from {transports()}")
@@ -95,7 +96,7 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     procs, names, errs = [], [], []
     t0 = time.perf_counter()
     try:
-        if uses_dblp(arm):
+        if uses_dblp(arm) and (transport or {}).get("mode") != "sharded":
             cmd = [python, "-m", "workloads.server", *common, "--host", "127.0.0.1",
                    "--log", os.path.join(raw, "server.jsonl"), *(server_args or [])]
             errs.append(open(os.path.join(raw, "server.err"), "w"))

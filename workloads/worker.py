@@ -2,8 +2,10 @@
 
 Configured by arguments and torchrun-style environment variables (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT; arguments win). Synchronous data
-parallel training: one gradient exchange per step, nothing overlapped, and
-only the exchange differs between arms. Writes the raw-log events that
+parallel training: one gradient exchange per step, and only the exchange
+differs between arms: by default one flat exchange after backward, nothing
+overlapped; with ``--integration ddp`` DistributedDataParallel over the dblp
+torch.distributed backend (``workloads.integrations``). Writes the raw-log events that
 ``workloads.runlog.EVENTS`` declares to ``--log`` (stdout if omitted); human
 messages go to stderr.
 """
@@ -22,6 +24,7 @@ from dblp import wire
 
 from . import exchange as ex
 from .control import RoundAnnouncer
+from .integrations import FLAT, INTEGRATIONS, make_integration, refusal
 from .models import (
     DEFAULT_MODEL,
     LR_SCHEDULES,
@@ -76,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=None,
                    help=f"gloo arm: give up when peers are silent this long (default "
                         f"{DEFAULT_TIMEOUT_S:g}); dblp arms: round_timeout in --transport-config")
+    p.add_argument("--integration", choices=list(INTEGRATIONS), default=FLAT,
+                   help="how the loop hands the gradient to the transport: flat (one flat "
+                        "exchange after backward) or ddp (DistributedDataParallel over "
+                        "init_process_group('dblp'); workloads.integrations)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (hosts share cores)")
     p.add_argument("--transport-config", default=None, metavar="PATH",
                    help="dblp arms: a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) "
@@ -114,47 +121,16 @@ def resolve(args) -> argparse.Namespace:
         args.master_port = wire.DEFAULT_PORT          # the transport's well-known port
     if args.arm == "gloo" and args.master_port is None:
         raise SystemExit("arm gloo needs --master-port or MASTER_PORT (rank 0's rendezvous port)")
+    cfg = args.transport
+    why = refusal(args.integration, args.arm, cfg.control if cfg else None,
+                  cfg.mode if cfg else None)
+    if why:
+        raise SystemExit(f"--integration {args.integration}: {why}")
     spec = get_spec(args.model)
     args.batch_size = args.batch_size or spec.batch_size
     if args.batch_size < 1:
         raise SystemExit(f"--batch-size must be >= 1, got {args.batch_size}")
     return args
-
-
-def make_exchange(args):
-    """The arm's exchange: a registered baseline, or dblp with the arm's policy."""
-    if args.arm in ex.BASELINES:
-        return ex.BASELINES[args.arm].from_args(args)
-    from .dblp_exchange import DblpExchange
-    return DblpExchange.from_args(args)
-
-
-class _Flat:
-    """One preallocated flat gradient buffer; copying in and out costs ~0.1 ms for the CNN."""
-
-    def __init__(self, params):
-        self.params = [p for p in params if p.requires_grad]
-        self.buf = torch.zeros(sum(p.numel() for p in self.params))
-
-    def gather(self) -> torch.Tensor:
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            if p.grad is None:
-                self.buf[off:off + n].zero_()
-            else:
-                self.buf[off:off + n].copy_(p.grad.reshape(-1))
-            off += n
-        return self.buf
-
-    def scatter(self) -> None:
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            p.grad.copy_(self.buf[off:off + n].view_as(p))
-            off += n
 
 
 def train(args, log: RunLog) -> dict:
@@ -165,9 +141,9 @@ def train(args, log: RunLog) -> dict:
     opt = make_optimizer(spec, model.parameters(), args.lr)
     sched = make_scheduler(opt, args.lr_schedule, args.rounds)
     task = make_task(spec, args.rank, args.world_size, args.batch_size, args.seed)
-    flat = _Flat(model.parameters())
     gbytes = grad_bytes(model)
-    print(f"worker {args.rank}/{args.world_size} arm={args.arm} model={args.model}: "
+    print(f"worker {args.rank}/{args.world_size} arm={args.arm} ({args.integration}) "
+          f"model={args.model}: "
           f"{num_params(model)} parameters, gradient {gbytes} bytes ({gbytes / 1024:.1f} KiB) per round",
           file=sys.stderr, flush=True)
     log.write("start", model=args.model, params=num_params(model), grad_bytes=gbytes,
@@ -179,7 +155,7 @@ def train(args, log: RunLog) -> dict:
     announcer = (RoundAnnouncer(ex.arm_label(args), seed=args.seed)
                  if (args.rank == 0 and serverless) else None)
     evaluates = args.eval_ranks == "all" or args.rank == 0
-    xch = make_exchange(args)
+    integration = make_integration(args, model)
     model.train()
     eval_s = 0.0
     last_eval = None
@@ -192,13 +168,10 @@ def train(args, log: RunLog) -> dict:
             c0, p0 = time.perf_counter(), time.process_time()
             x, y = task.batches.batch(r)
             opt.zero_grad(set_to_none=False)
-            loss = task.loss_fn(model(x), y)
+            loss = task.loss_fn(integration.module(x), y)
             loss.backward()
-            g = flat.gather()
-            c1, p1 = time.perf_counter(), time.process_time()
-            res = xch.allreduce_(g)
-            c2, p2 = time.perf_counter(), time.process_time()
-            flat.scatter()
+            synced = integration.sync()
+            res = synced.result
             opt.step()
             if sched is not None:
                 sched.step()
@@ -208,9 +181,9 @@ def train(args, log: RunLog) -> dict:
                 announcer.round("end", r)
             epoch = task.batches.epoch_of(r)
             log.write("round", round=r, epoch=epoch, t_start_ns=t_start, t_end_ns=t_end,
-                      compute_s=(c1 - c0) + (c3 - c2), comm_s=c2 - c1,
-                      compute_cpu_s=(p1 - p0) + (p3 - p2), comm_cpu_s=p2 - p1, bound=res.bound,
-                      phase=res.phase, loss=loss.item(), stats=res.stats)
+                      compute_s=max(0.0, (c3 - c0) - synced.comm_s), comm_s=synced.comm_s,
+                      bound=res.bound, phase=res.phase, loss=loss.item(), stats=res.stats,
+                      **_cpu_split(p3 - p0, synced.comm_cpu_s))
             last_round = r == args.rounds - 1
             if evaluates and (last_round or (args.eval_every and (r + 1) % args.eval_every == 0)):
                 e0 = time.perf_counter()
@@ -222,8 +195,15 @@ def train(args, log: RunLog) -> dict:
     finally:
         if announcer:
             announcer.close()
-        xch.close()
+        integration.close()
     return {"train_time_s": time.perf_counter() - t_train0 - eval_s, "eval": last_eval}
+
+
+def _cpu_split(total_s: float, comm_s: float | None) -> dict:
+    """The round's CPU seconds as compute and exchange; nothing when they cannot be told apart."""
+    if comm_s is None:
+        return {}
+    return {"compute_cpu_s": max(0.0, total_s - comm_s), "comm_cpu_s": comm_s}
 
 
 def _on_sigterm(signum, frame):

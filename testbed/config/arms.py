@@ -24,12 +24,23 @@ spec declares it in its ``[commands.NAME]`` section and the spec loader
 registers it here (`register_command`) before the spec's arms are checked,
 so the runner, the analysis and the verdicts find it as they find a
 built-in arm.
+
+An arm's *integration* (``workloads.integrations.INTEGRATIONS``) is how its
+workers' training loop hands the gradient to the transport: ``flat`` (every
+arm but one: one flat exchange after backward) or ``ddp`` (an unmodified
+DistributedDataParallel over ``init_process_group("dblp")``). The ``ddp`` arm
+is the dblp policy the way ``dblp-sharded`` runs it (UDP control, sharded
+mode: the only way the torch backend runs), reached through DDP instead of
+the flat loop, so its rounds compare with ``dblp-sharded``'s and every table,
+interval and verdict of a dblp arm applies to it (its static partner is
+``static-sharded``). There is no ``ddp-sharded``: the backend has no other
+mode, so ``ddp`` is the sharded one.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from workloads import exchange
+from workloads import exchange, integrations
 
 #: Transports the workloads run without dblp (``workloads.exchange.BASELINES``):
 #: "local" trains each worker on its own shard with no exchange (the
@@ -112,6 +123,10 @@ class Arm:
     that `compare` fails it; the transport refuses it outside that test.
 
     ``command``: set for a command arm (transport ``COMMAND``), what it runs.
+
+    ``integration``: how the workers' loop reaches the transport
+    (``workloads.integrations``); the integration refuses a transport it
+    cannot carry (``ddp``: only the dblp policies, UDP control, sharded mode).
     """
 
     name: str
@@ -121,6 +136,7 @@ class Arm:
     bound_from: str | None = None
     slowdown: float = 0.0
     command: Command | None = None
+    integration: str = integrations.FLAT
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
@@ -129,9 +145,10 @@ class Arm:
             raise ValueError(f"arm {self.name!r}: a command arm has transport {COMMAND!r} and "
                              "a command; no other arm has either")
         if self.command is not None:
-            if (self.control, self.mode, self.bound_from, self.slowdown) != (None, None, None, 0.0):
+            if (self.control, self.mode, self.bound_from, self.slowdown, self.integration) != \
+                    (None, None, None, 0.0, integrations.FLAT):
                 raise ValueError(f"arm {self.name!r}: a command arm has no control path, mode, "
-                                 "bound or slowdown")
+                                 "bound, slowdown or integration")
             return
         if self.transport not in transports():
             raise ValueError(f"arm {self.name!r}: transport {self.transport!r} is not one of "
@@ -150,6 +167,9 @@ class Arm:
                              "bound p, so bound_from means nothing")
         if self.slowdown and not self.uses_dblp:
             raise ValueError(f"arm {self.name!r}: only a dblp arm can be slowed on purpose")
+        why = integrations.refusal(self.integration, self.transport, self.control, self.mode)
+        if why:
+            raise ValueError(f"arm {self.name!r}: {why}")
 
     @property
     def uses_dblp(self) -> bool:
@@ -169,7 +189,7 @@ class Arm:
         return not self.uses_dblp or self.mode == SHARDED
 
     def peer(self, transport: str, bound_from: str | None = None) -> Arm | None:
-        """The registered arm running ``transport`` the same way (same control, same mode).
+        """The registered arm running ``transport`` the same way (same control, mode, integration).
 
         The analysis compares a dblp arm with the static arm of its own
         control path and mode (at the spec's p_static, or with
@@ -177,8 +197,9 @@ class Arm:
         renaming strings.
         """
         for arm in ARMS.values():
-            if (arm.transport, arm.control, arm.mode, arm.bound_from, arm.slowdown) == \
-                    (transport, self.control, self.mode, bound_from, 0.0):
+            if (arm.transport, arm.control, arm.mode, arm.bound_from, arm.slowdown,
+                    arm.integration) == (transport, self.control, self.mode, bound_from, 0.0,
+                                         self.integration):
                 return arm
         return None
 
@@ -257,3 +278,6 @@ SLOWED = "dblp-slowed"
 #: How much slower the twin is: the regression the CI guard must catch.
 SLOWED_BY = 0.10
 register(Arm(SLOWED, "dblp", "udp", "ps", slowdown=SLOWED_BY))
+#: DBLP under unmodified DistributedDataParallel: dblp-sharded reached through torch's DDP.
+DDP = "ddp"
+register(Arm(DDP, "dblp", "udp", SHARDED, integration="ddp"))

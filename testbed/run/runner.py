@@ -17,12 +17,17 @@ resolved once from the spec's seed and hits every unit the same way: the
 bursts are the treatment, the seeds vary model initialisation and data order.
 Whatever happens (a crashed worker, Ctrl-C, SIGTERM), the fabric is torn
 down, the manifest says how the run ended and `raw/` keeps what was measured.
+
+Progress on stderr: each unit starts with a line saying which unit of how
+many it is and the run's ETA, and its round line (`Progress`) carries both;
+the run's ETA comes from the finished units' durations (`run_remaining_s`).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 import secrets
@@ -136,10 +141,15 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
         output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
                    f"server {server}, workers {', '.join(workers)}")
         units = run_order(spec)
+        clock = RunClock(units)
         for i, (arm, seed) in enumerate(units):
+            clock.start(i)
+            output.say(clock.start_line(unit_label(arm, seed)))
             manifest.unit(arm, seed, status="running", started_ns=time.time_ns())
             try:
-                fidelity = ArmRun(spec, arm, fab, run_dir, server, list(workers), seed).run()
+                fidelity = ArmRun(spec, arm, fab, run_dir, server, list(workers), seed,
+                                  clock=clock).run()
+                clock.finish()
                 manifest.unit(arm, seed, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
             except ArmFailed as exc:
                 # Fail fast: a broken unit usually means a broken fabric or
@@ -181,8 +191,10 @@ class ArmRun:
     and the captures, supervised; everything it writes goes to raw/<arm>/seed-<seed>/."""
 
     def __init__(self, spec: Spec, arm: str, fab, run_dir: pathlib.Path,
-                 server: str, workers: list[str], seed: int | None = None):
+                 server: str, workers: list[str], seed: int | None = None,
+                 clock: RunClock | None = None):
         self.spec, self.fab = spec, fab
+        self.clock = clock   # the whole run's progress, for the round line (None: this unit only)
         self.arm = get_arm(arm)
         self.seed = spec.seed if seed is None else seed
         self.label = unit_label(arm, self.seed)
@@ -252,6 +264,11 @@ class ArmRun:
         cfg.write(path)
         return ["--transport-config", str(path)]
 
+    def _integration_args(self) -> list[str]:
+        """``--integration NAME`` for an arm whose loop is not the default (``ddp``)."""
+        from workloads.integrations import FLAT
+        return [] if self.arm.integration == FLAT else ["--integration", self.arm.integration]
+
     def _env(self, rank: int | None = None) -> dict:
         env = dict(os.environ)
         env.update({
@@ -319,6 +336,7 @@ class ArmRun:
                                   "--label", self.arm.name,
                                   "--log", str(self.raw / f"worker{rank}.jsonl")]
                 + self._common_args() + self._transport_args("worker")
+                + self._integration_args()
                 + ["--eval-every", str(self.spec["training"]["eval_every"])],
                 self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
                 env=self._env(rank))
@@ -419,7 +437,7 @@ class ArmRun:
         rounds = self.spec["training"]["rounds"]
         timeout = self.spec["limits"]["arm_timeout_s"]
         start = time.monotonic()
-        progress = Progress(self.label, rounds, self.raw / "worker0.jsonl")
+        progress = Progress(self.label, rounds, self.raw / "worker0.jsonl", clock=self.clock)
         ovs = OvsWatch()
         workers = [f"worker{i}" for i in range(len(self.workers))]
         # A command's log lines are read as they come: rank 0's round starts must reach the
@@ -460,12 +478,90 @@ class ArmRun:
             raise ArmFailed("\n".join(f"  {m.name}: exit {m.poll()}\n{m.tail()}" for m in bad))
 
 
-class Progress:
-    """One status line per unit ("[dblp s2] round 40/200 ..."): round, rate and ETA,
-    from rank 0's log."""
+def span(seconds: float | None) -> str:
+    """A duration as progress lines say it: ``45 s``, ``12 min 05 s``; ``?`` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = max(0, round(seconds))
+    return f"{s} s" if s < 100 else f"{s // 60} min {s % 60:02d} s"
 
-    def __init__(self, arm: str, rounds: int, log: pathlib.Path):
+
+def run_remaining_s(units: list[tuple[str, int]], index: int,
+                    durations: dict[str, list[float]], unit_elapsed_s: float,
+                    unit_left_s: float | None) -> float | None:
+    """Seconds until the run ends, while unit ``index`` of ``units`` runs (None: no basis yet).
+
+    A unit not started yet is estimated at the mean wall time of the finished
+    units of its arm (arms differ most: ``local`` takes seconds, a dblp arm
+    under bursts minutes), else at the mean of every finished unit; before
+    any unit finished, at the running unit's own projected wall time
+    (``unit_elapsed_s + unit_left_s``). The running unit's remainder is
+    ``unit_left_s``, its own ETA from its rounds (`Progress`), or, before
+    its first round, its estimate less the time it has run.
+    """
+    every = [d for ds in durations.values() for d in ds]
+
+    def estimate(arm: str) -> float | None:
+        own = durations.get(arm) or every
+        return sum(own) / len(own) if own else None
+
+    left = unit_left_s
+    if left is None:
+        est = estimate(units[index][0])
+        left = None if est is None else max(0.0, est - unit_elapsed_s)
+    if left is None:
+        return None
+    later = [estimate(arm) if every else unit_elapsed_s + left for arm, _ in units[index + 1:]]
+    if any(e is None for e in later):
+        return None
+    return left + sum(e for e in later if e is not None)
+
+
+class RunClock:
+    """Where the run is: which unit of how many runs, and the run's ETA (`run_remaining_s`).
+
+    A unit's duration is its wall time from its start to its end: starting
+    its processes and captures, its rounds, and stopping them.
+    """
+
+    def __init__(self, units: list[tuple[str, int]]):
+        self.units = list(units)
+        self.t0 = time.monotonic()
+        self.index = -1
+        self.unit_t0 = self.t0
+        self.durations: dict[str, list[float]] = {}
+
+    def start(self, index: int, now: float | None = None) -> None:
+        self.index = index
+        self.unit_t0 = time.monotonic() if now is None else now
+
+    def finish(self, now: float | None = None) -> None:
+        """The running unit finished: its duration now informs the estimates."""
+        now = time.monotonic() if now is None else now
+        self.durations.setdefault(self.units[self.index][0], []).append(now - self.unit_t0)
+
+    def place(self) -> str:
+        return f"unit {self.index + 1}/{len(self.units)}"
+
+    def remaining_s(self, unit_left_s: float | None = None, now: float | None = None
+                    ) -> float | None:
+        now = time.monotonic() if now is None else now
+        return run_remaining_s(self.units, self.index, self.durations, now - self.unit_t0,
+                               unit_left_s)
+
+    def start_line(self, label: str, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        return (f"[{label}] {self.place()} starts; run elapsed {span(now - self.t0)}, "
+                f"run ETA {span(self.remaining_s(None, now))}")
+
+
+class Progress:
+    """One status line per unit ("[dblp s2] unit 3/12 round 40/200 ..."): round, rate and
+    ETA from rank 0's log, and with a `RunClock` the unit's place and the whole run's ETA."""
+
+    def __init__(self, arm: str, rounds: int, log: pathlib.Path, clock: RunClock | None = None):
         self.arm, self.rounds, self.log = arm, rounds, log
+        self.clock = clock
         self.t0 = time.monotonic()
         self.last_print = 0.0
         self.round = 0
@@ -495,9 +591,13 @@ class Progress:
         self.last_print = now
         self.round = self._latest_round()
         el = now - self.t0
-        eta = (el / self.round * (self.rounds - self.round)) if self.round else float("nan")
-        msg = (f"[{self.arm}] round {self.round}/{self.rounds}  elapsed {el:5.0f} s  "
-               f"ETA {eta:5.0f} s")
+        # Before the first round there is no rate to extrapolate: the ETA is "?", not nan.
+        eta = el / self.round * (self.rounds - self.round) if self.round else None
+        place = f" {self.clock.place()}" if self.clock is not None else ""
+        msg = (f"[{self.arm}]{place} round {self.round}/{self.rounds}  elapsed {el:5.0f} s  "
+               f"ETA {'?' if eta is None else f'{eta:.0f}':>5} s")
+        if self.clock is not None:
+            msg += f"  run ETA {span(self.clock.remaining_s(eta, now))}"
         if self.tty and not final:
             output.say("\r" + msg, nl=False)
         else:

@@ -15,22 +15,27 @@ def test_the_shipped_arms_and_what_each_one_is():
     assert list(ARMS) == ["local", "gloo", "reliable", "static", "dblp", "reliable-tcp",
                           "static-tcp", "dblp-tcp", "reliable-sharded", "static-sharded",
                           "dblp-sharded", "static-high", "static-high-tcp",
-                          "static-high-sharded", "dblp-slowed"]
+                          "static-high-sharded", "dblp-slowed", "ddp"]
     assert ARMS["dblp-slowed"] == Arm("dblp-slowed", "dblp", "udp", "ps", slowdown=0.10)
     assert ARMS["dblp"].peer("dblp") is ARMS["dblp"]     # never the slowed twin
     assert ARMS["dblp-tcp"] == Arm("dblp-tcp", "dblp", "tcp", "ps")
     assert ARMS["static-high"] == Arm("static-high", "static", "udp", "ps", bound_from="p_high")
     assert [a for a in ARMS if ARMS[a].serverless] == ["local", "gloo", "reliable-sharded",
                                                        "static-sharded", "dblp-sharded",
-                                                       "static-high-sharded"]
+                                                       "static-high-sharded", "ddp"]
     assert [a for a in ARMS if ARMS[a].bounded] == ["static", "dblp", "static-tcp", "dblp-tcp",
                                                     "static-sharded", "dblp-sharded",
                                                     "static-high", "static-high-tcp",
-                                                    "static-high-sharded", "dblp-slowed"]
+                                                    "static-high-sharded", "dblp-slowed",
+                                                    "ddp"]
     assert not ARMS["gloo"].uses_dblp and ARMS["reliable"].uses_dblp
     assert ARMS["dblp-sharded"].peer("static") is ARMS["static-sharded"]
     assert ARMS["dblp-sharded"].peer("static", "p_high") is ARMS["static-high-sharded"]
     assert ARMS["gloo"].peer("static") is None
+    assert ARMS["ddp"] == Arm("ddp", "dblp", "udp", "sharded", integration="ddp")
+    assert ARMS["dblp-sharded"].peer("dblp") is ARMS["dblp-sharded"]   # never the ddp arm
+    assert ARMS["ddp"].peer("dblp") is ARMS["ddp"] and ARMS["ddp"].peer("static") is None
+    assert {a.integration for a in ARMS.values() if a.name != "ddp"} == {"flat"}
 
 
 @pytest.mark.unit
@@ -217,3 +222,60 @@ def test_progress_names_the_arm_and_the_seed(tmp_path, capsys):
     log.write_text(json.dumps({"event": "round", "round": 39}) + "\n")
     Progress(_arm_run(tmp_path, "dblp", seed=2).label, 200, log).show(final=True)
     assert capsys.readouterr().err.strip().startswith("[dblp s2] round 40/200")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("bad,why", [
+    (dict(transport="gloo"), "carries the dblp transport's policies"),
+    (dict(transport="dblp", control="tcp", mode="ps"), "sharded"),
+    (dict(transport="dblp", control="udp", mode="ps"), "sharded"),
+    (dict(transport="static", control="tcp", mode="sharded"), "sharded"),
+])
+def test_the_ddp_integration_refuses_what_the_torch_backend_cannot_run(bad, why):
+    with pytest.raises(ValueError, match=why):
+        Arm("x", integration="ddp", **bad)
+
+
+@pytest.mark.unit
+def test_an_integration_is_one_of_the_registry_and_commands_have_none():
+    from workloads.integrations import INTEGRATIONS
+
+    assert list(INTEGRATIONS) == ["flat", "ddp"]
+    with pytest.raises(ValueError, match="integration 'nope' is not one of"):
+        Arm("x", "dblp", "udp", "sharded", integration="nope")
+    with pytest.raises(ValueError, match="a command arm has no"):
+        Arm("x", arms.COMMAND, command=arms.Command(("true",)), integration="ddp")
+    # Any dblp policy can run under DDP the one way the backend runs.
+    assert Arm("x", "static", "udp", "sharded", integration="ddp").serverless
+
+
+@pytest.mark.unit
+def test_the_ddp_arm_is_accepted_everywhere_an_arm_is_and_mirrors_dblp_sharded(tmp_path):
+    from dblp.config import SECRET_ENV
+    from testbed.analysis.arms import arm_mode, is_dblp_arm, static_partner
+    from testbed.cli import main
+    from testbed.config.spec import transport_config
+
+    assert "ddp" in CliRunner().invoke(main, ["run", "--help"]).output
+    res = CliRunner().invoke(main, ["run", "--preset", "smoke", "--arms", "dblp,ddp",
+                                    "--dry-run"])
+    assert res.exit_code == 0, res.output
+    spec = load(None, PRESETS["smoke"], ["arms=dblp-sharded,ddp,static-sharded,gloo"])
+    assert spec.arms == ["dblp-sharded", "ddp", "static-sharded", "gloo"]
+    # Its transport settings are dblp-sharded's, bound included: their rounds compare.
+    assert transport_config(spec["transport"], ARMS["ddp"]) == \
+        transport_config(spec["transport"], ARMS["dblp-sharded"])
+    # The analysis judges it as it judges dblp-sharded: against static-sharded, and gloo.
+    assert is_dblp_arm("ddp") and arm_mode("ddp") == "sharded"
+    assert static_partner("ddp", spec.arms) == "static-sharded"
+    # Its workers run the DDP loop over the sharded dblp transport, at the sharded rate,
+    # rank 0 on the server's host (no server of its own).
+    run = _arm_run(tmp_path, "ddp")
+    assert run.serverless and run.workers[0] == "h000"
+    assert run._integration_args() == ["--integration", "ddp"]
+    assert _arm_run(tmp_path, "dblp-sharded")._integration_args() == []
+    run._transport_args("worker")
+    cfg = json.loads((_unit(tmp_path, "ddp", run) / "transport.json").read_text())
+    assert (cfg["policy"], cfg["control"], cfg["mode"]) == ("dblp", "udp", "sharded")
+    assert cfg["rate_bps"] == pytest.approx(run.spec["topology"]["bw_mbps"] * 1e6 * 0.95)
+    assert run._env(0)[SECRET_ENV] == run.secret

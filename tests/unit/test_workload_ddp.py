@@ -1,0 +1,96 @@
+"""The ddp integration: unmodified DistributedDataParallel over init_process_group("dblp").
+
+The worker entry point the fabric runs, on loopback: the same processes, logs
+and round announcements as on emulated hosts, trained once through DDP and
+once through the flat loop with the same transport, seeds and data.
+"""
+import pytest
+
+from workloads import worker
+from workloads.ddp_exchange import merge_round_stats
+from workloads.loopback import read_jsonl, run_arm, write_transport_config
+
+pytestmark = pytest.mark.unit
+
+BUCKET = dict(round=3, rank=1, role="peer", mode="sharded", control="udp", latency_s=0.2,
+              bound=0.008, phase="critical", next_bound=0.008, chunks=300, bytes_sent=1000,
+              chunks_sent=310, retransmitted=10, missing_at_stop=0.01, pull_missing=0.0,
+              probe_rounds=1, passes_push=2, passes_pull=1, push_s=0.1, pull_first_s=0.12,
+              pull_stop_s=0.19, rtt_s=0.001, pace_late_s=0.001, pace_busy_s=0.1, grad_norm=3.0,
+              counters={"stale": 1, "late": 2})
+
+
+def test_a_steps_bucket_rounds_merge_into_one_round():
+    small = dict(BUCKET, latency_s=0.1, bound=0.408, phase="relaxed", chunks=100,
+                 bytes_sent=500, chunks_sent=100, retransmitted=0, missing_at_stop=0.05,
+                 passes_push=3, grad_norm=4.0, counters={"late": 1, "foreign": 1})
+    m = merge_round_stats([small, BUCKET])
+    assert m["buckets"] == 2
+    assert m["latency_s"] == pytest.approx(0.3)       # the step's time in rounds
+    assert (m["chunks"], m["bytes_sent"], m["chunks_sent"], m["retransmitted"]) == \
+        (400, 1500, 410, 10)
+    assert (m["bound"], m["phase"]) == (0.008, "critical")    # the bulk bucket's (300 chunks)
+    assert m["passes_push"] == 3 and m["passes_pull"] == 1    # the worst bucket's
+    assert m["missing_at_stop"] == pytest.approx((0.01 * 300 + 0.05 * 100) / 400)
+    assert m["grad_norm"] == pytest.approx(5.0)               # the norm over both buckets
+    assert m["counters"] == {"stale": 1, "late": 3, "foreign": 1}
+    assert merge_round_stats([dict(BUCKET, grad_norm=None), small])["grad_norm"] is None
+    one = merge_round_stats([BUCKET])
+    assert one["buckets"] == 1 and one["missing_at_stop"] == pytest.approx(0.01)
+    assert {k: v for k, v in one.items() if k not in ("buckets", "missing_at_stop")} == \
+        {k: v for k, v in BUCKET.items() if k != "missing_at_stop"}
+    assert merge_round_stats([]) == {}
+
+
+def test_the_worker_refuses_ddp_where_the_torch_backend_cannot_run(tmp_path):
+    parse = worker.build_parser().parse_args
+    with pytest.raises(SystemExit, match="carries the dblp transport's policies"):
+        worker.resolve(parse(["--arm", "gloo", "--integration", "ddp", "--master-port", "1"]))
+    ps = write_transport_config("dblp", str(tmp_path))     # parameter-server mode
+    with pytest.raises(SystemExit, match="--integration ddp: .*'sharded' only"):
+        worker.resolve(parse(["--arm", "dblp", "--integration", "ddp", "--transport-config", ps]))
+
+
+def test_ddp_trains_as_the_flat_loop_does_and_logs_its_rounds_alike(tmp_path, monkeypatch):
+    from test_workload_control import _Listener
+    from test_workload_loopback import check_worker_log
+
+    rounds, arm = 12, "reliable"   # bound 0: both loops average exactly the same gradients
+    common = dict(workers=3, rounds=rounds, timeout_s=180,
+                  transport={"mode": "sharded", "round_timeout": 20.0})
+    evals = ["--eval-every", "6", "--eval-ranks", "all"]
+    flat = run_arm(arm, str(tmp_path / "flat"), worker_args=evals, **common)
+    sock = str(tmp_path / "ctl.sock")
+    lis = _Listener(sock)
+    monkeypatch.setenv("DBLP_CONTROL_SOCKET", sock)
+    try:
+        ddp = run_arm(arm, str(tmp_path / "ddp"), worker_args=evals + ["--integration", "ddp"],
+                      **common)
+    finally:
+        lis.close()
+    raw = {k: tmp_path / k / "raw" / arm / "seed-0" for k in ("flat", "ddp")}
+    assert flat["status"] == "ok", (flat, (raw["flat"] / "worker0.err").read_text())
+    assert ddp["status"] == "ok", (ddp, (raw["ddp"] / "worker0.err").read_text())
+    assert not (raw["ddp"] / "server.jsonl").exists()      # sharded: no server
+    accuracies = []
+    for rank in range(3):
+        recs = check_worker_log(raw["ddp"] / f"worker{rank}.jsonl", arm, rank, rounds)
+        rr = [r for r in recs if r["event"] == "round"]
+        for r in rr:
+            st = r["stats"]
+            assert st["buckets"] >= 1 and st["chunks"] > 0 and st["latency_s"] > 0
+            assert r["comm_s"] == pytest.approx(st["latency_s"])
+            assert (r["bound"], r["phase"]) == (0.0, "reliable") and st["mode"] == "sharded"
+            assert r["comm_cpu_s"] >= 0 and r["compute_cpu_s"] >= 0
+        # The same model, shards and batch order as the flat loop, averaged exactly: the
+        # losses agree up to the order of summation.
+        base = [r["loss"] for r in read_jsonl(raw["flat"] / f"worker{rank}.jsonl")
+                if r["event"] == "round"]
+        assert [r["loss"] for r in rr] == pytest.approx(base, rel=1e-3)
+        accuracies.append([r["test_accuracy"] for r in recs if r["event"] == "eval"])
+    assert accuracies[0] == accuracies[1] == accuracies[2]     # DDP keeps the replicas identical
+    assert accuracies[0][-1] == pytest.approx(flat["final_accuracy"], abs=0.02)
+    # Rank 0 announced every round on the control socket: round-locked bursts find them.
+    assert [(g.event, g.round) for g in lis.got] == \
+        [(e, r) for r in range(rounds) for e in ("start", "end")]
+    assert all(g.arm == arm for g in lis.got)
