@@ -15,6 +15,9 @@ ValueError saying so. Without ``pg_options`` the settings come from
 
 What runs over which stream
 ---------------------------
+``SUPPORTED`` and ``REFUSED`` below are the one list of what the backend
+does (docs/transport.md shows them and a test holds the page to them).
+
 * ``all_reduce`` of floating tensors with SUM or AVG (DDP's gradient buckets):
   the configured loss bound and policy. One DBLP stream (its own
   ``TransportGroup``: one UDP socket per rank, its own policy state and round
@@ -22,6 +25,18 @@ What runs over which stream
   its own phase detection, and nothing is padded; DDP's buckets are a handful
   of fixed sizes (they change once, after the first iteration). SUM is the
   transport's mean times the world size.
+* ``reduce_scatter`` and ``reduce_scatter_tensor`` (FSDP's sharded
+  gradients): the all_reduce above of the whole input (all N shards,
+  concatenated), after which each rank keeps its own shard. This is not a
+  true reduce-scatter: every rank receives the whole reduced vector, not only
+  its shard, so the pull half of the round (the aggregated shards travelling
+  back) is extra: about twice the bytes per rank of a ring reduce-scatter,
+  and the latency of a full DBLP round. In exchange the shard is exactly what
+  an all_reduce gives: under a loss bound the chunks the round gave up are
+  zero-filled or rescaled by the ``missing`` policy as in all_reduce, and every
+  rank's shard comes from the same reduced vector. SUM and AVG of floating
+  tensors use the loss bound; the exact ops below are exact here too;
+  PREMUL_SUM (and anything else) raises ``NotImplementedError`` naming the op.
 * ``broadcast``, ``all_gather`` (and ``all_gather_into_tensor``), ``barrier``,
   and ``all_reduce`` of anything else (integers, MIN/MAX/PRODUCT/bitwise
   ops): exact, over reliable (bound 0) streams of the same transport. The
@@ -30,8 +45,8 @@ What runs over which stream
   and the others zero; all_reduce of these kinds is an all_gather then the
   same reduction, in rank order, on every rank. These streams are keyed by
   size rounded up to a power of two, so arbitrary sizes cost a few sockets.
-* Everything else (reduce, gather, scatter, reduce_scatter, all_to_all,
-  send/recv) raises ``NotImplementedError`` naming the operation.
+* Everything else (reduce, gather, scatter, all_to_all, send/recv) raises
+  ``NotImplementedError`` naming the operation and the alternative (a gloo group).
 
 Joining a stream: rank 0 binds an ephemeral UDP port and publishes it in the
 process group's store (torchrun's TCPStore); every rank then meets at a store
@@ -39,10 +54,16 @@ barrier, so all members are known alive when the UDP join starts. A member
 whose aggregator does not answer within ``hello_timeout`` (5 s by default)
 after that raises ``TransportError`` naming the address it tried.
 
-Timeouts: ``round_timeout`` (30 s by default) bounds how long a rank waits
-inside a collective, including for a peer that is still computing; raise it
-in the options if ranks may drift apart longer (e.g. rank-0-only evaluation
-between steps).
+Timeouts, as in gloo: the ``timeout`` given to ``init_process_group`` (or
+``new_group``; torch's default is 30 minutes) is the deadline of every
+collective, counted from when the collective starts running (after the ones
+queued before it). A collective that cannot complete in that time (a rank
+never calls it, a peer died) raises ``TransportError`` naming the timeout,
+whether it was waiting at a new stream's store barrier or inside a round.
+The transport's own ``round_timeout`` is not used by the backend (a warning
+says so if it was set). ``Work.wait(timeout)`` raises after ``timeout`` if the
+collective has not completed by then; the collective itself keeps running and
+completes or fails at the group's deadline.
 
 Collectives run in order on one worker thread per process group and return a
 Work whose future completes when the round does, so DDP overlaps a bucket's
@@ -54,10 +75,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +89,7 @@ import torch
 import torch.distributed as dist
 
 from .config import SECRET_ENV, TransportConfig
-from .errors import TransportError
+from .errors import PeerTimeout, TransportError
 from .group import TransportGroup
 from .stats import RoundStats
 
@@ -76,6 +99,30 @@ BACKEND = "dblp"
 _KEY = "dblp"
 #: Smallest exact stream (halfwords): small collectives share one stream.
 _MIN_EXACT = 64
+#: The longest deadline a stream's rounds take (TransportConfig.round_timeout's upper limit).
+_MAX_DEADLINE_S = 86400.0
+
+log = logging.getLogger("dblp")
+
+#: What the backend does: the torch.distributed call -> how it travels. docs/transport.md
+#: lists exactly these (a test holds it to them).
+SUPPORTED = {
+    "all_reduce": "floating SUM/AVG: the loss bound; other ops and dtypes: exact",
+    "all_reduce_coalesced": "as all_reduce, the tensors in one round",
+    "reduce_scatter": "all_reduce of the whole input, each rank keeps its shard",
+    "reduce_scatter_tensor": "all_reduce of the whole input, each rank keeps its shard",
+    "broadcast": "exact",
+    "all_gather": "exact",
+    "all_gather_into_tensor": "exact",
+    "barrier": "exact",
+}
+#: c10d method -> the torch.distributed call a user made; each raises NotImplementedError.
+REFUSED = {
+    "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "alltoall": "all_to_all", "all_to_all_single": "all_to_all_single",
+    "alltoall_base": "all_to_all_single", "allgather_coalesced": "all_gather_coalesced",
+    "send": "send", "recv": "recv", "recv_anysource": "recv",
+}
 
 # c10d's stubs type the Python-facing overloads of ProcessGroup's methods
 # (``allreduce(tensor, op)``...), not the ``(tensors, opts)`` form its C++
@@ -151,11 +198,27 @@ class DblpWork(_WorkBase):
     takes ``get_future()`` and reads the reduced bucket from its value.
     """
 
-    def __init__(self, fut: torch.futures.Future):
+    def __init__(self, fut: torch.futures.Future, what: str, group_timeout_s: float):
         super().__init__()
         self._fut = fut
+        self._what = what
+        self._group_timeout_s = group_timeout_s
+        self._done = threading.Event()
+        done = self._done
+        fut.add_done_callback(lambda _f: done.set())
 
     def wait(self, timeout=None) -> bool:
+        """Block until the collective is done; raise its error, or ``TransportError`` at ``timeout``.
+
+        ``timeout``: a ``timedelta`` or seconds; None or zero (c10d's "no
+        timeout") waits as long as the collective runs (at most the group's timeout).
+        """
+        seconds = _seconds(timeout)
+        if seconds > 0 and not self._done.wait(seconds):
+            raise TransportError(
+                f"dblp backend: Work.wait(timeout={seconds:g} s) timed out: the {self._what} "
+                f"has not completed (it keeps running, and fails at the process group's "
+                f"timeout of {self._group_timeout_s:g} s if it cannot complete)")
         self._fut.wait()  # raises the collective's exception
         return True
 
@@ -185,7 +248,15 @@ class DblpProcessGroup(_ProcessGroup):
         self._rank = rank
         self._size = size
         self._timeout = timeout
-        self._host = host
+        #: Every collective's deadline in seconds: init_process_group's timeout, as in gloo.
+        self.timeout_s = min(max(_seconds(timeout), 1e-3), _MAX_DEADLINE_S)
+        self._deadline = 0.0  # monotonic deadline of the collective running now
+        default_round = next(f.default for f in dataclasses.fields(TransportConfig)
+                             if f.name == "round_timeout")
+        if rank == 0 and config.round_timeout not in (default_round, self.timeout_s):
+            log.warning("dblp backend: round_timeout=%g in the transport settings is not used; "
+                        "collectives end at the timeout given to init_process_group (%g s)",
+                        config.round_timeout, self.timeout_s)
         self._streams: dict[tuple[str, int], TransportGroup] = {}
         self._last: TransportGroup | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -213,6 +284,7 @@ class DblpProcessGroup(_ProcessGroup):
                     f"dblp backend: an earlier collective failed ({self._failed}); the group "
                     "cannot continue"))
                 continue
+            self._deadline = time.monotonic() + self.timeout_s
             try:
                 fn()
             except BaseException as exc:  # handed to whoever waits on the Work
@@ -221,11 +293,11 @@ class DblpProcessGroup(_ProcessGroup):
                 continue
             fut.set_result(result)
 
-    def _submit(self, fn: Callable[[], None], result: Any):
+    def _submit(self, fn: Callable[[], None], result: Any, what: str):
         if self._closed:
             raise TransportError("dblp backend: the process group is shut down")
         fut: torch.futures.Future = torch.futures.Future()
-        work = DblpWork(fut)
+        work = DblpWork(fut, what, self.timeout_s)
         self._jobs.put((fn, fut, result, work))  # the job keeps the Python Work alive
         return work
 
@@ -240,15 +312,32 @@ class DblpProcessGroup(_ProcessGroup):
         # Every member is alive once the store barrier below passes, so the UDP join
         # itself only needs a few round trips: silence beyond hello_timeout means the
         # aggregator's address does not work.
-        cfg = dataclasses.replace(cfg, join_timeout=cfg.hello_timeout)
+        cfg = dataclasses.replace(cfg, join_timeout=cfg.hello_timeout,
+                                  round_timeout=self.timeout_s)
         name = f"{_KEY}/{kind}/{numel}"
         store, rank, size = self._store, self._rank, self._size
         if rank == 0:
             g = TransportGroup(0, size, self._host, 0, config=cfg)
             store.set(f"{name}/addr", f"{self._host}:{g.master_port}")
-        if store.add(f"{name}/arrived", 1) == size:
+        arrived = store.add(f"{name}/arrived", 1)
+        if arrived == size:
             store.set(f"{name}/ready", "1")
-        store.wait([f"{name}/ready", f"{name}/addr"], self._timeout)
+        left = max(1e-3, self._deadline - time.monotonic())
+        try:
+            store.wait([f"{name}/ready", f"{name}/addr"], datetime.timedelta(seconds=left))
+        except Exception as exc:  # the store's timeout (DistStoreError), or the store is gone
+            if rank == 0:
+                assert g is not None
+                g.engine.close()
+            try:
+                arrived = store.add(f"{name}/arrived", 0)
+            except Exception:  # the store is gone: the count at our arrival will do
+                pass
+            raise TransportError(
+                f"dblp backend: rank {rank}: the collective did not complete within the "
+                f"process group's timeout of {self.timeout_s:g} s (init_process_group's "
+                f"timeout): {arrived} of {size} ranks reached stream {kind}/{numel} "
+                f"(did a rank not call the same collective?): {exc}") from exc
         if rank != 0:
             host, port = store.get(f"{name}/addr").decode().rsplit(":", 1)
             g = TransportGroup(rank, size, host, int(port), config=cfg)
@@ -260,6 +349,8 @@ class DblpProcessGroup(_ProcessGroup):
         """One DBLP round of ``flat`` (float32) on its stream: ``flat`` becomes the mean."""
         g = self._stream(kind, int(flat.size))
         self._last = g
+        # The round gets what is left of the collective's deadline.
+        g.round_timeout = max(1e-3, self._deadline - time.monotonic())
         try:
             g.allreduce_(flat)
         except TransportError as exc:
@@ -268,6 +359,11 @@ class DblpProcessGroup(_ProcessGroup):
                 raise TransportError(
                     f"dblp backend: rank {self._rank} cannot reach its aggregator (rank 0) "
                     f"at {where} (UDP) for stream {kind}/{flat.size}: {exc}") from exc
+            if isinstance(exc, PeerTimeout):
+                raise TransportError(
+                    f"dblp backend: rank {self._rank}: the collective did not complete within "
+                    f"the process group's timeout of {self.timeout_s:g} s (init_process_group's "
+                    f"timeout): {exc}") from exc
             raise
 
     def _exact_sum(self, data: np.ndarray) -> np.ndarray:
@@ -290,17 +386,18 @@ class DblpProcessGroup(_ProcessGroup):
         return [out[r * h:(r + 1) * h].view(np.uint8)[:raw.size] for r in range(self._size)]
 
     # -- collectives --------------------------------------------------------------------------
+    def _reduce_in_place(self, tensors: list[torch.Tensor], op: str) -> None:
+        """All-reduce ``tensors`` with ``op`` (checked by ``_check_reduce``), on this thread."""
+        if op in _LOSSY_OPS and all(t.dtype in _FLOAT_DTYPES for t in tensors):
+            self._lossy_allreduce(tensors, op)
+        else:
+            self._exact_allreduce(tensors, op)
+
     def allreduce(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "all_reduce")
         op = _reduce_op_name(opts) if opts is not None else "SUM"
-        for t in tensors:  # refused here, before anything runs: the group stays usable
-            floating = t.is_floating_point()
-            if op not in _EXACT_OPS or (op in _INT_OPS and floating) \
-                    or (op == "AVG" and not floating):
-                raise NotImplementedError(f"dblp backend: all_reduce with op {op} on {t.dtype}")
-        if op in _LOSSY_OPS and all(t.dtype in _FLOAT_DTYPES for t in tensors):
-            return self._submit(lambda: self._lossy_allreduce(tensors, op), tensors)
-        return self._submit(lambda: self._exact_allreduce(tensors, op), tensors)
+        _check_reduce(tensors, op, "all_reduce")  # before anything runs: the group stays usable
+        return self._submit(lambda: self._reduce_in_place(tensors, op), tensors, "all_reduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -327,6 +424,72 @@ class DblpProcessGroup(_ProcessGroup):
             with torch.no_grad():
                 t.copy_(_reduce_stack(stack, op))
 
+    def _reduce_scatter_job(self, pairs: list[tuple[torch.Tensor, list[torch.Tensor]]],
+                            op: str) -> Callable[[], None]:
+        """Each (output, the N input shards): all_reduce of the shards, keep this rank's."""
+        def run() -> None:
+            for out, shards in pairs:
+                whole = torch.cat([x.detach().reshape(-1) for x in shards])
+                self._reduce_in_place([whole], op)
+                n = out.numel()
+                with torch.no_grad():
+                    out.copy_(whole[self._rank * n:(self._rank + 1) * n].view(out.shape))
+        return run
+
+    def _shards(self, out: torch.Tensor, shards: list[torch.Tensor], what: str) -> None:
+        if len(shards) != self._size or any(x.numel() != out.numel() for x in shards):
+            raise ValueError(f"dblp backend: {what} needs {self._size} input shards of "
+                             f"{out.numel()} elements (the output's size), got "
+                             f"{[x.numel() for x in shards]}")
+        if any(x.dtype != out.dtype for x in shards):
+            raise ValueError(f"dblp backend: {what}: input and output dtypes differ")
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        outs = _tensor_list(output_tensors, "reduce_scatter")
+        if len(outs) != 1 or len(input_tensors) != 1:
+            raise NotImplementedError("dblp backend: reduce_scatter takes one output tensor "
+                                      "(one device) per call")
+        shards = _tensor_list(input_tensors[0], "reduce_scatter")
+        self._shards(outs[0], shards, "reduce_scatter")
+        op = _reduce_op_name(opts) if opts is not None else "SUM"
+        _check_reduce(shards, op, "reduce_scatter")
+        return self._submit(self._reduce_scatter_job([(outs[0], shards)], op), outs,
+                            "reduce_scatter")
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """``reduce_scatter_tensor``: ``input`` is the N shards concatenated (or stacked)."""
+        pairs = self._single_pairs([output], [input], "reduce_scatter_tensor")
+        op = _reduce_op_name(opts) if opts is not None else "SUM"
+        _check_reduce([input], op, "reduce_scatter_tensor")
+        return self._submit(self._reduce_scatter_job(pairs, op), [output],
+                            "reduce_scatter_tensor")
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        pairs = self._single_pairs(outputs, inputs, "reduce_scatter_tensor")
+        op = _reduce_op_name(opts) if opts is not None else "SUM"
+        _check_reduce(list(inputs), op, "reduce_scatter_tensor")
+        return self._submit(self._reduce_scatter_job(pairs, op), list(outputs),
+                            "reduce_scatter_tensor (coalesced)")
+
+    _reduce_scatter_base = reduce_scatter_single  # the names of older torch versions
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _single_pairs(self, outputs, inputs, what: str
+                      ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        outputs, inputs = _tensor_list(outputs, what), _tensor_list(inputs, what)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"dblp backend: {what}: {len(outputs)} outputs, {len(inputs)} inputs")
+        pairs = []
+        for out, inp in zip(outputs, inputs, strict=True):
+            if inp.numel() != out.numel() * self._size:
+                raise ValueError(f"dblp backend: {what}: input of {inp.numel()} elements is "
+                                 f"not {self._size} x the output's {out.numel()}")
+            if out.numel():  # nothing to reduce for an empty shard
+                shards = list(inp.reshape(-1).chunk(self._size))
+                self._shards(out, shards, what)
+                pairs.append((out, shards))
+        return pairs
+
     def broadcast(self, tensors, opts=None):
         tensors = _tensor_list(tensors, "broadcast")
         root = int(getattr(opts, "rootRank", 0)) if opts is not None else 0
@@ -350,31 +513,60 @@ class DblpProcessGroup(_ProcessGroup):
             for t, n in zip(tensors, sizes, strict=True):
                 _write_bytes(t, out[off:off + n])
                 off += n
-        return self._submit(run, tensors)
+        return self._submit(run, tensors, "broadcast")
+
+    def _allgather_job(self, pairs: list[tuple[list[torch.Tensor], torch.Tensor]]
+                       ) -> Callable[[], None]:
+        def run() -> None:
+            for outs, inp in pairs:
+                for o, p in zip(outs, self._gather_bytes(_as_bytes(inp)), strict=True):
+                    _write_bytes(o, p)
+        return run
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         inputs = _tensor_list(input_tensors, "all_gather")
         if len(inputs) != 1 or len(output_tensors) != 1:
             raise NotImplementedError("dblp backend: all_gather takes one input tensor "
                                       "(one device) per call")
-        outs = list(output_tensors[0])
+        outs = _tensor_list(output_tensors[0], "all_gather")
         if len(outs) != self._size:
             raise ValueError(f"all_gather needs {self._size} output tensors, got {len(outs)}")
+        return self._submit(self._allgather_job([(outs, inputs[0])]), output_tensors,
+                            "all_gather")
 
-        def run() -> None:
-            for o, p in zip(outs, self._gather_bytes(_as_bytes(inputs[0])), strict=True):
-                _write_bytes(o, p)
-        return self._submit(run, output_tensors)
+    def _gather_pairs(self, outputs, inputs, what: str
+                      ) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+        outputs, inputs = _tensor_list(outputs, what), _tensor_list(inputs, what)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"dblp backend: {what}: {len(outputs)} outputs, {len(inputs)} inputs")
+        pairs = []
+        for out, inp in zip(outputs, inputs, strict=True):
+            if out.numel() != inp.numel() * self._size or out.dtype != inp.dtype:
+                raise ValueError(f"dblp backend: {what}: output of {out.numel()} {out.dtype} "
+                                 f"is not {self._size} x the input's {inp.numel()} {inp.dtype}")
+            if not out.is_contiguous():
+                raise ValueError(f"dblp backend: {what}: the output must be contiguous")
+            if inp.numel():  # nothing to gather from empty inputs
+                pairs.append(([c.view(inp.shape) for c in out.view(-1).chunk(self._size)], inp))
+        return pairs
 
-    def _allgather_base(self, output, input, opts=None):
-        chunks = list(output.reshape(-1).chunk(self._size))
-        work = self.allgather([[c.view(input.shape) for c in chunks]], [input], opts)
-        return work
+    def all_gather_single(self, output, input, opts=None):
+        """``all_gather_into_tensor``: the N inputs concatenated (or stacked) into ``output``."""
+        return self._submit(self._allgather_job(self._gather_pairs(
+            [output], [input], "all_gather_into_tensor")), [output], "all_gather_into_tensor")
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._submit(self._allgather_job(self._gather_pairs(
+            outputs, inputs, "all_gather_into_tensor")), list(outputs),
+            "all_gather_into_tensor (coalesced)")
+
+    _allgather_base = all_gather_single  # the names of older torch versions
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def barrier(self, opts=None):
         def run() -> None:
             self._exact_sum(np.zeros(1, np.uint16))
-        return self._submit(run, [])
+        return self._submit(run, [], "barrier")
 
     # -- introspection and teardown ---------------------------------------------------------
     def stats(self) -> dict[str, list[RoundStats]]:
@@ -402,20 +594,36 @@ class DblpProcessGroup(_ProcessGroup):
 def _unsupported(method: str, name: str):
     def refuse(self, *args, **kwargs):
         raise NotImplementedError(
-            f"dblp backend: {name} is not supported (this backend implements all_reduce, "
-            "broadcast, all_gather and barrier: what DistributedDataParallel needs); "
+            f"dblp backend: {name} is not supported (this backend implements "
+            f"{', '.join(SUPPORTED)}: what DistributedDataParallel and FSDP need); "
             f"create a gloo group for {name}: dist.new_group(backend='gloo')")
     refuse.__name__ = method
     return refuse
 
 
-# c10d method -> the torch.distributed call a user made
-for _method, _name in (("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
-                       ("reduce_scatter", "reduce_scatter"),
-                       ("_reduce_scatter_base", "reduce_scatter_tensor"),
-                       ("alltoall", "all_to_all"), ("alltoall_base", "all_to_all_single"),
-                       ("send", "send"), ("recv", "recv"), ("recv_anysource", "recv")):
+for _method, _name in REFUSED.items():
     setattr(DblpProcessGroup, _method, _unsupported(_method, _name))
+
+
+def _check_reduce(tensors: list[torch.Tensor], op: str, what: str) -> None:
+    """Refuse an op the backend cannot do, naming it, before anything is queued."""
+    for t in tensors:
+        floating = t.is_floating_point()
+        if op not in _EXACT_OPS or (op in _INT_OPS and floating) \
+                or (op == "AVG" and not floating):
+            raise NotImplementedError(f"dblp backend: {what} with op {op} on {t.dtype} "
+                                      f"(supported: SUM and AVG of floating tensors over the "
+                                      f"loss bound; SUM, PRODUCT, MIN, MAX exactly; bitwise "
+                                      f"ops on integers)")
+
+
+def _seconds(timeout) -> float:
+    """A c10d timeout (``timedelta``, seconds, or None) in seconds; 0 means none."""
+    if timeout is None:
+        return 0.0
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
 
 
 def _tensor_list(tensors, what: str) -> list[torch.Tensor]:

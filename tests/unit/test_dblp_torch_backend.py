@@ -35,7 +35,7 @@ TIMEOUT = datetime.timedelta(seconds=30)
 def run_ranks(fn, world=3, config=None):
     """``fn(pg, rank)`` on ``world`` in-process process groups; returns the results by rank."""
     store = dist.HashStore()
-    config = config or tb.options(round_timeout=10.0)
+    config = config or tb.options()
     out, errors = {}, []
 
     def one(rank):
@@ -58,6 +58,12 @@ def run_ranks(fn, world=3, config=None):
 
 def _opts(op):
     o = dist.AllreduceOptions()
+    o.reduceOp = op
+    return o
+
+
+def _rs_opts(op):
+    o = dist.ReduceScatterOptions()
     o.reduceOp = op
     return o
 
@@ -120,9 +126,9 @@ def test_sum_is_n_times_the_mean_and_replicas_agree_under_a_loose_bound():
         t = grads(rank)
         pg.allreduce([t], _opts(dist.ReduceOp.SUM)).wait()
         return t
-    exact = run_ranks(fn, config=tb.options(policy="reliable", round_timeout=10.0))
+    exact = run_ranks(fn, config=tb.options(policy="reliable"))
     assert torch.allclose(exact[0], sum(grads(r) for r in range(3)), atol=1e-5)
-    loose = run_ranks(fn, config=tb.options(policy="static", p=0.4, round_timeout=10.0))
+    loose = run_ranks(fn, config=tb.options(policy="static", p=0.4))
     for res in (exact, loose):
         assert torch.equal(res[0], res[1]) and torch.equal(res[0], res[2])  # bit-identical
 
@@ -135,8 +141,11 @@ def test_unsupported_collectives_and_settings_say_what_to_do():
                             "127.0.0.1")
     pg = tb.DblpProcessGroup(dist.HashStore(), 0, 1, TIMEOUT, tb.options(), "127.0.0.1")
     try:
-        with pytest.raises(NotImplementedError, match="reduce_scatter is not supported.*gloo"):
-            pg.reduce_scatter([torch.zeros(1)], [[torch.zeros(1)]])
+        with pytest.raises(NotImplementedError, match="all_to_all is not supported.*gloo"):
+            pg.alltoall([torch.zeros(1)], [torch.zeros(1)])
+        with pytest.raises(NotImplementedError, match="reduce_scatter_tensor with op PREMUL_SUM"):
+            pg.reduce_scatter_single(torch.zeros(1), torch.zeros(1),
+                                     _rs_opts(dist.ReduceOp.PREMUL_SUM(0.5)))
         with pytest.raises(NotImplementedError, match="send is not supported"):
             pg.send([torch.zeros(1)], 0, 0)
         # an op the backend cannot do is refused at the call and leaves the group usable
