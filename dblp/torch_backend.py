@@ -248,6 +248,7 @@ class DblpProcessGroup(_ProcessGroup):
         self._rank = rank
         self._size = size
         self._timeout = timeout
+        self._host = host
         #: Every collective's deadline in seconds: init_process_group's timeout, as in gloo.
         self.timeout_s = min(max(_seconds(timeout), 1e-3), _MAX_DEADLINE_S)
         self._deadline = 0.0  # monotonic deadline of the collective running now
