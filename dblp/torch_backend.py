@@ -270,6 +270,20 @@ class DblpProcessGroup(_ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    # c10d names every group (``pg._set_group_name``), but a ProcessGroup subclass
+    # keeps the name on its registered backends, and this group registers none: without
+    # these two, ``pg.group_name`` raises "ProcessGroup name not set" and DeviceMesh
+    # (hence FSDP2's ``fully_shard``) cannot use the group.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
     def __repr__(self) -> str:
         return f"DblpProcessGroup(rank={self._rank}, size={self._size}, {self.config!r})"
 
@@ -670,8 +684,8 @@ def _reduce_stack(stack: torch.Tensor, op: str) -> torch.Tensor:
     return out
 
 
-def _advertised_host(store) -> str:
-    """The address members reach rank 0 at: MASTER_ADDR, else the store's host."""
+def _store_host(store) -> str:
+    """The store's host: MASTER_ADDR, else the host of the (wrapped) TCPStore, else loopback."""
     host = os.environ.get("MASTER_ADDR")
     s = store
     for _ in range(8):
@@ -681,11 +695,31 @@ def _advertised_host(store) -> str:
         s = getattr(s, "underlying_store", None)
         if s is None:
             break
-    host = host or "127.0.0.1"
+    return host or "127.0.0.1"
+
+
+def _advertised_host(store) -> str:
+    """The address a group's rank 0 tells its members to join at: its own, not the store's.
+
+    Every group of a job shares one store (the world's rank 0's host), but a subgroup
+    such as ``new_group([1, 2])`` is led by its own rank 0, which may sit on another
+    host. Its address on the path to the store's host is the one the others reach it
+    at: a UDP socket ``connect()``-ed there (no packet is sent) names it in
+    ``getsockname()``. With the store on loopback that is 127.0.0.1; on the store's
+    own host, the store's address.
+    """
+    host = _store_host(store)
     try:
-        return socket.gethostbyname(host)
+        store_ip = socket.gethostbyname(host)
     except OSError:
         raise ValueError(f"dblp backend: MASTER_ADDR {host!r} does not resolve") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((store_ip, 9))
+            own = s.getsockname()[0]
+        except OSError:  # no route to the store's host: the members could not reach us anyway
+            return store_ip
+    return store_ip if own == "0.0.0.0" else own
 
 
 def _create(backend_opts, pg_options) -> DblpProcessGroup:

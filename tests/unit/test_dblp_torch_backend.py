@@ -247,3 +247,54 @@ def test_options_take_the_jobs_secret_from_the_environment(monkeypatch):
     assert options(secret="cd" * 32).secret == "cd" * 32
     monkeypatch.delenv("DBLP_SECRET")
     assert options().secret is None
+
+
+def test_a_groups_rank0_advertises_its_own_address_not_the_stores(monkeypatch):
+    """A subgroup's rank 0 may sit on another host than the store: it names its own address.
+
+    On loopback the store can listen at 127.0.0.2 while this host's source address
+    towards it is 127.0.0.1: the address chosen is the latter (the route's source),
+    behind any PrefixStore c10d wraps around the store, and members reach it there.
+    """
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    for store_host in ("127.0.0.1", "127.0.0.2"):
+        store = dist.TCPStore(store_host, 0, 1, is_master=True, timeout=TIMEOUT)
+        assert store.host == store_host
+        assert tb._advertised_host(store) == "127.0.0.1"
+        assert tb._advertised_host(dist.PrefixStore("g/", dist.PrefixStore("h/", store))) \
+            == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    assert tb._advertised_host(dist.HashStore()) == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    with pytest.raises(ValueError, match="'no-such-host.invalid' does not resolve"):
+        tb._advertised_host(dist.HashStore())
+
+    # two ranks through the groups c10d builds on a store at 127.0.0.2: rank 0's
+    # stream is published at its own address, and the reduction is exact
+    store = dist.TCPStore("127.0.0.2", 0, 2, is_master=True, timeout=TIMEOUT,
+                          wait_for_workers=False)
+    monkeypatch.delenv("MASTER_ADDR")
+    host = tb._advertised_host(store)
+    out, errors = {}, []
+
+    def one(rank):
+        client = store if rank == 0 else dist.TCPStore("127.0.0.2", store.port, 2,
+                                                       is_master=False, timeout=TIMEOUT)
+        pg = tb.DblpProcessGroup(dist.PrefixStore("sub", client), rank, 2, TIMEOUT,
+                                 tb.options(policy="reliable"), host)
+        try:
+            t = torch.full((1000,), float(rank + 1))
+            pg.allreduce([t], _opts(dist.ReduceOp.SUM)).wait()
+            out[rank] = (t.min().item(), t.max().item())
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            pg.shutdown()
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert out == {0: (3.0, 3.0), 1: (3.0, 3.0)}
+    assert store.get(f"sub/{tb._KEY}/grad/1000/addr").decode().startswith("127.0.0.1:")

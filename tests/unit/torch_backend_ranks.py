@@ -128,12 +128,14 @@ def fsdp(args) -> dict:
         wrapped = fully_shard(model, mesh=mesh)
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel
-        wrapped = FullyShardedDataParallel(model, use_orig_params=True)
+        wrapped = FullyShardedDataParallel(model, use_orig_params=True,
+                                           device_id=torch.device("cpu"))
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
-    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data, as in training
+    # each rank its own batch, the same one every step, so the loss must fall
+    gen = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(16, 16, generator=gen), torch.randint(0, 4, (16,), generator=gen)
     losses = []
     for _ in range(args.steps):
-        x, y = torch.randn(16, 16, generator=gen), torch.randint(0, 4, (16,), generator=gen)
         opt.zero_grad()
         loss = F.cross_entropy(wrapped(x), y)
         loss.backward()
