@@ -11,11 +11,19 @@ from dblp.wire import CHUNK_BYTES
 
 
 def free_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port free for UDP and for TCP at once (TCP control binds the UDP port's
+    number too: a port free for UDP alone can be a TCP connection's, and the bind fails)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+            t.bind(("127.0.0.1", 0))
+            port = t.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                try:
+                    u.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+        return port
+    raise OSError("no loopback port free for both UDP and TCP in 100 tries")
 
 
 def gradients(n_workers: int, rounds: int, numel: int, seed: int = 0) -> list[list[np.ndarray]]:

@@ -35,8 +35,7 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     # The answer last: the verdicts, each without an interval saying why, then the invalid units.
     accuracy = [line for line in res.stdout.splitlines() if line.startswith("  accuracy ")]
     assert accuracy[0].split()[:5] == ["accuracy", "dblp", "vs", "static", "–"]
-    assert accuracy[0].endswith("unresolved (one value per seed and only 1 seed: no spread to "
-                                "resample (run more seeds, `run --seeds N`))")
+    assert accuracy[0].endswith("unresolved: too few seeds (1)")
     assert res.stdout.splitlines()[-1] == ("invalid units: none (every unit kept the emulator's "
                                            "invariants)")
     first = _digest(run)
