@@ -64,6 +64,8 @@ COVERED = {
     "run.packets": "tests/unit/test_notebooks.py",
     "run.bottleneck": "tests/unit/test_notebooks.py",
     "run.queue": "tests/unit/test_notebooks.py",
+    "ref = load_run(": "tests/unit/test_notebooks.py (the committed default reference)",
+    "ref.rounds": "tests/unit/test_notebooks.py",
     ".venv/bin/pytest": "make test runs every file named",
     "group = dblp.TransportGroup.from_env": "tests/unit/test_dblp_loopback.py",
     "stats = group.allreduce_": "tests/unit/test_dblp_loopback.py",
