@@ -59,6 +59,7 @@ _KINDS = {
     "str": (str,),
     "dict": (dict,),
     "list": (list,),
+    "bool": (bool,),
 }
 
 
@@ -238,7 +239,7 @@ def check_fields(obj, fields: tuple[Field, ...], where: str) -> dict:
             if not f.nullable:
                 raise MalformedEvent(f"{where}: field '{f.name}' is null")
             continue
-        if isinstance(v, bool) or not isinstance(v, _KINDS[f.kind]):
+        if (isinstance(v, bool) != (f.kind == "bool")) or not isinstance(v, _KINDS[f.kind]):
             raise MalformedEvent(f"{where}: field '{f.name}' must be {f.kind}, "
                                  f"got {type(v).__name__} {v!r:.40}")
     return obj

@@ -84,15 +84,18 @@ def lines(summary: dict) -> list[str]:
 
 
 def as_json(summary: dict | None, run_dir, status: str) -> dict:
-    """The answer as one JSON object (``run`` and ``report`` with ``--json``).
+    """The answer as one JSON object (``run`` and ``report`` with ``--json``), checked
+    against its declaration (`formats.RUN_ANSWER_FIELDS`).
 
     What a script needs without opening the run directory: its status, the
     verdicts (claim, pair, point and interval, label), the invalid units,
     DBLP's speedups, and where the full summary is. ``summary`` None: the
     analysis failed (the manifest says why), and only the status is known.
     """
+    from testbed.analysis.formats import ANSWER_SCHEMA, check_answer
     s = summary or {}
-    return {
+    return check_answer({
+        "kind": "run", "schema": ANSWER_SCHEMA,
         "run_dir": str(run_dir), "status": status,
         "summary": str(pathlib.Path(run_dir) / "summary.json") if summary else None,
         "verdicts": s.get("verdicts", []),
@@ -100,4 +103,4 @@ def as_json(summary: dict | None, run_dir, status: str) -> dict:
         "speedups": {pair: {k: sp.get(k) for k in ("burst_round", "normal_round", "train_time")}
                      for pair, sp in s.get("speedups", {}).items()},
         "warnings": s.get("warnings", []),
-    }
+    }, f"the --json answer of {run_dir}")

@@ -48,9 +48,11 @@ import click
 
 from testbed import output
 from testbed.analysis.formats import (
+    ANSWER_SCHEMA,
     GUARDED,
     MIN_REFERENCE_RUNS,
     FormatError,
+    check_answer,
     read_reference,
     read_summary,
     write_reference,
@@ -238,8 +240,9 @@ def format_verdict_rows(rows: list[dict]) -> list[str]:
 def _compare_dir(run: str, reference: str, json_out: str | None) -> None:
     ok, rows, summary = compare_verdicts(run, reference)
     bad = summary.get("invalid_units", [])
-    obj = {"run": run, "reference": reference, "reproduces": ok, "verdicts": rows,
-           "invalid_units": bad}
+    obj = check_answer({"kind": "compare-reproduce", "schema": ANSWER_SCHEMA, "run": run,
+                        "reference": reference, "reproduces": ok, "verdicts": rows,
+                        "invalid_units": bad})
 
     def text():
         for line in format_verdict_rows(rows):
@@ -414,8 +417,9 @@ def compare_cmd(runs, reference, update, arm, json_out):
                    f"{ref['method']}")
         if ok:
             click.echo(f"ok: every guarded figure of arm {arm} within tolerance of {reference}")
-    output.results({"run": runs[0], "reference": reference, "arm": arm, "ok": ok,
-                    "commit": ref["commit"], "figures": rows}, json_out, text)
+    output.results(check_answer({"kind": "compare-guard", "schema": ANSWER_SCHEMA,
+                                 "run": runs[0], "reference": reference, "arm": arm, "ok": ok,
+                                 "commit": ref["commit"], "figures": rows}), json_out, text)
     if not ok:
         bad = [r["figure"] for r in rows if r["guarded"] and r["verdict"] != "ok"]
         raise Regression(f"REGRESSION: {', '.join(bad)} beyond tolerance of {reference}")

@@ -418,3 +418,90 @@ def write_reference(path, ref: dict) -> None:
     p = pathlib.Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(ref, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------- the --json answers --
+# What `run`, `report` and `compare` print with ``--json`` (testbed.output):
+# one object each, declared here so a script can rely on it, and checked by
+# the code that builds it (a field off its declaration is a bug there).
+# ``kind`` says which of the three it is, ``schema`` its version.
+# History:
+#   1: first declared version (the objects of before, plus kind and schema).
+ANSWER_SCHEMA = 1
+#: ``kind`` -> the fields of that object.
+ANSWER_KINDS = ("run", "compare-guard", "compare-reproduce")
+_ANSWER_HEAD = (
+    Field("kind", "str", doc="run (run and report) | compare-guard | compare-reproduce"),
+    Field("schema", "int", doc="ANSWER_SCHEMA"),
+)
+RUN_ANSWER_FIELDS = (
+    *_ANSWER_HEAD,
+    Field("run_dir", "str"),
+    Field("status", "str", doc="ok | invalid (a unit broke an invariant) | failed | error"),
+    Field("summary", "str", nullable=True, doc="path of summary.json; null: no analysis"),
+    Field("verdicts", "list", doc="SUMMARY_VERDICT_FIELDS each"),
+    Field("invalid_units", "list", doc="SUMMARY_INVALID_UNIT_FIELDS each"),
+    Field("speedups", "dict", doc="pair -> RUN_ANSWER_SPEEDUP_FIELDS"),
+    Field("warnings", "list", doc="the summary's warnings, one line each"),
+)
+RUN_ANSWER_SPEEDUP_FIELDS = (_num("burst_round"), _num("normal_round"), _num("train_time"))
+COMPARE_GUARD_FIELDS = (
+    *_ANSWER_HEAD,
+    Field("run", "str"), Field("reference", "str", doc="the reference JSON file"),
+    Field("arm", "str", doc="the arm judged in dblp's place"),
+    Field("ok", "bool", doc="every guarded figure within its tolerance"),
+    Field("commit", "str", doc="the revision the reference's runs measured"),
+    Field("figures", "list", doc="COMPARE_FIGURE_FIELDS each"),
+)
+COMPARE_FIGURE_FIELDS = (
+    Field("figure", "str", doc="the summary key, e.g. speedups.dblp_vs_static.burst_round"),
+    _num("reference"), _num("run"),
+    _num("allowed", "the largest bad move the tolerance allows; null: shown, not guarded"),
+    Field("direction", "str", nullable=True, doc="higher | lower is better; null: shown"),
+    Field("verdict", "str", doc="ok | REGRESSED | MISSING; empty: shown, not guarded"),
+    Field("guarded", "bool"),
+    Field("tolerance", "dict", required=False, doc="rel and/or abs of a guarded figure"),
+)
+COMPARE_REPRODUCE_FIELDS = (
+    *_ANSWER_HEAD,
+    Field("run", "str"), Field("reference", "str", doc="the reference directory"),
+    Field("reproduces", "bool", doc="every verdict the same, every point inside the interval"),
+    Field("verdicts", "list", doc="COMPARE_VERDICT_FIELDS each"),
+    Field("invalid_units", "list", doc="the run's SUMMARY_INVALID_UNIT_FIELDS"),
+)
+COMPARE_VERDICT_FIELDS = (
+    Field("claim", "str"), Field("pair", "str", nullable=True), Field("unit", "str"),
+    Field("reference", "dict", nullable=True, doc="verdict and interval; null: not in it"),
+    Field("run", "dict", nullable=True, doc="verdict and interval; null: not in the run"),
+    Field("same", "bool"), Field("differences", "list", doc="one line each"),
+)
+
+
+def check_answer(obj: dict, where: str = "--json answer") -> dict:
+    """``obj`` if it is one of the declared ``--json`` objects, else FormatError naming the field."""
+    try:
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        if kind not in ANSWER_KINDS:
+            raise MalformedEvent(f"{where}: kind {kind!r} is not one of {', '.join(ANSWER_KINDS)}")
+        if obj.get("schema") != ANSWER_SCHEMA:
+            raise MalformedEvent(f"{where}: schema {obj.get('schema')!r} is not {ANSWER_SCHEMA}")
+        if kind == "run":
+            check_fields(obj, RUN_ANSWER_FIELDS, where)
+            for pair, sp in obj["speedups"].items():
+                check_fields(sp, RUN_ANSWER_SPEEDUP_FIELDS, f"{where} speedups.{pair}")
+            for i, v in enumerate(obj["verdicts"]):
+                check_fields(v, SUMMARY_VERDICT_FIELDS, f"{where} verdicts[{i}]")
+                _check_interval(v["interval"], f"{where} verdicts[{i}].interval")
+            _check_units(obj["invalid_units"], f"{where} invalid_units")
+        elif kind == "compare-guard":
+            check_fields(obj, COMPARE_GUARD_FIELDS, where)
+            for i, row in enumerate(obj["figures"]):
+                check_fields(row, COMPARE_FIGURE_FIELDS, f"{where} figures[{i}]")
+        else:
+            check_fields(obj, COMPARE_REPRODUCE_FIELDS, where)
+            for i, row in enumerate(obj["verdicts"]):
+                check_fields(row, COMPARE_VERDICT_FIELDS, f"{where} verdicts[{i}]")
+            _check_units(obj["invalid_units"], f"{where} invalid_units")
+    except MalformedEvent as exc:
+        raise FormatError(str(exc)) from None
+    return obj

@@ -14,6 +14,8 @@ import sys
 import pandas as pd
 import pytest
 
+from testbed.analysis import formats
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "testbed.cli"]
 ROUNDS = 8
@@ -22,13 +24,17 @@ ROUNDS = 8
 @pytest.mark.e2e
 def test_ddp_arm_trains_on_the_fabric_and_its_burst_hits_its_round(tmp_path, leftovers):
     out = tmp_path / "run"
+    answer = tmp_path / "answer.json"
     proc = subprocess.run(CLI + ["run", "--preset", "smoke", "--arms", "ddp", "--rounds",
-                                 str(ROUNDS), "--out", str(out)],
+                                 str(ROUNDS), "--out", str(out), "--json", str(answer)],
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "] unit 1/1 starts; run elapsed" in proc.stdout and "unit 1/1 round" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
+    # `run --json FILE`: the answer, of its declared format, beside the text.
+    obj = formats.check_answer(json.loads(answer.read_text()))
+    assert obj["kind"] == "run" and obj["status"] == "ok" and obj["verdicts"] == summary["verdicts"]
     arm = summary["arms"]["ddp"]
     assert arm["status"] == "ok" and arm["rounds"] == ROUNDS and arm["final_accuracy"] > 0.1
     # The smoke burst at round 6, triggered from rank 0's round lines.

@@ -1,6 +1,7 @@
 """`dblp-testbed compare`: catches a weakened DBLP, passes unchanged code, explains bad files."""
 import json
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,11 @@ def test_unchanged_run_passes(runs, reference):
 def test_weakened_dblp_fails(runs, reference):
     res = _cli("compare", runs["weak"], "--reference", reference)
     assert res.returncode == 1
+    # --json: the same judgement as one object of the declared format.
+    obj = json.loads(_cli("compare", runs["weak"], "--reference", reference, "--json").stdout)
+    assert formats.check_answer(obj)["kind"] == "compare-guard" and obj["ok"] is False
+    assert {r["figure"]: r["verdict"] for r in obj["figures"]}[
+        "speedups.dblp_vs_static.burst_round"] == "REGRESSED"
     rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
     assert "REGRESSED" in rows["speedups.dblp_vs_static.burst_round"]
     assert "REGRESSED" in rows["speedups.dblp_vs_gloo.burst_round"]
@@ -345,7 +351,8 @@ def test_a_run_that_differs_says_which_and_by_how_much(runs, tmp_path):
                                   "dblp_vs_static)")
     res = _cli("compare", runs["r1"], "--reference", d, "--json")
     assert res.returncode == 1
-    obj = json.loads(res.stdout)
+    obj = formats.check_answer(json.loads(res.stdout))
+    assert obj["kind"] == "compare-reproduce"
     assert res.stdout.count("\n") == 1 and obj["reproduces"] is False
     assert [r["same"] for r in obj["verdicts"]] == [True, False, False]
     assert obj["verdicts"][2]["differences"] == ["verdict unresolved, the reference's reproduced"]
@@ -380,3 +387,18 @@ def test_reference_directory_mistakes_are_one_line_exit_2(runs, tmp_path):
     res = _cli("compare", runs["r1"], "--reference", empty, "--update")
     assert res.returncode == 2 and "is a directory" in res.stderr
     assert res.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda o: o.pop("kind"), "kind None is not one of"),
+    (lambda o: o.update(schema=99), "schema 99 is not 1"),
+    (lambda o: o.update(ok="yes"), "field 'ok' must be bool"),
+    (lambda o: o["figures"][0].update(guarded=1), "figures[0]: field 'guarded' must be bool"),
+    (lambda o: o.update(extra=1), "undeclared field(s) extra"),
+])
+def test_a_json_answer_off_its_declaration_is_refused(runs, reference, mutate, needle):
+    obj = json.loads(_cli("compare", runs["r1"], "--reference", reference, "--json").stdout)
+    assert formats.check_answer(obj)["ok"] is True
+    mutate(obj)
+    with pytest.raises(formats.FormatError, match=re.escape(needle)):
+        formats.check_answer(obj)

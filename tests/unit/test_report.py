@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from testbed.analysis import formats
 from testbed.analysis.pipeline import DERIVED, build_outputs
 from testbed.config.arms import ARMS, Arm
 
@@ -254,8 +255,9 @@ def test_report_and_run_give_their_answer_as_json(tmp_path, capsys):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("\n") == 1
-    obj = json.loads(res.stdout)
+    obj = formats.check_answer(json.loads(res.stdout))
     summary = json.loads((run / "summary.json").read_text())
+    assert obj["kind"] == "run" and obj["schema"] == formats.ANSWER_SCHEMA
     assert obj["run_dir"] == str(run) and obj["summary"] == str(run / "summary.json")
     assert obj["verdicts"] == summary["verdicts"] and obj["invalid_units"] == []
     assert obj["speedups"]["dblp_vs_static"]["burst_round"] == \
@@ -273,5 +275,6 @@ def test_report_and_run_give_their_answer_as_json(tmp_path, capsys):
     assert obj["status"] == "invalid" and obj["invalid_units"][0]["arm"] == "dblp"
     assert experiment.finish("error", None, run, "-") == "error"
     assert json.loads(capsys.readouterr().out) == {
+        "kind": "run", "schema": formats.ANSWER_SCHEMA,
         "run_dir": str(run), "status": "error", "summary": None, "verdicts": [],
         "invalid_units": [], "speedups": {}, "warnings": []}
