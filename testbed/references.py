@@ -208,6 +208,33 @@ register(RunReference("paper-prototype", "paper-prototype",
                       "wait and Nagle on TCP control (MTU-sized chunks)",
                       ("transport.chunk_bytes=1416", "transport.bucket_s=0",
                        "transport.no_progress_probes=0")))
+
+
+@dataclasses.dataclass(frozen=True)
+class CostStep:
+    """One step of the prototype's costs added one at a time: a reference and what it adds."""
+
+    reference: str
+    adds: str
+
+
+#: The prototype's last three costs added one at a time to `paper-prototype`
+#: (each step keeps the ones before it). Each step is a run reference of its
+#: own; the README's table of the ratio at each step
+#: (`testbed.analysis.readme.prototype_costs_table`) reads their summaries.
+#: The next steps join when they have been run: 8 KB chunks (overrides
+#: ``transport.no_progress_probes=0``: with the bucket, the cost the physics
+#: says could multiply passes), then the no-progress rule (the preset as it
+#: is). The bucket's step took 44 minutes here; the first rounds with 8 KB
+#: chunks took 9-13 s each, which puts that step at over an hour.
+PROTOTYPE_COSTS = (
+    CostStep("paper-prototype", "fixed chunk order, 1 s probe wait, Nagle on TCP control"),
+    CostStep("paper-prototype-bucket", "+ the sender's 100 ms bucket into default-sized buffers"),
+)
+register(RunReference("paper-prototype-bucket", "paper-prototype",
+                      "paper-prototype plus the sender's 100 ms token bucket into default-sized "
+                      "socket buffers (MTU-sized chunks)",
+                      ("transport.chunk_bytes=1416", "transport.no_progress_probes=0")))
 register(RunReference("star", "star",
                       "the accuracy check: the paper's star without bursts, every transport arm, "
                       "400 rounds with the rate annealed, two seeds"))

@@ -13,9 +13,10 @@ receiver's bitmap is unchanged: the six prototype-mode settings of
 ``dblp.TransportConfig``; the fabric raises each host's IP reassembly
 limits for the fragmented chunks), so the paper's "up to 5.88x"
 burst-round speedup can be told apart from what this transport's own
-improvements change. The preset sets all six; the reference's table of the
+improvements change. The preset sets all six; the README's table of the
 ratio adds the last three (`bucket_s`, `no_progress_probes`, 8 KB
-`chunk_bytes`) one at a time with `--set`, each a run of its own; `ci` is
+`chunk_bytes`) one at a time with `--set`, each step a run reference of its
+own (`testbed.references.PROTOTYPE_COSTS`); `ci` is
 the short regression run CI compares against
 `results/reference/ci.json`; `star` is the paper's star without bursts, for
 accuracy across arms (400 rounds, cosine-annealed rate); `smoke` finishes

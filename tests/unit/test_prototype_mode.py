@@ -483,6 +483,30 @@ def test_paper_prototype_resolves_through_the_spec():
     assert transport_config(over["transport"], ARMS["static"]).chunk_bytes == PROTO
 
 
+def test_each_step_of_the_cost_table_adds_one_cost_to_the_step_before():
+    """The README's cost table compares like with like: one transport setting per step."""
+    from testbed.config.arms import ARMS
+    from testbed.config.presets import PRESETS
+    from testbed.config.spec import load, transport_config
+    from testbed.references import PROTOTYPE_COSTS, REFERENCES
+
+    specs = []
+    for step in PROTOTYPE_COSTS:
+        ref = REFERENCES[step.reference]
+        specs.append(load(None, PRESETS[ref.preset], list(ref.overrides)))
+    added = []
+    for before, after in zip(specs, specs[1:], strict=False):
+        changed = {k for k in after["transport"] if after["transport"][k] != before["transport"][k]}
+        assert len(changed) == 1, changed
+        added += changed
+        assert {k: v for k, v in after.data.items() if k != "transport"} == \
+            {k: v for k, v in before.data.items() if k != "transport"}
+    # The steps add the prototype's costs in the order the table names them.
+    assert added == ["bucket_s", "chunk_bytes", "no_progress_probes"][:len(added)]
+    last = transport_config(specs[-1]["transport"], ARMS["static"])
+    assert last.bucket_s == 0.1 and last.probe_wait == 1.0 and last.nagle
+
+
 def test_physics_takes_the_chunk_loss_of_fragmented_chunks():
     from testbed import physics
     from testbed.config.presets import PRESETS

@@ -92,7 +92,7 @@ def test_the_wall_times_of_every_reference_are_on_the_results_index():
 def test_readme_is_a_front_door_with_the_headline_verdicts():
     readme = PAGES["README.md"]
     assert len(readme.splitlines()) <= 400
-    assert rd.blocks(readme) == [("default", "verdicts")]
+    assert rd.blocks(readme) == [("default", "verdicts"), (refs.EVERY, "prototype-costs")]
     # the same table, rendered alike, on the README and on the default run's page
     assert ("default", "verdicts") in rd.blocks(PAGES["docs/results/default.md"])
 

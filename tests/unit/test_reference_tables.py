@@ -527,3 +527,36 @@ def test_the_line_rate_runs_of_a_row_meet_in_medians_and_counts():
     assert rd._in_runs([1.1, 1.3], 1.2, aside=2) == "1 of 2 runs left (2 set aside for CPU steal)"
     assert rd._in_runs([], 1.2, aside=3) == "0 of 0 runs left (3 set aside for CPU steal)"
     assert rd._range([1.104, 1.2]) == "1.10-1.20" and rd._range([1.1, 1.1]) == "1.10"
+
+
+def _costs_summary(ratio_udp: tuple, ratio_tcp: tuple) -> dict:
+    """A run summary with the two burst-round speedup verdicts the cost table reads."""
+    def verdict(arm, base, iv):
+        point, lo, hi = iv
+        return {"claim": "burst_speedup", "arm": arm, "baseline": base, "pair": f"{arm}_vs_{base}",
+                "verdict": "reproduced" if lo >= 4.0 else "refuted" if hi < 4.0 else "unresolved",
+                "unit": "x", "interval": {"point": point, "lo": lo, "hi": hi, "n_seeds": 2}}
+    return {"verdicts": [verdict("dblp", "static", ratio_udp),
+                         verdict("dblp-tcp", "static-tcp", ratio_tcp)],
+            "arms": {a: {"burst_round_ms_p50": ms} for a, ms in
+                     (("static", 6000.0), ("dblp", 1500.0), ("static-tcp", 3000.0),
+                      ("dblp-tcp", 2500.0))}}
+
+
+def test_the_cost_table_says_which_steps_reach_the_papers_range(tmp_path, monkeypatch):
+    steps = (refs.CostStep("a", "the first costs"), refs.CostStep("b", "+ one more"))
+    monkeypatch.setattr(refs, "PROTOTYPE_COSTS", steps)
+    for name, udp, tcp in (("a", (1.2, 1.1, 1.3), (1.1, 1.0, 1.2)),
+                           ("b", (4.1, 3.5, 4.6), (1.3, 1.2, 1.4))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(_costs_summary(udp, tcp)))
+    text = rd.render(refs.EVERY, "prototype-costs", tmp_path)
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| the first costs (`a`) | 1.20 [1.10, 1.30]x refuted | 6.00 / 1.50 s")
+    assert "| 4.10 [3.50, 4.60]x unresolved |" in rows[2]
+    assert text.rstrip().endswith("can come from: `b` (UDP); the other steps' cannot.")
+    assert "The largest ratio is 4.10 [3.50, 4.60]x (`b`, UDP control)." in text
+    # Below 4x everywhere: the sentence says the range cannot come from these rows.
+    (tmp_path / "b" / "summary.json").write_text(
+        json.dumps(_costs_summary((1.4, 1.1, 1.5), (1.2, 1.1, 1.3))))
+    assert "No interval reaches 4.0x" in rd.render(refs.EVERY, "prototype-costs", tmp_path)
