@@ -115,7 +115,8 @@ class Ablation(Study):
     def kept_files(self) -> tuple[str, ...]:
         fields = [a.field for a in self.axes]
         return ("ablation.json", "ablation-summary.json", "points.csv", "report.md",
-                *[f"plots/{kind}-{f}.png" for f in fields for kind in ("ablation", "phases")])
+                *[f"plots/{kind}-{f}.png" for f in fields for kind in ("ablation", "phases")],
+                *self.raw_files())
 
     def prepare(self, out: pathlib.Path) -> None:
         if self.harm:

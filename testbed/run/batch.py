@@ -31,12 +31,28 @@ class PlannedRun:
     spec: object
 
 
+#: The status of a run that finished but has a unit that broke an emulator invariant
+#: (`testbed.run.experiment.INVALID`, whose figures decide nothing).
+INVALID = "invalid"
+
+
 def status(run_dir: pathlib.Path) -> str | None:
-    """How a run directory's run ended (its manifest's status), None if there is none."""
+    """How a run directory's run ended, None if there is none: its manifest's status, or
+    ``INVALID`` where the run finished but its summary lists invalid units. A study's
+    resume runs again every run whose status is not "ok", so an invalid run is made
+    again, as the study's error message promises."""
     try:
-        return json.loads((run_dir / "manifest.json").read_text()).get("status")
+        st = json.loads((run_dir / "manifest.json").read_text()).get("status")
     except (OSError, ValueError):
         return None
+    if st == "ok":
+        try:
+            bad = json.loads((run_dir / "summary.json").read_text()).get("invalid_units")
+        except (OSError, ValueError):
+            bad = None
+        if bad:
+            return INVALID
+    return st
 
 
 def run_pending(label: str, runs: list[PlannedRun], out: pathlib.Path,
@@ -54,13 +70,16 @@ def run_pending(label: str, runs: list[PlannedRun], out: pathlib.Path,
         from testbed.run.experiment import run_and_report as run_fn
     for i, r in enumerate(runs, 1):
         d = out / r.name
-        if status(d) == "ok":
+        before = status(d)
+        if before == "ok":
             output.say(f"{label}: {r.name} done before ({i}/{len(runs)})")
             continue
         if d.exists() and any(d.iterdir()):
             kept = d.with_name(f"{r.name}.failed-{time.strftime('%Y%m%dT%H%M%S')}")
             d.rename(kept)
-            output.warn(f"{label}: {r.name} had not finished; kept as {kept.name}")
+            why = "had a unit that broke an emulator invariant" if before == INVALID \
+                else "had not finished"
+            output.warn(f"{label}: {r.name} {why}; kept as {kept.name}")
         output.say(f"{label}: run {i}/{len(runs)}: {r.name} (--set {' --set '.join(r.overrides)})")
         t0 = time.monotonic()
         st = run_fn(r.spec, str(d))

@@ -168,7 +168,7 @@ class RegimeMap(Study):
 
     def kept_files(self) -> tuple[str, ...]:
         return ("regime.json", "regime-summary.json", "cells.csv", "arms.csv", "report.md",
-                "plots/regime-speedup.png", "plots/regime-over-bound.png")
+                "plots/regime-speedup.png", "plots/regime-over-bound.png", *self.raw_files())
 
 
 def _grid(durations, losses, controls) -> tuple[Cell, ...]:

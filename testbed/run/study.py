@@ -26,6 +26,10 @@ from testbed.output import results
 from testbed.run import batch
 
 
+#: The tables of each part a reference keeps beside the study's own outputs.
+RAW_TABLES = ("rounds.csv", "evals.csv")
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
     """One run of a study: its directory name, its `--set` overrides, its plan entry."""
@@ -77,7 +81,13 @@ class Study(abc.ABC):
 
     @abc.abstractmethod
     def kept_files(self) -> tuple[str, ...]:
-        """The files of its directory a reference keeps."""
+        """The files of its directory a reference keeps (its own, then `raw_files`)."""
+
+    def raw_files(self) -> tuple[str, ...]:
+        """Each part's rounds and evaluations (``PART/rounds.csv``, ``PART/evals.csv``):
+        kept with a reference so that every figure its tables show can be recomputed
+        from the rounds that made it, not only read from its summary."""
+        return tuple(f"{p.name}/{table}" for p in self.parts() for table in RAW_TABLES)
 
     def prepare(self, out: pathlib.Path) -> None:
         """Work before the runs (the ablation's loss-tolerance sweep); nothing by default."""

@@ -9,7 +9,7 @@ import pytest
 from testbed.analysis import ablation as analysis
 from testbed.analysis import datasets
 from testbed.errors import InputError
-from testbed.run import ablation
+from testbed.run import ablation, batch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from test_intervals import TRUTH, synthetic  # noqa: E402
@@ -92,6 +92,22 @@ def test_a_resumed_ablation_runs_only_what_did_not_finish_and_keeps_the_failure(
     assert json.loads((tmp_path / kept[0] / "manifest.json").read_text())["status"] == "failed"
     with pytest.raises(InputError, match="holds ablation 'smoke', not 'detector'"):
         ablation.execute(ablation.ABLATIONS["detector"], tmp_path, run_fn=fake_run([]))
+
+
+def test_a_resumed_ablation_runs_an_invalid_run_again(tmp_path):
+    """A run whose arms finished but whose summary lists an invalid unit (its manifest says
+    "ok") decides nothing: the resume the error message asks for makes it again."""
+    ab = ablation.ABLATIONS["smoke"]
+    ablation.execute(ab, tmp_path, run_fn=fake_run([]))
+    d = tmp_path / "p_high=0.208"
+    (d / "summary.json").write_text(json.dumps({"invalid_units": [
+        {"arm": "dblp", "seed": 3, "reasons": ["packet spacing 88.6 % below 90.0 %"]}]}))
+    assert batch.status(d) == batch.INVALID and batch.status(tmp_path / "base") == "ok"
+    calls: list[str] = []
+    plan = ablation.execute(ab, tmp_path, run_fn=fake_run(calls))
+    assert calls == ["p_high=0.208"] and plan["runs"]["p_high=0.208"]["status"] == "ok"
+    assert [p.name for p in tmp_path.iterdir() if ".failed-" in p.name][0].startswith(
+        "p_high=0.208.failed-")
 
 
 def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
