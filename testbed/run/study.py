@@ -25,7 +25,6 @@ from testbed.errors import ExperimentFailed, InputError
 from testbed.output import results
 from testbed.run import batch
 
-
 #: The tables of each part a reference keeps beside the study's own outputs.
 RAW_TABLES = ("rounds.csv", "evals.csv")
 
