@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from testbed import output
 from testbed.errors import ExperimentFailed
+from testbed.run.experiment import INVALID
 
 #: The status a run ends with when SIGINT or SIGTERM stopped it.
 INTERRUPTED = "interrupted"
@@ -29,11 +30,6 @@ class PlannedRun:
     name: str
     overrides: tuple[str, ...]
     spec: object
-
-
-#: The status of a run that finished but has a unit that broke an emulator invariant
-#: (`testbed.run.experiment.INVALID`, whose figures decide nothing).
-INVALID = "invalid"
 
 
 def status(run_dir: pathlib.Path) -> str | None:
