@@ -14,7 +14,7 @@ Settings: one frozen, typed, validated object (``dblp.config``)::
                                idle_timeout=600.0, hello_timeout=5.0, early_bytes=8 MiB,
                                session_id=None, secret=None (hex; authenticates every message),
                                # prototype mode (the authors' prototype's costs, one each):
-                               chunk_bytes=1416 (8192: IP-fragmented), chunk_order="shuffled"
+                               chunk_bytes=1408 (8192: IP-fragmented), chunk_order="shuffled"
                                | "fixed", probe_wait=None (adaptive) | seconds (UDP control),
                                nagle=False (True: Nagle on the TCP control connections),
                                bucket_s=None (0.1: 100 ms bucket steps into default-sized
@@ -86,10 +86,11 @@ trailer ``TRAILER_FIELDS``); scapy layer: ``dblp.scapy_layer.DBLP`` and
 
 Security: give every job a secret (``TransportConfig(secret=secrets.token_hex(32))``,
 or ``$DBLP_SECRET``), made by whoever starts the job and never sent. Every
-message then carries a keyed BLAKE2b-128 tag over the rank it is for, header
-and payload; one that fails is counted (``unauthenticated``) and dropped before
-it is parsed, a source that keeps sending such is dropped by its address
-before verification, and nothing (not even the session id) is told to a
+message then carries an AES-128-GMAC tag over header and payload, under a
+key derived from the secret for its session, sender and the rank it is for,
+with a per-message number in the header as nonce; one that fails is counted
+(``unauthenticated``) and dropped before it is parsed, a source that keeps
+sending such is dropped by its address before verification, and nothing (not even the session id) is told to a
 sender without the secret. Joins are a challenge (``dblp.join``): no replayed
 HELLO or WELCOME, of this job or of an earlier one with the same secret,
 pins, moves or misleads a rank. A rank with another secret raises within

@@ -21,13 +21,14 @@
  *               that stream, of this round, from the pinned address, or the
  *               one whose chunk makes the receiver STOP.
  *
- * With a job secret (mac_new: a keyed BLAKE2b-128 from OpenSSL's libcrypto,
- * the tag dblp.wire.Sealer makes, over the destination rank, header and
- * payload) send_gso tags every datagram it builds and take_run verifies every
- * datagram's tag before it spends anything else on it, stopping at the first
- * that fails (Python counts it and rate-limits its source). Built without
- * libcrypto (DBLP_HAVE_LIBCRYPTO unset) the module has no mac_new and keyed
- * jobs keep the Python path.
+ * With a job secret (mac_new: an AES-128-GMAC context from OpenSSL's
+ * libcrypto for one pair key, the tag dblp.wire.Sealer makes over header and
+ * payload with the header's seq as nonce) send_gso numbers and tags every
+ * datagram it builds and take_run verifies every datagram's tag before it
+ * spends anything else on it, stopping at the first that fails (Python counts
+ * it and rate-limits its source). Built without libcrypto
+ * (DBLP_HAVE_LIBCRYPTO unset) the module has no mac_new and keyed jobs keep
+ * the Python path.
  *
  * Everything else (control messages, other streams' first datagrams, forged
  * or malformed ones, the STOP, a stopped or finished receiver, fault
@@ -41,6 +42,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -48,10 +50,8 @@
 #include <netinet/in.h>
 
 #ifdef DBLP_HAVE_LIBCRYPTO
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/params.h>
 #endif
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -62,7 +62,7 @@
 static struct {
     int ready;
     Py_ssize_t header, tag;
-    Py_ssize_t flags, src, part, index, count, length, bound, aux;
+    Py_ssize_t flags, src, part, index, count, length, bound, aux, seq;
     uint32_t ppm, pull;
     /* header bytes every DATA datagram of one round of one job shares, as two spans */
     Py_ssize_t fixed_a0, fixed_a1, fixed_b0, fixed_b1;
@@ -74,16 +74,17 @@ static inline uint32_t be32(const uint8_t *p) {
 }
 
 static PyObject *set_layout(PyObject *self, PyObject *args) {
-    long long v[17];
-    if (!PyArg_ParseTuple(args, "(LLLLLLLLLLLLLLLLL)", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+    long long v[18];
+    if (!PyArg_ParseTuple(args, "(LLLLLLLLLLLLLLLLLL)", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
                           &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14],
-                          &v[15], &v[16]))
+                          &v[15], &v[16], &v[17]))
         return NULL;
     L.header = v[0]; L.tag = v[1]; L.flags = v[2]; L.src = v[3]; L.part = v[4];
     L.index = v[5]; L.count = v[6]; L.length = v[7]; L.bound = v[8]; L.aux = v[9];
-    L.ppm = (uint32_t)v[10]; L.pull = (uint32_t)v[11];
-    L.fixed_a0 = v[12]; L.fixed_a1 = v[13]; L.fixed_b0 = v[14]; L.fixed_b1 = v[15];
-    if (v[16] != 0xDB1B) {  /* a handshake: the caller knows which layout this is */
+    L.seq = v[10]; L.ppm = (uint32_t)v[11]; L.pull = (uint32_t)v[12];
+    L.fixed_a0 = v[13]; L.fixed_a1 = v[14]; L.fixed_b0 = v[15]; L.fixed_b1 = v[16];
+    if (v[17] != 0xDB1B || L.seq < 0 || L.seq + 8 > L.header) {
+        /* a handshake: the caller knows which layout this is */
         PyErr_SetString(PyExc_ValueError, "set_layout: unexpected layout tag");
         return NULL;
     }
@@ -91,80 +92,81 @@ static PyObject *set_layout(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* -- authentication: the job's MAC (dblp.wire.Sealer), in C ------------------------------ */
+/* -- authentication: AES-128-GMAC under one pair key (dblp.wire.Sealer), in C ----------- */
 #define TAG_BYTES 16
+#define PAIR_KEY_BYTES 16
 #define MAC_CAPSULE "dblp._fastpath.mac"
 
 #ifdef DBLP_HAVE_LIBCRYPTO
-/* One keyed context per Sealer (a capsule): re-initialised per message from the key it
- * keeps. An engine is single-threaded, so its context is never used by two threads. */
-static EVP_MAC *blake2bmac;
+/* One context per pair key (a capsule): AES-128-GCM keyed once (the key schedule and the
+ * hash subkey are made here); each message only sets its nonce, feeds header and payload
+ * as associated data, encrypts nothing and takes the tag. An engine is single-threaded,
+ * so a context is never used by two threads. */
+typedef EVP_CIPHER_CTX MAC_CTX;
 
 static void mac_free(PyObject *cap) {
-    EVP_MAC_CTX *ctx = PyCapsule_GetPointer(cap, MAC_CAPSULE);
+    MAC_CTX *ctx = PyCapsule_GetPointer(cap, MAC_CAPSULE);
     if (ctx)
-        EVP_MAC_CTX_free(ctx);
+        EVP_CIPHER_CTX_free(ctx);
 }
 
-/* mac_new(key) -> capsule: keyed BLAKE2b with a 16-byte tag, as hashlib.blake2b(key=, digest_size=16) */
+/* mac_new(pair_key) -> capsule: AES-128-GMAC under a 16-byte key (dblp.wire.Sealer.pair_key) */
 static PyObject *mac_new(PyObject *self, PyObject *args) {
     Py_buffer key;
     if (!PyArg_ParseTuple(args, "y*", &key))
         return NULL;
     PyObject *res = NULL;
-    EVP_MAC_CTX *ctx = NULL;
-    if (key.len < 16 || key.len > 64) {
-        PyErr_SetString(PyExc_ValueError, "mac_new: key must be 16 to 64 bytes");
+    MAC_CTX *ctx = NULL;
+    if (key.len != PAIR_KEY_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "mac_new: a pair key is 16 bytes");
         goto done;
     }
-    if (!blake2bmac)
-        blake2bmac = EVP_MAC_fetch(NULL, "BLAKE2BMAC", NULL);
-    if (!blake2bmac || !(ctx = EVP_MAC_CTX_new(blake2bmac))) {
-        PyErr_SetString(PyExc_RuntimeError, "mac_new: libcrypto has no BLAKE2BMAC");
-        goto done;
-    }
-    size_t size = TAG_BYTES;
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size),
-                           OSSL_PARAM_construct_end()};
-    if (!EVP_MAC_init(ctx, key.buf, (size_t)key.len, params)) {
-        PyErr_SetString(PyExc_RuntimeError, "mac_new: cannot key BLAKE2BMAC");
-        EVP_MAC_CTX_free(ctx);
+    if (!(ctx = EVP_CIPHER_CTX_new())
+        || !EVP_EncryptInit_ex(ctx, EVP_aes_128_gcm(), NULL, key.buf, NULL)) {
+        PyErr_SetString(PyExc_RuntimeError, "mac_new: libcrypto has no AES-128-GCM");
+        EVP_CIPHER_CTX_free(ctx);
         goto done;
     }
     res = PyCapsule_New(ctx, MAC_CAPSULE, mac_free);
     if (!res)
-        EVP_MAC_CTX_free(ctx);
+        EVP_CIPHER_CTX_free(ctx);
 done:
     PyBuffer_Release(&key);
     return res;
 }
 
-/* The tag of (dst, a, b) into out; 0 on a libcrypto failure. */
-static int mac_tag(EVP_MAC_CTX *ctx, uint32_t dst, const uint8_t *a, size_t na,
-                   const uint8_t *b, size_t nb, uint8_t out[TAG_BYTES]) {
-    uint8_t d[2] = {(uint8_t)(dst >> 8), (uint8_t)dst};
-    size_t outl = 0;
-    if (!EVP_MAC_init(ctx, NULL, 0, NULL) || !EVP_MAC_update(ctx, d, 2)
-        || !EVP_MAC_update(ctx, a, na) || (nb && !EVP_MAC_update(ctx, b, nb))
-        || !EVP_MAC_final(ctx, out, &outl, TAG_BYTES))
+/* The tag of the message a + b (a starts with its header, whose seq is the nonce: four
+ * zero bytes, then seq) into out; 0 on a libcrypto failure. */
+static int mac_tag(MAC_CTX *ctx, const uint8_t *a, size_t na, const uint8_t *b, size_t nb,
+                   uint8_t out[TAG_BYTES]) {
+    uint8_t iv[12] = {0};
+    int outl = 0;
+    if (na < (size_t)L.header || na > INT_MAX || nb > INT_MAX)
         return 0;
-    return outl == TAG_BYTES;
+    memcpy(iv + 4, a + L.seq, 8);
+    if (!EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv)
+        || !EVP_EncryptUpdate(ctx, NULL, &outl, a, (int)na)
+        || (nb && !EVP_EncryptUpdate(ctx, NULL, &outl, b, (int)nb))
+        || !EVP_EncryptFinal_ex(ctx, out, &outl)
+        || !EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, TAG_BYTES, out))
+        return 0;
+    return 1;
 }
 
 static int mac_equal(const uint8_t *x, const uint8_t *y) {
     return CRYPTO_memcmp(x, y, TAG_BYTES) == 0;
 }
 #else
-typedef void EVP_MAC_CTX;
-static int mac_tag(EVP_MAC_CTX *ctx, uint32_t dst, const uint8_t *a, size_t na,
-                   const uint8_t *b, size_t nb, uint8_t out[TAG_BYTES]) {
+typedef void MAC_CTX;
+static int mac_tag(MAC_CTX *ctx, const uint8_t *a, size_t na, const uint8_t *b, size_t nb,
+                   uint8_t out[TAG_BYTES]) {
     return 0;
 }
 static int mac_equal(const uint8_t *x, const uint8_t *y) { return 0; }
 #endif
 
 /* The context of a capsule argument (None -> NULL, no error); -1 on a wrong argument. */
-static int mac_arg(PyObject *obj, EVP_MAC_CTX **ctx) {
+static int mac_arg(PyObject *obj, MAC_CTX **ctx) {
     *ctx = NULL;
     if (obj == NULL || obj == Py_None)
         return 0;
@@ -173,20 +175,24 @@ static int mac_arg(PyObject *obj, EVP_MAC_CTX **ctx) {
 }
 
 #ifdef DBLP_HAVE_LIBCRYPTO
-/* mac_tag(capsule, dst, message) -> 16 bytes: the C tag, for the tests to compare with Python's */
+/* mac_tag(capsule, message) -> 16 bytes: the C tag of a message (header, seq in it, and
+ * payload; no trailer), for the tests to compare with Python's */
 static PyObject *py_mac_tag(PyObject *self, PyObject *args) {
     PyObject *cap;
-    unsigned int dst;
     Py_buffer msg;
-    if (!PyArg_ParseTuple(args, "OIy*", &cap, &dst, &msg))
+    if (!PyArg_ParseTuple(args, "Oy*", &cap, &msg))
         return NULL;
-    EVP_MAC_CTX *ctx;
+    MAC_CTX *ctx;
     PyObject *res = NULL;
     uint8_t out[TAG_BYTES];
-    if (mac_arg(cap, &ctx) < 0 || !ctx) {
+    if (!L.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "mac_tag before set_layout");
+    } else if (mac_arg(cap, &ctx) < 0 || !ctx) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "mac_tag: no key");
-    } else if (!mac_tag(ctx, dst, msg.buf, (size_t)msg.len, NULL, 0, out)) {
+    } else if (msg.len < L.header) {
+        PyErr_SetString(PyExc_ValueError, "mac_tag: shorter than a header");
+    } else if (!mac_tag(ctx, msg.buf, (size_t)msg.len, NULL, 0, out)) {
         PyErr_SetString(PyExc_RuntimeError, "mac_tag: libcrypto failed");
     } else {
         res = PyBytes_FromStringAndSize((const char *)out, TAG_BYTES);
@@ -413,11 +419,12 @@ done:
 }
 
 /* take_run(data, stride, lens, names, start, stop, fixed, src, part, pull, addr,
- *          chunk_bytes, count, nbytes, out, add, have, room[, mac, dst])
+ *          chunk_bytes, count, nbytes, out, add, have, room[, mac])
  *   -> (next, new, duplicates, malformed, max_aux)
  *
- * ``mac`` (a mac_new capsule, or None without a secret): every row's tag is
- * verified for this receiver's rank (``dst``) before anything but the fixed header bytes is
+ * ``mac`` (a mac_new capsule of the pair key (session, src, this receiver's rank),
+ * or None without a secret): every row's tag is
+ * verified before anything but the fixed header bytes is
  * read, and the first that fails stops the run (Python counts it and
  * rate-limits its source). With a key the sender is proved by its tag, not
  * by its address (``addr`` is then not compared), as in dblp.batch._fast_rows.
@@ -431,17 +438,17 @@ done:
 static PyObject *take_run(PyObject *self, PyObject *args) {
     Py_buffer data, lens, names, fixed, addr, out, have;
     Py_ssize_t stride, start, stop, chunk_bytes, count, nbytes, room;
-    unsigned int src, part, pull, rank = 0;
+    unsigned int src, part, pull;
     int add;
     PyObject *macobj = NULL;
-    EVP_MAC_CTX *mac = NULL;
+    MAC_CTX *mac = NULL;
     if (!L.ready) {
         PyErr_SetString(PyExc_RuntimeError, "take_run before set_layout");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*ny*y*nny*IIIy*nnnw*pw*n|OI", &data, &stride, &lens, &names,
+    if (!PyArg_ParseTuple(args, "y*ny*y*nny*IIIy*nnnw*pw*n|O", &data, &stride, &lens, &names,
                           &start, &stop, &fixed, &src, &part, &pull, &addr, &chunk_bytes,
-                          &count, &nbytes, &out, &add, &have, &room, &macobj, &rank))
+                          &count, &nbytes, &out, &add, &have, &room, &macobj))
         return NULL;
     PyObject *res = NULL;
     if (mac_arg(macobj, &mac) < 0)
@@ -479,7 +486,7 @@ static PyObject *take_run(PyObject *self, PyObject *args) {
             break;
         if (mac) {  /* the tag before anything costs more than a compare */
             uint8_t tag[TAG_BYTES];
-            if (!mac_tag(mac, rank, p, (size_t)(len[i] - L.tag), NULL, 0, tag)
+            if (!mac_tag(mac, p, (size_t)(len[i] - L.tag), NULL, 0, tag)
                 || !mac_equal(tag, p + len[i] - L.tag))
                 break;
         } else if (memcmp(nm + i * sizeof(struct sockaddr_in) + 2, pin, 6)) {  /* port, IPv4 */
@@ -533,13 +540,14 @@ done:
     return res;
 }
 
-/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag, per_msg[, mac, dst])
+/* send_gso(fd, buf, template, index_off, rows, chunks, addr, tag, per_msg[, mac, seq])
  *     -> datagrams sent, or -errno
  *
  * dblp.batch.SendBatch.fill followed by the engine's GSO sends (the tag is
- * ``tag`` zero bytes without a secret; with one, ``mac`` is a mac_new capsule
- * and each datagram's tag for rank ``dst`` is written at the end of its row
- * of ``buf``): one datagram per entry of
+ * ``tag`` zero bytes without a secret; with one, ``mac`` is the mac_new capsule
+ * of the pair key (session, this rank, the destination), datagram i gets the
+ * message number ``seq`` + i in its header, and its tag is written at the end
+ * of its row of ``buf``): one datagram per entry of
  * ``chunks`` (int64 chunk indices), each ``template`` with its index field set,
  * then the chunk's row of ``rows`` (the stream's full chunks, contiguous),
  * then the tag. They leave as GSO messages of ``per_msg`` datagrams (the last
@@ -566,10 +574,10 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
     Py_buffer buf, tmpl, rows, chunks, addr;
     Py_ssize_t index_off, tag, per_msg;
     PyObject *macobj = NULL;
-    unsigned int dst = 0;
-    EVP_MAC_CTX *mac = NULL;
-    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*nn|OI", &fd, &buf, &tmpl, &index_off, &rows,
-                          &chunks, &addr, &tag, &per_msg, &macobj, &dst))
+    unsigned long long seq = 0;
+    MAC_CTX *mac = NULL;
+    if (!PyArg_ParseTuple(args, "iw*y*ny*y*y*nn|OK", &fd, &buf, &tmpl, &index_off, &rows,
+                          &chunks, &addr, &tag, &per_msg, &macobj, &seq))
         return NULL;
     PyObject *res = NULL;
     if (mac_arg(macobj, &mac) < 0)
@@ -634,10 +642,12 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
             d[index_off + 3] = (uint8_t)c;
             iovs[niov++] = (struct iovec){d, (size_t)hdr};
             iovs[niov++] = (struct iovec){(void *)(src + (size_t)c * (size_t)cb), (size_t)cb};
-            if (mac) {  /* tagged where the row's tag goes (the payload is not copied) */
+            if (mac) {  /* numbered, then tagged where the row's tag goes (no payload copy) */
                 uint8_t *t = d + hdr + cb;
-                if (!mac_tag(mac, dst, d, (size_t)hdr, src + (size_t)c * (size_t)cb, (size_t)cb,
-                             t)) {
+                uint64_t num = (uint64_t)seq + (uint64_t)i;
+                for (int byte = 7; byte >= 0; byte--, num >>= 8)
+                    d[L.seq + byte] = (uint8_t)num;
+                if (!mac_tag(mac, d, (size_t)hdr, src + (size_t)c * (size_t)cb, (size_t)cb, t)) {
                     PyErr_SetString(PyExc_RuntimeError, "send_gso: libcrypto failed");
                     goto done;
                 }
@@ -722,8 +732,8 @@ static PyMethodDef methods[] = {
     {"take_run", take_run, METH_VARARGS, "Apply the leading run of one stream's plain DATA."},
     {"sum_squares", sum_squares, METH_VARARGS, "Float64 sum of squares of float32s, fixed order."},
 #ifdef DBLP_HAVE_LIBCRYPTO
-    {"mac_new", mac_new, METH_VARARGS, "A keyed BLAKE2b-128 context (capsule) for send_gso/take_run."},
-    {"mac_tag", py_mac_tag, METH_VARARGS, "The tag of one message for a rank (tests compare it)."},
+    {"mac_new", mac_new, METH_VARARGS, "An AES-128-GMAC context (capsule) of one pair key, for send_gso/take_run."},
+    {"mac_tag", py_mac_tag, METH_VARARGS, "The tag of one message (tests compare it)."},
 #endif
     {NULL, NULL, 0, NULL},
 };

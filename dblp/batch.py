@@ -101,6 +101,15 @@ GSO_REFUSED = frozenset({errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPRO
 _SEGMENT = struct.Struct("=H")
 _DATA = int(MsgType.DATA)
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
+_SEQ_OFF = wire.SEQ_OFFSET
+_SESSION = wire.FIELD_OFFSETS["session"][0]
+_SRC = wire.FIELD_OFFSETS["src"][0]
+
+
+def _pair_of(header: bytes, dst: int) -> tuple[int, int, int]:
+    """(session, sender, ``dst``): the pair key a message with ``header`` is sealed under."""
+    return (int.from_bytes(header[_SESSION:_SESSION + 8], "big"),
+            int.from_bytes(header[_SRC:_SRC + 2], "big"), dst)
 
 
 def _load_native():
@@ -116,7 +125,8 @@ def _load_native():
     off = {name: wire.FIELD_OFFSETS[name][0] for name in wire.FIELD_NAMES}
     _fastpath.set_layout((HEADER_SIZE, TAG_SIZE, off["flags"], off["src"], off["part"],
                           off["index"], off["count"], off["length"], off["bound"], off["aux"],
-                          PPM, int(wire.Flag.PULL), *_FIXED_SPANS[0], *_FIXED_SPANS[1], 0xDB1B))
+                          off["seq"], PPM, int(wire.Flag.PULL), *_FIXED_SPANS[0],
+                          *_FIXED_SPANS[1], 0xDB1B))
     return _fastpath
 
 
@@ -154,7 +164,7 @@ def per_message(datagram: int) -> int:
 class SendBatch:
     """The buffer of one GSO send: ``k`` rows of header + payload + tag, reused every call."""
 
-    __slots__ = ("buf", "chunk_bytes", "datagram", "index", "_template", "_sockaddrs")
+    __slots__ = ("buf", "chunk_bytes", "datagram", "index", "seq", "_template", "_sockaddrs")
 
     def __init__(self, rows: int, chunk_bytes: int):
         self.chunk_bytes = chunk_bytes
@@ -162,6 +172,8 @@ class SendBatch:
         self.buf = np.zeros((rows, self.datagram), np.uint8)  # tags stay zero without a key
         #: The ``index`` field of every row, as one big-endian column of the buffer.
         self.index = self.buf[:, _INDEX_OFF:_INDEX_OFF + 4].view(">u4")[:, 0]
+        #: The ``seq`` field of every row (the MAC's nonce: numbered per send with a key).
+        self.seq = self.buf[:, _SEQ_OFF:_SEQ_OFF + 8].view(">u8")[:, 0]
         #: The header last written to every row (with ``index`` 0): a stream's turn
         #: sends many batches under one header, which then need only their indexes.
         self._template = b""
@@ -173,21 +185,21 @@ class SendBatch:
         first of them).
 
         Where the C core is built (with libcrypto for a job with a secret: it
-        then tags each row, ``native_mac``), the core builds the rows and sends
-        them (``NATIVE.send_gso``: the same bytes); else ``fill`` and
+        then numbers and tags each row, ``native_mac``), the core builds the rows
+        and sends them (``NATIVE.send_gso``: the same bytes); else ``fill`` and
         ``sendmsg`` here, a GSO message at a time. A full socket buffer stops the
         send after whole messages; before the first, it raises BlockingIOError,
         and any other error raises OSError as ``sendmsg`` would.
         """
         per = per_message(self.datagram)
-        mac = native_mac(sealer)
+        mac = native_mac(sealer, *_pair_of(template, dst))
         raw = self._sockaddr(addr) if NATIVE is not None and (sealer.key is None or mac) \
             else None
         if raw is not None and payload_rows.flags.c_contiguous:
             self._template = b""  # the core wrote its own headers (and tags) into the rows
             n = NATIVE.send_gso(sock.fileno(), self.buf, template, _INDEX_OFF, payload_rows,
                                 np.ascontiguousarray(chunks, np.int64), raw, TAG_SIZE, per,
-                                mac, dst)
+                                mac, sealer.take_seq(len(chunks)))
             if n < 0:
                 raise OSError(-n, os.strerror(-n))  # EAGAIN: BlockingIOError, as sendmsg's
             return n
@@ -225,6 +237,7 @@ class SendBatch:
         self.index[:k] = chunks
         b[:, HEADER_SIZE:end] = payload_rows[chunks]
         if sealer.key is not None:
+            self.seq[:k] = sealer.take_seq(k) + np.arange(k, dtype=np.uint64)
             for i in range(k):
                 b[i, end:] = np.frombuffer(sealer.tag(dst, b[i, :end]), np.uint8)
         return b.data.cast("B")
@@ -523,12 +536,12 @@ _ANY_ADDR = bytes(6)
 
 def _can_authenticate(core) -> bool:
     """Whether ``core`` computes and checks tags: built with libcrypto (it then has
-    ``mac_new``) and that libcrypto has keyed BLAKE2b (``mac_new`` raises RuntimeError
+    ``mac_new``) and that libcrypto has AES-128-GCM (``mac_new`` raises RuntimeError
     when it has not, as an OpenSSL built without it would). Asked once, at import."""
     if core is None or not hasattr(core, "mac_new"):
         return False
     try:
-        core.mac_new(bytes(32))
+        core.mac_new(bytes(wire.PAIR_KEY_SIZE))
     except RuntimeError:
         return False
     return True
@@ -542,14 +555,19 @@ def native_auth() -> bool:
     return NATIVE is not None and _NATIVE_AUTH
 
 
-def native_mac(sealer: wire.Sealer):
-    """The C core's keyed context for ``sealer``'s key (made once per sealer), or None:
-    no secret, or no authenticating C core (`native_auth`)."""
+def native_mac(sealer: wire.Sealer, session: int, src: int, dst: int):
+    """The C core's context for ``sealer``'s pair key of (``session``, ``src``, ``dst``)
+    (made once per pair, for at most ``wire.MAX_PAIR_KEYS`` pairs), or None: no secret, or
+    no authenticating C core (`native_auth`)."""
     if sealer.key is None or not native_auth():
         return None
-    if sealer.native is None:
-        sealer.native = NATIVE.mac_new(sealer.key)
-    return sealer.native
+    pair = (session, src, dst)
+    mac = sealer.native.get(pair)
+    if mac is None:
+        mac = NATIVE.mac_new(sealer.pair_key(session, src, dst))
+        if len(sealer.native) < wire.MAX_PAIR_KEYS:
+            sealer.native[pair] = mac
+    return mac
 
 
 def batching_supported() -> bool:
@@ -620,8 +638,8 @@ def _native_runs(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> int:
     that makes the receiver STOP) and every row after it take the path below.
     """
     assert NATIVE is not None
-    mac = native_mac(eng.sealer)
-    if eng.round < 0 or (eng.sealer.key is not None and mac is None) or eng.fault_rx_drop:
+    keyed = eng.sealer.key is not None
+    if eng.round < 0 or (keyed and not native_auth()) or eng.fault_rx_drop:
         return 0
     data, fixed, i = ring.data, ring.fixed(eng.session, eng.round).tobytes(), 0
     while i < m:
@@ -632,14 +650,14 @@ def _native_runs(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> int:
         r = eng.receivers.get((kind, part, src))
         if r is None or r.stopped or r.final is not None or not r.out.flags.c_contiguous:
             break
+        mac = native_mac(eng.sealer, eng.session, src, eng.rank) if keyed else None
         addr = ring.pinned_addr(src, eng.peers.addrs) if mac is None else _ANY_ADDR
         room = r.count - r.allowed - r.n_have - 1
         if addr is None or room < 0:
             break
         j, new, dups, bad, aux = NATIVE.take_run(
             data, ring.stride, ring.lens, ring.names, i, m, fixed, src, part, kind, addr,
-            eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room, mac,
-            eng.rank)
+            eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room, mac)
         if j == i:
             break
         if eng.finals.pending:

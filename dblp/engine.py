@@ -204,7 +204,7 @@ class Engine:
         # Several GSO messages per call where the C core sends (with a secret, only
         # where it also makes the tags); one per call where Python fills the rows.
         messages = batch.GSO_MESSAGES if batch.NATIVE is not None and (
-            key is None or batch.native_mac(self.sealer) is not None) else 1
+            key is None or batch.native_auth()) else 1
         self.batch_max = batch.batch_limit(rate_bps, self.max_datagram,
                                            self.wire_size(self.max_datagram),
                                            messages) if batched and bucket_s is None else 1
@@ -326,6 +326,7 @@ class Engine:
         datagram instead: it counts as sent, and only the next BITMAP shows it
         missing (``counters.sender_dropped``).
         """
+        hdr = self.sealer.stamp(hdr)  # its own message number (the MAC's nonce)
         tag = self.sealer.tag(peer, hdr, payload)
         try:
             n = self.sock.sendmsg([hdr, payload, tag], [], 0, self.peers.addrs[peer])

@@ -7,17 +7,26 @@ frame on the optional TCP control connection): the same fixed 40-byte header
 written down: ``pack``/``unpack`` below and ``dblp.scapy_layer.DBLP`` are both
 generated from them, and the tests check one against the other.
 
-The trailer is a keyed BLAKE2b-128 MAC with the job's secret (``Sealer``)
-over the destination rank (2 bytes, big-endian, not sent: the receiver puts
-its own rank there) followed by header and payload; a job without a secret
-sends zeros there and checks nothing. The secret itself never travels. A
-receiver with a secret drops (and counts) every message whose tag does not
-verify, before parsing it. Covering the destination means a message sealed
-for one rank never verifies at another (a STOP for one member re-sent to a
-member pushing the same part is dropped as unauthenticated); the header's
-``session`` ties every message after the join to one job, and the join
-itself is a challenge (``dblp.join``), so no message of an earlier job or
-session is taken for one of this job.
+The trailer is an AES-128-GMAC tag (AES-GCM with header and payload as
+associated data and nothing encrypted, as QUIC and WireGuard authenticate;
+``Sealer``) under a key derived from the job's secret for one (session,
+sender, destination) triple; a job without a secret sends zeros there and
+checks nothing. The secret itself never travels. GMAC is a nonce-based MAC:
+two different messages under one key and one nonce would give away the key's
+hash subkey, so every message carries its nonce in the header (``seq``: a
+random 62-bit start per sender, then one more per message sealed), and keys
+are per session, sender and destination, so only restarts of the same rank
+in the same job share a key, each from its own random start. A receiver with
+a secret drops (and counts) every message whose tag does not verify, before
+parsing it. A key per destination means a message sealed for one rank never
+verifies at another (a STOP for one member re-sent to a member pushing the
+same part is dropped as unauthenticated); the session in the key and the
+header ties every message after the join to one job, and the join itself is
+a challenge (``dblp.join``), so no message of an earlier job or session is
+taken for one of this job. Why GMAC and not the keyed BLAKE2b of wire
+version 3: with AES-NI and carry-less multiplication it costs about a sixth
+of BLAKE2b per datagram here, which is what lets a keyed job keep up with an
+unkeyed one (docs/transport.md, "At line rate").
 
 Payload per message type:
 
@@ -59,10 +68,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import secrets
 import struct
 
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 MAGIC = 0xDB1B
-VERSION = 3  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins
+VERSION = 4  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins;
+#             4: GMAC under per-(session, sender, destination) keys, the seq nonce
 MTU = 1500  # the Ethernet MTU every datagram is sized for
 IP_HEADER = 20
 UDP_HEADER = 8
@@ -110,12 +123,13 @@ HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("length", "H", "payload bytes that follow the header"),
     ("bound", "I", "loss bound of this round, ppm"),
     ("aux", "I", "DATA: pass number; FINAL: next round's bound, ppm"),
+    ("seq", "Q", "the MAC's nonce: the sender's message number under its key (zero without a secret)"),
 )
 
 # (name, bytes, description) -- THE declaration of what follows the payload.
 TRAILER_FIELDS: tuple[tuple[str, int, str], ...] = (
-    ("tag", 16, "keyed BLAKE2b-128 of destination rank (2 bytes, not sent) + header + payload "
-     "with the job's secret; zeros without one"),
+    ("tag", 16, "AES-128-GMAC of header + payload under the (session, src, destination) key "
+     "derived from the job's secret, nonce ``seq``; zeros without a secret"),
 )
 
 HEADER_FORMAT = "!" + "".join(code for _, code, _ in HEADER_FIELDS)
@@ -136,7 +150,7 @@ for _name, _code, _ in HEADER_FIELDS:
     FIELD_OFFSETS[_name] = (_off, struct.calcsize("!" + _code))
     _off += struct.calcsize("!" + _code)
 
-assert HEADER_SIZE == 40, HEADER_SIZE
+assert HEADER_SIZE == 48, HEADER_SIZE
 
 
 def datagram_size(chunk_bytes: int = CHUNK_BYTES) -> int:
@@ -182,14 +196,15 @@ class Header:
     length: int
     bound: int
     aux: int
+    seq: int
 
     def __init__(self, magic: int, version: int, type: int, flags: int, copies: int, src: int,
                  part: int, session: int, round: int, index: int, count: int, length: int,
-                 bound: int, aux: int) -> None:
+                 bound: int, aux: int, seq: int) -> None:
         self.magic, self.version, self.type, self.flags = magic, version, type, flags
         self.copies, self.src, self.part, self.session = copies, src, part, session
         self.round, self.index, self.count, self.length = round, index, count, length
-        self.bound, self.aux = bound, aux
+        self.bound, self.aux, self.seq = bound, aux, seq
 
     def __repr__(self) -> str:
         return "Header(" + ", ".join(f"{n}={getattr(self, n)}" for n in FIELD_NAMES) + ")"
@@ -204,11 +219,11 @@ class MalformedDatagram(ValueError):
 
 def pack_header(type: int, *, src: int = 0, part: int = 0, session: int = 0, round: int = 0,
                 index: int = 0, count: int = 0, length: int = 0, bound: int = 0, aux: int = 0,
-                flags: int = 0, copies: int = 1) -> bytes:
-    """Pack one header (no payload)."""
+                flags: int = 0, copies: int = 1, seq: int = 0) -> bytes:
+    """Pack one header (no payload; ``seq`` is `Sealer`'s to set when it seals)."""
     return _HEADER.pack(MAGIC, VERSION, int(type), int(flags), int(copies), int(src), int(part),
                         int(session), int(round), int(index), int(count), int(length), int(bound),
-                        int(aux))
+                        int(aux), int(seq))
 
 
 def pack_body(type: int, payload: bytes = b"", **fields) -> bytes:
@@ -226,59 +241,115 @@ def pack(type: int, payload: bytes = b"", *, key: bytes | None = None, dst: int 
     return Sealer(key).seal(pack_body(type, payload, **fields), dst)
 
 
-_DST = struct.Struct("!H")
+#: What a pair key is derived from besides the secret: (session, sender, destination).
+_PAIR = struct.Struct("!QHH")
+#: BLAKE2b's personalisation of the derivation: keys for nothing but this use.
+_KDF_PERSON = b"dblp4 gmac key"
+PAIR_KEY_SIZE = 16  # AES-128
+_SEQ = struct.Struct("!Q")
+SEQ_OFFSET = FIELD_OFFSETS["seq"][0]
+_SESSION_OFFSET = FIELD_OFFSETS["session"][0]
+_SRC_OFFSET = FIELD_OFFSETS["src"][0]
+#: Pair keys one sealer keeps (a job's own pairs; forged sessions beyond it are derived
+#: per message, never stored: a flood of them cannot grow memory).
+MAX_PAIR_KEYS = 4096
+
+
+def nonce(header) -> bytes:
+    """The 96-bit GCM nonce of a message: four zero bytes, then its header's ``seq``."""
+    return (bytes(4) + bytes(header[SEQ_OFFSET:SEQ_OFFSET + 8])).ljust(12, b"\0")
 
 
 class Sealer:
     """Tags outgoing messages and verifies incoming ones with the job's secret.
 
-    A tag covers the rank the message is for (``dst``), then header and
-    payload: a receiver verifies with its own rank, so a message sealed for
-    another rank fails here. Without a key every tag is zeros and every
-    message verifies: the job is open to anyone who can reach its port
-    (closed networks, benchmarks).
+    The state of one sender, by role:
+
+    * ``key``: the job's secret (16-64 bytes), or None: without one every tag
+      is zeros and every message verifies, so the job is open to anyone who
+      can reach its port (closed networks, benchmarks).
+    * ``seq``: the next message number, the GCM nonce. It starts at a random
+      62-bit value, so a restarted rank of the same job does not repeat its
+      predecessor's numbers, and only grows: every message sealed, in Python
+      (`stamp`, `seal`) or by the C core (``dblp.batch``, which takes numbers
+      with `take_seq`), gets a number of its own. Zero without a key.
+    * pair keys: one AES-128 key per (session, sender, destination), derived
+      from the secret (`pair_key`) and kept for the job's own pairs (``_aead``
+      here, ``native``: the C core's contexts, ``dblp.batch.native_mac``).
+
+    A tag covers header and payload and is made under the key of the rank the
+    message is for: a receiver verifies under the key of (the header's
+    session, the header's sender, itself), so a message sealed for another
+    rank, or for another session, fails here.
     """
 
-    __slots__ = ("key", "_mac", "_by_dst", "native")
+    __slots__ = ("key", "seq", "_aead", "native")
 
     def __init__(self, key: bytes | None):
         if key is not None and not 16 <= len(key) <= 64:
             raise ValueError(f"key must be 16 to 64 bytes, got {len(key)}")
         self.key = key
-        # A keyed template: copying it skips re-hashing the key block per message.
-        self._mac = None if key is None else hashlib.blake2b(key=key, digest_size=TAG_SIZE)
-        self._by_dst: dict[int, hashlib.blake2b] = {}  # the template with each destination fed in
-        #: The C core's keyed context for this key (``dblp.batch.native_mac``): None until
-        #: asked for, False where the core cannot make one.
-        self.native: object = None
+        self.seq = secrets.randbits(62) if key is not None else 0
+        self._aead: dict[tuple[int, int, int], AESGCM] = {}
+        #: The C core's keyed context per pair (``dblp.batch.native_mac``).
+        self.native: dict[tuple[int, int, int], object] = {}
 
-    def _for(self, dst: int) -> hashlib.blake2b:
-        m = self._by_dst.get(dst)
-        if m is None:
-            assert self._mac is not None
-            m = self._mac.copy()
-            m.update(_DST.pack(dst))
-            if len(self._by_dst) < 70000:
-                self._by_dst[dst] = m
-        return m
+    def pair_key(self, session: int, src: int, dst: int) -> bytes:
+        """The AES-128 key of messages from rank ``src`` to rank ``dst`` in ``session``."""
+        assert self.key is not None
+        return hashlib.blake2b(_PAIR.pack(session, src, dst), key=self.key,
+                               digest_size=PAIR_KEY_SIZE, person=_KDF_PERSON).digest()
 
-    def tag(self, dst: int, *parts) -> bytes:
-        """The trailer of a message for rank ``dst`` made of ``parts`` (header, payload: buffers)."""
-        if self._mac is None:
+    def _gmac(self, session: int, src: int, dst: int) -> AESGCM:
+        pair = (session, src, dst)
+        aead = self._aead.get(pair)
+        if aead is None:
+            aead = AESGCM(self.pair_key(session, src, dst))
+            if len(self._aead) < MAX_PAIR_KEYS:
+                self._aead[pair] = aead
+        return aead
+
+    def take_seq(self, n: int = 1) -> int:
+        """The first of ``n`` fresh message numbers (zero without a key)."""
+        if self.key is None:
+            return 0
+        first = self.seq
+        self.seq = first + n
+        return first
+
+    def stamp(self, header) -> bytes:
+        """``header`` with a fresh ``seq`` (unchanged without a key): before `tag`."""
+        if self.key is None:
+            return bytes(header)
+        h = bytearray(header)
+        _SEQ.pack_into(h, SEQ_OFFSET, self.take_seq())
+        return bytes(h)
+
+    def tag(self, dst: int, head, *rest) -> bytes:
+        """The trailer of a message for rank ``dst`` made of ``head`` (its header, ``seq``
+        already in it, and maybe more) and ``rest`` (buffers)."""
+        if self.key is None:
             return ZERO_TAG
-        m = self._for(dst).copy()
-        for p in parts:
-            m.update(p)
-        return m.digest()
+        h = memoryview(head)
+        session = int.from_bytes(h[_SESSION_OFFSET:_SESSION_OFFSET + 8], "big")
+        src = int.from_bytes(h[_SRC_OFFSET:_SRC_OFFSET + 2], "big")
+        aad = b"".join((h, *rest)) if rest else bytes(h)
+        return self._gmac(session, src, dst).encrypt(nonce(h), b"", aad)
 
     def seal(self, body, dst: int) -> bytes:
-        """``body`` (header + payload) for rank ``dst``, followed by its trailer."""
-        return bytes(body) + self.tag(dst, body)
+        """``body`` (header + payload) for rank ``dst``: stamped with a fresh ``seq``, followed
+        by its trailer."""
+        if self.key is None:
+            return bytes(body) + ZERO_TAG
+        b = bytearray(body)
+        if len(b) >= HEADER_SIZE:  # anything shorter is refused unread (tests build such)
+            _SEQ.pack_into(b, SEQ_OFFSET, self.take_seq())
+        return bytes(b) + self.tag(dst, b)
 
     def verify(self, buf, n: int, dst: int) -> bool:
         """Whether the first ``n`` bytes of ``buf`` end in the right tag for rank ``dst``
         (always without a key)."""
-        if self._mac is None:
+        if self.key is None:
             return True
         if n < HEADER_SIZE + TAG_SIZE:
             return False

@@ -493,6 +493,9 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     median and the range over the runs. After the table, each of the line-rate
     claims read from its range over the runs: within 1.2x of gloo without loss,
     within 1.2x (1.1x at 0.1 Gbit/s) of its bound, faster than gloo under loss.
+    Runs made with ``--auth both`` add what a secret costs, also within each
+    run: keyed over unkeyed (PS and sharded) and keyed sharded over gloo, each
+    without loss, with the claims within 1.1x of unkeyed and 1.2x of gloo.
     """
     by_rate: dict[float, list[dict]] = {}
     for doc in _jsons(ref_dir, "bench-transport-*.json"):
@@ -502,10 +505,12 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     losses = first["losses"]
     lossy = [x for x in losses if x > 0]
 
-    def find(doc, impl, mode, loss):
+    keyed = any(r.get("auth") for docs in groups for d in docs for r in d["rows"])
+
+    def find(doc, impl, mode, loss, auth=False):
         return next((r for r in doc["rows"] if r["impl"] == impl and r["loss"] == loss
                      and r.get("mode") == mode and r["policy"] == "reliable"
-                     and not r.get("auth")), None)
+                     and bool(r.get("auth")) == auth), None)
 
     def runs_of(docs, *rows):
         """Per run, the ``rows`` (impl, mode, loss) a claim reads, and how many runs it sets
@@ -529,8 +534,26 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     for x in lossy:
         head += [f"reliable sharded, {_pct(x)}", f"gloo, {_pct(x)}"]
     head += ["CPU s/GB sharded", "CPU s/GB gloo"]
+    if keyed:
+        head += ["keyed / unkeyed PS, 0 % (range)", "keyed / unkeyed sharded, 0 % (range)",
+                 "keyed sharded / gloo, 0 % (range)"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     vs_gloo, vs_bound, beats, tight = [], [], [], []
+    key_cost: dict[str, list[str]] = {"ps": [], "sharded": []}
+    keyed_vs_gloo: list[str] = []
+
+    def within_run(docs, a_row, b_row):
+        """Per run, ``a_row``'s round trip over ``b_row``'s (rows as ``find``'s arguments),
+        and the runs set aside for CPU steal."""
+        per = [(find(d, *a_row), find(d, *b_row)) for d in docs]
+        per = [(a, b) for a, b in per if a is not None and b is not None]
+        kept = [(a, b) for a, b in per if not (_stolen(a) or _stolen(b))]
+        return ([a["round_trip_s"] / b["round_trip_s"] for a, b in kept
+                 if a["round_trip_s"] and b["round_trip_s"]], len(per) - len(kept))
+
+    def median_range(vals):
+        return f"{statistics.median(vals):.2f}x ({_range(vals)})" if vals else "–"
+
     sharded, gloo = ("dblp", "sharded"), ("gloo", "allreduce")
     for docs in groups:
         link = f"{gbit(docs)} Gbit/s"
@@ -568,6 +591,16 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
                         tight.append(f"{'PS' if mode == 'ps' else mode} at {_pct(x)} "
                                      f"{_claim(v, 1.1, aside_t, fmt='{:.3f}')}")
         cells += [cpu(over[(*sharded, 0.0)]), cpu(over[(*gloo, 0.0)])]
+        if keyed:
+            for mode in ("ps", "sharded"):
+                cost, aside_k = within_run(docs, ("dblp", mode, 0.0, True), ("dblp", mode, 0.0))
+                cells.append(median_range(cost))
+                if cost or aside_k:
+                    key_cost[mode].append(f"{link} {_claim(cost, 1.1, aside_k)}")
+            vs, aside_g = within_run(docs, (*sharded, 0.0, True), (*gloo, 0.0))
+            cells.append(median_range(vs))
+            if vs or aside_g:
+                keyed_vs_gloo.append(f"{link} {_claim(vs, 1.2, aside_g)}")
         out.append("| " + " | ".join(cells) + " |")
     n_runs = sorted({len(docs) for docs in groups})
     runs = (f"{n_runs[0]} run" + ("s" if n_runs[0] > 1 else "") if len(n_runs) == 1
@@ -577,7 +610,8 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
     order = (", the rows' round trips interleaved (each row's k-th before any row's k+1-th)"
              if all(d.get("order", "").startswith("interleaved") for docs in groups for d in docs)
              else "")
-    text += (f"{runs.capitalize()} of one `bench transport` per link (UDP control, no secret), "
+    secret = "with and without a secret" if keyed else "no secret"
+    text += (f"{runs.capitalize()} of one `bench transport` per link (UDP control, {secret}), "
              f"each giving medians of {reps}{order}; a cell is the median over the runs, in seconds "
              f"(time / `bound_s`); sharded / gloo is taken within each run. CPU s/GB: CPU "
              f"seconds of each side's process (rank 0 / rank 1) in the collective alone, per "
@@ -589,6 +623,10 @@ def line_rate_table(ref_dir: pathlib.Path) -> str:
         text += f"Sharded faster than gloo under loss: {'; '.join(beats) or 'none'}. "
     if tight:
         text += f"The 0.1 Gbit/s rows within 1.1x of their bound: {'; '.join(tight)}. "
+    if keyed:
+        text += (f"Keyed within 1.1x of unkeyed without loss: PS {'; '.join(key_cost['ps']) or 'none'}"
+                 f"; sharded {'; '.join(key_cost['sharded']) or 'none'}. Keyed sharded within "
+                 f"1.2x of gloo without loss: {'; '.join(keyed_vs_gloo) or 'none'}. ")
     text += _gro_sentence(groups)
     text += _steal_sentence(groups)
     return text.rstrip() + "\n"

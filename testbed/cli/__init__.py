@@ -34,6 +34,7 @@ COMMANDS = {
 BENCH_COMMANDS = {
     "transport": "testbed.bench.transport:transport_cmd",
     "bursts": "testbed.cli.fabric:bench_bursts",
+    "flood": "testbed.bench.flood:flood_cmd",
 }
 
 
@@ -167,4 +168,5 @@ def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):
 
 @main.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
 def bench():
-    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), `bursts` (on the fabric)."""
+    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), `bursts` (on the fabric),
+    `flood` (honest rounds under a flood of forged datagrams, on loopback)."""

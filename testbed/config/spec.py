@@ -214,10 +214,10 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
                                     fix="use a deadline in seconds, e.g. 30"),
         # Prototype mode (dblp.TransportConfig, "prototype mode"): the authors'
         # prototype's costs, one field each; the defaults are the transport's own.
-        # 1416 = dblp.wire.CHUNK_BYTES (one unfragmented datagram), copied so the
+        # 1408 = dblp.wire.CHUNK_BYTES (one unfragmented datagram), copied so the
         # schema needs no dblp import (pinned by a unit test).
-        "chunk_bytes": Setting(int, 1416, transport="chunk_bytes",
-                               fix="use whole float32s, e.g. 1416 (MTU-sized) or 8192 "
+        "chunk_bytes": Setting(int, 1408, transport="chunk_bytes",
+                               fix="use whole float32s, e.g. 1408 (MTU-sized) or 8192 "
                                    "(the prototype's IP-fragmented chunks)"),
         "chunk_order": Setting(str, "shuffled", transport="chunk_order",
                                fix="use shuffled (a per-round order) or fixed (the prototype's)"),

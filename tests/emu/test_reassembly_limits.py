@@ -57,7 +57,7 @@ import socket, sys, time
 dst, port, lossy, clean = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.IPPROTO_IP, 10, 0)  # IP_MTU_DISCOVER = IP_PMTUDISC_DONT: fragment
-body = bytes(8248)  # an 8 KB chunk's datagram: six fragments at a 1500-byte MTU
+body = bytes(8256)  # an 8 KB chunk's datagram: six fragments at a 1500-byte MTU
 for _ in range(lossy):
     s.sendto(b"L" + body[1:], (dst, port))
 print("burst sent", flush=True)
@@ -115,7 +115,7 @@ def _burst_then_clean(limits: dict) -> tuple[int, int, int]:
 
 
 def test_raised_reassembly_limits_let_clean_datagrams_through_after_a_lossy_burst():
-    assert reassembly_sysctls(8192) == REASSEMBLY_LIMITS and reassembly_sysctls(1416) == {}
+    assert reassembly_sysctls(8192) == REASSEMBLY_LIMITS and reassembly_sysctls(1408) == {}
     lossy, clean, fails = _burst_then_clean(DEFAULTS)
     # Linux's defaults: the burst's incomplete datagrams fill the 4 MiB and the
     # clean ones are dropped fragment by fragment (a few may slip in first).

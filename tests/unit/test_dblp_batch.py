@@ -25,6 +25,7 @@ pytestmark = pytest.mark.unit
 KEY = bytes(range(32))
 SESSION = 0x1234_5678_9ABC
 ROUND = 3
+FIRST_SEQ = 1 << 40  # a sender's first message number (random in a real job)
 
 
 @pytest.fixture(params=["c-core", "numpy"])
@@ -63,6 +64,15 @@ class _Counting:
         return getattr(self.native, name)
 
 
+def _sans_nonce(d: bytes) -> bytes:
+    """A datagram with its message number and its tag zeroed: what it says, not how it
+    was sealed."""
+    b = bytearray(d)
+    b[wire.SEQ_OFFSET:wire.SEQ_OFFSET + 8] = bytes(8)
+    b[-wire.TAG_SIZE:] = wire.ZERO_TAG
+    return bytes(b)
+
+
 def _rx():
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
@@ -76,6 +86,8 @@ def _send_stream(batched: bool, numel: int, key, passes: int = 1, rate_bps=None)
     rx = _rx()
     eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, key=key, batched_io=batched,
                  rate_bps=rate_bps)
+    if key is not None:
+        eng.sealer.seq = FIRST_SEQ  # both paths number alike, so their bytes can be compared
     try:
         eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(ROUND)
@@ -138,7 +150,13 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_per_call(monkeypatch):
         lambda size: [(socket.IPPROTO_UDP, batch.UDP_SEGMENT, b"\x00")]))
     new, s_new, n_new, k_after = _send_stream(True, 60 * wire.CHUNK_ELEMS, KEY)
     assert k_after == 1  # batched sending is off for good on this engine
-    assert new == old and n_new == s_old.count and s_new.chunks_sent == s_old.chunks_sent
+    # The same datagrams, but under new message numbers: the refused batch's rows had
+    # taken theirs, and a number is never used twice (the MAC's nonce).
+    assert [_sans_nonce(d) for d in new] == [_sans_nonce(d) for d in old]
+    seqs = [wire.unpack_header(d).seq for d in new]
+    assert len(set(seqs)) == len(seqs) and seqs[0] > FIRST_SEQ
+    assert all(wire.Sealer(KEY).verify(d, len(d), 2) for d in new)
+    assert n_new == s_old.count and s_new.chunks_sent == s_old.chunks_sent
 
 
 def test_a_send_cut_short_by_a_full_socket_buffer_sends_the_rest_next(monkeypatch):
@@ -186,7 +204,7 @@ def test_batch_size_follows_the_pacing_rate():
     assert batch.batch_limit(3e9, wire.MAX_DATAGRAM, wire_bytes, messages=4) == 123
     assert batch.batch_limit(10e9, wire.MAX_DATAGRAM, wire_bytes, messages=4) == 176
     # IP-fragmented chunks (the prototype's 8 KB) cannot be GSO segments
-    assert batch.batch_limit(10e9, wire.datagram_size(8192), Engine.wire_size(8248)) == 1
+    assert batch.batch_limit(10e9, wire.datagram_size(8192), Engine.wire_size(8256)) == 1
 
 
 def test_a_batch_borrows_no_more_than_single_datagrams_would():
@@ -294,6 +312,8 @@ def _mix(numel: int, key, seed: int):
 
 def _receiver(key, kind, numel, peer_addr, bound_ppm=0):
     eng = Engine(1, bind=("127.0.0.1", 0), session=SESSION, key=key)
+    if key is not None:
+        eng.sealer.seq = FIRST_SEQ  # both paths' replies numbered alike, so comparable
     eng.peers.addrs[2] = peer_addr
     eng.begin_round(ROUND)
     out = np.ones(numel, np.float32) * 0.5
@@ -422,16 +442,46 @@ def test_take_run_fuzzed_against_the_per_datagram_path(key, kind, seed, core):
     _same_outcome(key, kind, numel, seq, 0 if seed % 2 else 200_000, core)
 
 
-@pytest.mark.parametrize("dst", [0, 1, 7, 65534])
+@pytest.mark.parametrize("pair", [(0, 0, 0), (SESSION, 2, 1), (2**64 - 1, 65535, 65534)])
 @pytest.mark.parametrize("length", [wire.HEADER_SIZE, 100, wire.MAX_DATAGRAM - wire.TAG_SIZE])
-def test_the_c_cores_tags_are_pythons(dst, length):
+def test_the_c_cores_tags_are_pythons(pair, length):
+    """The core's GMAC under a pair key is Python's (``cryptography``) for the message whose
+    header names that pair; another destination, or another message number, another tag."""
     if not batch.native_auth():
         pytest.skip("the C core was built without libcrypto")
-    body = np.random.default_rng(length).integers(0, 256, length, np.uint8).tobytes()
+    session, src, dst = pair
+    body = bytearray(np.random.default_rng(length).integers(0, 256, length, np.uint8).tobytes())
+    struct.pack_into("!Q", body, wire.FIELD_OFFSETS["session"][0], session)
+    struct.pack_into("!H", body, wire.FIELD_OFFSETS["src"][0], src)
     for key in (KEY, bytes(range(16)), bytes(range(64))):
-        mac = batch.NATIVE.mac_new(key)
-        assert batch.NATIVE.mac_tag(mac, dst, body) == wire.Sealer(key).tag(dst, body)
-        assert batch.NATIVE.mac_tag(mac, dst, body) != wire.Sealer(key).tag(dst ^ 1, body)
+        sealer = wire.Sealer(key)
+        mac = batch.NATIVE.mac_new(sealer.pair_key(session, src, dst))
+        assert batch.NATIVE.mac_tag(mac, bytes(body)) == sealer.tag(dst, body)
+        assert batch.NATIVE.mac_tag(mac, bytes(body)) != sealer.tag(dst ^ 1, body)
+        renumbered = bytearray(body)
+        renumbered[wire.SEQ_OFFSET + 7] ^= 1
+        assert batch.NATIVE.mac_tag(mac, bytes(renumbered)) != sealer.tag(dst, body)
+        assert batch.NATIVE.mac_tag(mac, bytes(renumbered)) == sealer.tag(dst, renumbered)
+
+
+def test_every_message_a_sealer_makes_has_a_number_of_its_own():
+    """GMAC's nonce never repeats under a key: Python's seals, the rows Python fills and the
+    rows the core sends take numbers from one counter, which starts at random."""
+    sealer = wire.Sealer(KEY)
+    assert wire.Sealer(KEY).seq != sealer.seq  # a restarted rank does not start where it did
+    body = wire.pack_body(MsgType.PROBE, src=2, session=SESSION, round=ROUND)
+    first = [wire.unpack_header(sealer.seal(body, 1)).seq for _ in range(3)]
+    sb = batch.SendBatch(8, wire.CHUNK_BYTES)
+    rows = np.zeros((4, wire.CHUNK_BYTES), np.uint8)
+    tmpl = wire.pack_header(MsgType.DATA, src=2, session=SESSION, round=ROUND, count=4,
+                            length=wire.CHUNK_BYTES)
+    filled = np.frombuffer(sb.fill(tmpl, np.arange(4), rows, sealer, 1), np.uint8)
+    rowseq = [wire.unpack_header(filled[i * sb.datagram:(i + 1) * sb.datagram].tobytes()).seq
+              for i in range(4)]
+    after = wire.unpack_header(sealer.seal(body, 1)).seq
+    numbers = first + rowseq + [after]
+    assert numbers == list(range(first[0], first[0] + 8))
+    assert wire.Sealer(None).seal(body, 1)[wire.SEQ_OFFSET:wire.SEQ_OFFSET + 8] == bytes(8)
 
 
 def _as_pull(d: bytes, key) -> bytes:

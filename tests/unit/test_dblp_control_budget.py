@@ -19,7 +19,7 @@ from dblp.wire import CHUNK_BYTES, HEADER_SIZE, TAG_SIZE
 
 pytestmark = pytest.mark.unit
 
-N, NUMEL = 3, 38_282  # the digits CNN's gradient: 109 chunks per stream (1416 B each)
+N, NUMEL = 3, 38_282  # the digits CNN's gradient: 109 chunks per stream (1408 B each)
 SERVER_RATE = 40e6
 WORKER_RATE = SERVER_RATE / N  # fair share of the server's downlink, like the runner
 

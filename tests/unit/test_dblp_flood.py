@@ -94,3 +94,28 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
     assert any(blocked_seen), blocked_seen
     c = srv.engine.counters
     assert c.unauthenticated > 1000 and sent > 1000, (c, sent)
+
+
+def test_the_flood_bench_tells_rounds_apart_by_time_and_keeps_every_aggregate_exact():
+    """`bench flood`, small: quiet and flooded rounds by their stamps, the flood from one
+    process counted at the aggregator, every aggregate the exact mean."""
+    from testbed.bench import flood as fb
+
+    doc = fb.run_flood_bench(blocks=2, block_rounds=4, numel=1 << 16, log=lambda *_: None)
+    assert doc["schema"] == fb.SCHEMA and doc["kind"] == "bench-flood"
+    assert doc["all_exact"], doc["rounds"]
+    kinds = [r["kind"] for r in doc["rounds"]]
+    assert kinds[:4] == ["quiet"] * 4 and "flood" in kinds[4:], kinds
+    assert doc["quiet_rounds"] == kinds.count("quiet") and doc["flood_rounds"] == kinds.count("flood")
+    assert doc["ratio"] == pytest.approx(doc["flood_s"] / doc["quiet_s"])
+    assert doc["flood_datagrams_per_s"] > 1000 and doc["aggregator"]["unauthenticated"] > 0
+    assert "flood / quiet:" in fb.format_doc(doc)
+
+
+def test_a_round_is_a_flood_round_only_wholly_inside_a_flood():
+    from testbed.bench.flood import classify
+
+    floods = [{"t0": 10.0, "t1": 20.0}]
+    rounds = [{"t0": 1.0, "t1": 2.0}, {"t0": 9.0, "t1": 11.0}, {"t0": 12.0, "t1": 13.0},
+              {"t0": 19.5, "t1": 20.5}, {"t0": 21.0, "t1": 22.0}]
+    assert classify(rounds, floods) == ["quiet", "switch", "flood", "switch", "quiet"]

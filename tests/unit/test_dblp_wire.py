@@ -35,7 +35,7 @@ def messages(draw):
 
 
 def test_header_is_declared_once_and_fits_the_mtu():
-    assert wire.HEADER_SIZE == struct.calcsize(wire.HEADER_FORMAT) == 40
+    assert wire.HEADER_SIZE == struct.calcsize(wire.HEADER_FORMAT) == 48
     assert wire.HEADER_SIZE + wire.CHUNK_BYTES + wire.TAG_SIZE <= wire.MAX_DATAGRAM == 1472
     assert [f.name for f in DBLP.fields_desc] == list(wire.FIELD_NAMES)
     assert 2 * ((wire.MAX_PART_CHUNKS + 7) // 8) <= wire.MAX_PAYLOAD  # a FINAL's two bitmaps

@@ -75,7 +75,7 @@ def _tshark(dissector, pcap, *fields: str) -> list[list[str]]:
 @pytest.mark.parametrize("dport", [DEFAULT_PORT, EPHEMERAL], ids=["port", "heuristic"])
 def test_an_8k_chunk_is_decoded_after_reassembly(tshark, dissector, tmp_path, dport):
     datagram, floats = _chunk()
-    assert len(datagram) == wire.datagram_size(PROTO) == 8248
+    assert len(datagram) == wire.datagram_size(PROTO) == 8256
     assert len(datagram) <= wireshark.MAX_DATA_DATAGRAM
     pcap, n_frags = _pcap(tmp_path, datagram, dport)
     assert n_frags == wire.fragments(len(datagram)) == 6

@@ -30,9 +30,10 @@ pytestmark = pytest.mark.unit
 PROTO = 8192
 #: sha256 of the datagrams ``_capture()`` records, computed with the transport as it
 #: was before prototype mode existed (commit 4578008): the defaults must not move a byte.
-#: Remade for wire version 3 (the version byte, and tags that cover the destination rank);
-#: the digest of version 2 was eb988d38...5a408.
-GOLDEN = "1e8fff0ab366b4cdca6cceae1975d7195ce9f7c04cb2cced445e4ba6ffdcc416"
+#: Remade for wire version 3 (the version byte, and tags that cover the destination rank;
+#: the digest of version 2 was eb988d38...5a408), and for version 4 (the header's ``seq``,
+#: from a fixed first number here, and GMAC tags; version 3's was 1e8fff0a...cc416).
+GOLDEN = "271e4a45bc51a2e2b2bbc10e4b2f12a6e00b6f33471c5e03c7b747454335de61"
 
 
 def _capture(numel: int = 4 * wire.CHUNK_ELEMS + 100, **engine_kw):
@@ -42,6 +43,7 @@ def _capture(numel: int = 4 * wire.CHUNK_ELEMS + 100, **engine_kw):
     rx.settimeout(2)
     eng = Engine(1, bind=("127.0.0.1", 0), session=0x1234_5678_9ABC, key=bytes(range(32)),
                  **engine_kw)
+    eng.sealer.seq = 1 << 40  # the first message number, random in a real job
     try:
         eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(3)
@@ -60,11 +62,11 @@ def test_defaults_send_the_same_bytes_as_before():
     cfg = TransportConfig()
     assert (cfg.chunk_bytes, cfg.chunk_order, cfg.probe_wait, cfg.nagle, cfg.bucket_s,
             cfg.no_progress_probes) == (wire.CHUNK_BYTES, "shuffled", None, False, None, 0)
-    assert wire.CHUNK_BYTES == 1416 and wire.datagram_size() == wire.MAX_DATAGRAM == 1472
+    assert wire.CHUNK_BYTES == 1408 and wire.datagram_size() == wire.MAX_DATAGRAM == 1472
     assert wire.fragments(wire.MAX_DATAGRAM) == 1
     s, grams, _ = _capture()
     assert hashlib.sha256(b"".join(grams)).hexdigest() == GOLDEN
-    assert [len(g) for g in grams] == [1472, 456, 1472, 1472, 1472, 56]
+    assert [len(g) for g in grams] == [1472, 464, 1472, 1472, 1472, 64]
     # The scapy layer still dissects them.
     from dblp.scapy_layer import DBLP
     pkt = DBLP(grams[0])
@@ -145,7 +147,7 @@ def test_a_member_with_another_chunk_size_is_refused_at_join():
                                 join_timeout=5)
         try:
             with pytest.raises(ValueError, match="chunk_bytes=8192 but the aggregator cuts "
-                                                 "chunks of 1416"):
+                                                 "chunks of 1408"):
                 g.allreduce_(np.ones(1000, np.float32))
         finally:
             g.close()
@@ -418,9 +420,9 @@ def test_nagle_reaches_both_ends_of_a_jobs_control_connections(nagle):
 
 # -- validation -------------------------------------------------------------------------
 @pytest.mark.parametrize("bad,text", [
-    ({"chunk_bytes": 8190}, "chunk_bytes must be a multiple of 4 in [64, 65448]"),
-    ({"chunk_bytes": 60}, "chunk_bytes must be in [64, 65448]"),
-    ({"chunk_bytes": 65452}, "chunk_bytes must be in [64, 65448]"),
+    ({"chunk_bytes": 8190}, "chunk_bytes must be a multiple of 4 in [64, 65440]"),
+    ({"chunk_bytes": 60}, "chunk_bytes must be in [64, 65440]"),
+    ({"chunk_bytes": 65452}, "chunk_bytes must be in [64, 65440]"),
     ({"chunk_bytes": 8192.0}, "chunk_bytes must be an int"),
     ({"chunk_order": "random"}, "chunk_order must be one of ['shuffled', 'fixed']"),
     ({"probe_wait": 0}, "probe_wait must be in (0.0, 3600.0]"),

@@ -1,0 +1,289 @@
+"""`dblp-testbed bench flood`: honest rounds with and without an unauthenticated flood.
+
+A parameter-server job on loopback (an aggregator and two members, each a
+process of its own, one job secret) runs rounds back to back. Between blocks
+of rounds the driver starts and stops a flood: one Python process sending
+forged DATA (the job's session, a member's rank, the job's round numbers: all
+a sniffer sees) with tags it cannot make, as fast as it can, to the
+aggregator's port. One process is the highest rate an attacker gets without
+spending more CPU than the job; on a 2-core machine it also takes CPU from
+the job, which is part of what the bench measures.
+
+Rounds are told apart by time, not by count: every member round and the
+flood's first and last send carry ``time.monotonic()`` stamps (one clock for
+every process of the machine), a round wholly inside a flood is a flood
+round, one that overlaps none is a quiet round, and one a switch falls in is
+neither. Quiet and flood blocks alternate, so both meet the same machine.
+The answer: each kind's median round, their ratio (issue bound: at most 2x),
+the flood's datagrams per second, what the aggregator counted, and whether
+every round's aggregate was exact.
+
+The processes are this module run with a role (`python -m testbed.bench.flood
+server|member|flood ...`); the secret travels in ``DBLP_SECRET``, never on a
+command line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import click
+
+from testbed import output
+from testbed.errors import ExperimentFailed
+from testbed.output import json_option, results
+
+SCHEMA = 1
+N_MEMBERS = 2
+DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32, as `bench transport`
+#: Forged datagrams the flood cycles through: 16 chunks of every round of the job.
+FORGED_PER_ROUND = 16
+
+
+def _role_server(port: int, rounds: int, session: int) -> None:
+    import dblp
+
+    srv = dblp.ParameterServer("127.0.0.1", port, N_MEMBERS, "reliable",
+                               secret=os.environ["DBLP_SECRET"], session_id=session,
+                               round_timeout=30)
+    try:
+        srv.serve(rounds)
+        c = srv.engine.counters
+        print(json.dumps({"unauthenticated": c.unauthenticated,
+                          "blocked_sources": len(srv.engine.bad.blocked)}), flush=True)
+    finally:
+        srv.close()
+
+
+def _role_member(rank: int, port: int, rounds: int, numel: int, session: int) -> None:
+    import numpy as np
+
+    import dblp
+
+    expected = (1 + N_MEMBERS) / 2  # the mean of 1, 2, ... N_MEMBERS
+    with dblp.TransportGroup(rank, N_MEMBERS, "127.0.0.1", port, policy="reliable",
+                             secret=os.environ["DBLP_SECRET"], session_id=session,
+                             round_timeout=30) as g:
+        for r in range(rounds):
+            t = np.full(numel, float(rank + 1), np.float32)
+            t0 = time.monotonic()
+            g.allreduce_(t)
+            t1 = time.monotonic()
+            print(json.dumps({"round": r, "t0": t0, "t1": t1,
+                              "exact": bool(np.all(t == expected))}), flush=True)
+
+
+def _role_flood(port: int, session: int, rounds: int) -> None:
+    from dblp import wire
+
+    pay = bytes(wire.CHUNK_BYTES)
+    msgs = [wire.pack_header(wire.MsgType.DATA, src=0, session=session, round=r, index=i,
+                             count=FORGED_PER_ROUND * 10, length=len(pay), aux=1, seq=i)
+            + pay + os.urandom(wire.TAG_SIZE)
+            for r in range(rounds) for i in range(FORGED_PER_ROUND)]
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    print(json.dumps({"armed": True}), flush=True)
+    sys.stdin.readline()  # armed (imports and messages made) until the driver says go
+    n, first = 0, time.monotonic()
+    print(json.dumps({"t0": first}), flush=True)
+    while not stop:
+        for m in msgs:
+            try:
+                s.sendto(m, ("127.0.0.1", port))
+            except OSError:
+                pass
+        n += len(msgs)
+    print(json.dumps({"t0": first, "t1": time.monotonic(), "sent": n}), flush=True)
+
+
+def _spawn(role: str, *args, env: dict, stdout=subprocess.PIPE, stdin=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "testbed.bench.flood", role,
+                             *(str(a) for a in args)], stdout=stdout, stdin=stdin, text=True,
+                            env=env)
+
+
+def _armed(port: int, session: int, rounds: int, env: dict) -> subprocess.Popen:
+    """A flood process with its imports done and its datagrams made, waiting for `_go`:
+    started ahead, so a flood block begins within a millisecond of the driver's word,
+    not after a Python start-up longer than a block of small rounds."""
+    proc = _spawn("flood", port, session, rounds, env=env, stdin=subprocess.PIPE)
+    assert proc.stdout is not None
+    if not proc.stdout.readline():
+        raise ExperimentFailed(f"bench flood: the flood process exited ({proc.wait()}) "
+                               "before it was armed")
+    return proc
+
+
+def _free_port() -> int:
+    from dblp.testing import free_port
+
+    return free_port()
+
+
+def classify(rounds: list[dict], floods: list[dict]) -> list[str]:
+    """Each round's kind: "flood" (wholly inside a flood), "quiet" (overlapping none) or
+    "switch" (a flood began or ended in it)."""
+    kinds = []
+    for r in rounds:
+        inside = any(f["t0"] <= r["t0"] and r["t1"] <= f["t1"] for f in floods)
+        overlap = any(r["t0"] < f["t1"] and f["t0"] < r["t1"] for f in floods)
+        kinds.append("flood" if inside else "switch" if overlap else "quiet")
+    return kinds
+
+
+def run_flood_bench(blocks: int = 6, block_rounds: int = 8, numel: int = DEFAULT_NUMEL,
+                    log=print) -> dict:
+    """``blocks`` blocks of ``block_rounds`` rounds each, quiet and flooded in turn (quiet
+    first, after two warm-up rounds); the bench's document.
+
+    A block counts only rounds that began after it did: a flood block from the
+    flood's first send, a quiet block from its last. The members run a few
+    rounds more than the blocks need (a switch round belongs to neither), and
+    the driver stops switching when the blocks are done.
+    """
+    plan = ["quiet" if b % 2 == 0 else "flood" for b in range(blocks)]
+    total = 2 + blocks * (block_rounds + 2)
+    port, session = _free_port(), secrets.randbits(63) | 1
+    env = {**os.environ, "DBLP_SECRET": secrets.token_hex(32)}
+    armed = _armed(port, session, total, env)
+    procs = [_spawn("server", port, total, session, env=env)]
+    procs += [_spawn("member", w, port, total, numel, session, env=env,
+                     stdout=subprocess.PIPE if w == 0 else subprocess.DEVNULL)
+              for w in range(N_MEMBERS)]
+    rounds: list[dict] = []
+    floods: list[dict] = []
+    flood = None
+    block, need, counted, since = -1, 2, 0, 0.0  # block -1: the warm-up
+    try:
+        member = procs[1]
+        assert member.stdout is not None
+        for line in member.stdout:
+            rec = json.loads(line)
+            rounds.append(rec)
+            counted += rec["t0"] >= since
+            if counted < need or block >= len(plan):
+                continue
+            if flood is not None:
+                floods.append(_stop(flood))
+                flood, since = None, floods[-1]["t1"]
+                log(f"bench flood: flood off after round {rec['round']}")
+            block += 1
+            counted, need = 0, block_rounds
+            if block == len(plan):
+                continue
+            if plan[block] == "flood":
+                flood, armed = armed, None
+                since = _go(flood)
+                log(f"bench flood: flood on after round {rec['round']}")
+                if block + 2 < len(plan):
+                    armed = _armed(port, session, total, env)  # the next one, ahead
+            else:
+                since = max(since, rec["t1"])
+        if flood is not None:
+            floods.append(_stop(flood))
+            flood = None
+        if procs[1].wait(timeout=60) != 0 or len(rounds) < total:
+            raise ExperimentFailed(f"bench flood: member 0 stopped after {len(rounds)} of "
+                                   f"{total} rounds (exit {procs[1].returncode})")
+        server_out = procs[0].communicate(timeout=60)[0]
+        counters = json.loads(server_out.strip().splitlines()[-1]) if server_out.strip() else {}
+    finally:
+        for f in (flood, armed):
+            if f is not None and f.poll() is None:
+                f.kill()
+                f.wait()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return flood_doc(rounds[2:], floods, numel, counters)
+
+
+def _go(proc: subprocess.Popen) -> float:
+    """Start an armed flood; the time of its first send."""
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise ExperimentFailed(f"bench flood: the flood process exited ({proc.wait()}) "
+                               "before sending")
+    return float(json.loads(line)["t0"])
+
+
+def _stop(proc: subprocess.Popen) -> dict:
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=30)[0]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def flood_doc(rounds: list[dict], floods: list[dict], numel: int, counters: dict) -> dict:
+    """The self-describing result: every round with its kind, and the medians and ratio."""
+    kinds = classify(rounds, floods)
+    secs = {k: [r["t1"] - r["t0"] for r, kk in zip(rounds, kinds, strict=True) if kk == k]
+            for k in ("quiet", "flood")}
+    med = {k: statistics.median(v) if v else None for k, v in secs.items()}
+    rate = [f["sent"] / (f["t1"] - f["t0"]) for f in floods if f["t1"] > f["t0"]]
+    return {"schema": SCHEMA, "kind": "bench-flood", "members": N_MEMBERS, "numel": numel,
+            "quiet_s": med["quiet"], "flood_s": med["flood"],
+            "ratio": med["flood"] / med["quiet"] if med["quiet"] and med["flood"] else None,
+            "quiet_rounds": len(secs["quiet"]), "flood_rounds": len(secs["flood"]),
+            "flood_datagrams_per_s": statistics.median(rate) if rate else None,
+            "all_exact": all(r["exact"] for r in rounds), "aggregator": counters,
+            "rounds": [{**r, "kind": k} for r, k in zip(rounds, kinds, strict=True)],
+            "floods": floods}
+
+
+def format_doc(doc: dict) -> str:
+    def ms(x):
+        return "–" if x is None else f"{1e3 * x:.1f} ms"
+    ratio = "–" if doc["ratio"] is None else f"{doc['ratio']:.2f}x"
+    rate = doc["flood_datagrams_per_s"]
+    return (f"quiet rounds: {doc['quiet_rounds']}, median {ms(doc['quiet_s'])}\n"
+            f"flood rounds: {doc['flood_rounds']}, median {ms(doc['flood_s'])}\n"
+            f"flood / quiet: {ratio} (bound: 2x)\n"
+            f"flood rate: {'–' if rate is None else f'{rate:,.0f}'} datagrams/s from one process\n"
+            f"aggregator: {doc['aggregator'].get('unauthenticated', '–')} unauthenticated "
+            f"datagrams dropped; every aggregate exact: {'yes' if doc['all_exact'] else 'NO'}")
+
+
+@click.command("flood")
+@json_option
+@click.option("--blocks", type=int, default=6, show_default=True,
+              help="Blocks of rounds, quiet and flooded in turn.")
+@click.option("--block-rounds", type=int, default=8, show_default=True, help="Rounds per block.")
+@click.option("--mbytes", type=float, default=4.0, show_default=True, help="Gradient size (MiB).")
+def flood_cmd(json_out, blocks, block_rounds, mbytes):
+    """Honest PS rounds on loopback with and without a flood of forged DATA from one process."""
+    if blocks < 2:
+        raise click.BadParameter("must be >= 2 (a quiet block and a flooded one)",
+                                 param_hint="--blocks")
+    if block_rounds < 3:
+        raise click.BadParameter("must be >= 3 (a block's first round is a switch)",
+                                 param_hint="--block-rounds")
+    if not mbytes > 0:
+        raise click.BadParameter("must be positive", param_hint="--mbytes")
+    doc = run_flood_bench(blocks, block_rounds, int(mbytes * (1 << 20)) // 4, log=output.say)
+    results(doc, json_out, lambda: click.echo(format_doc(doc)))
+    if not doc["all_exact"]:
+        raise ExperimentFailed("bench flood: an aggregate was not the exact mean")
+
+
+def main(argv: list[str]) -> None:
+    role, args = argv[0], [int(a) for a in argv[1:]]
+    {"server": _role_server, "member": _role_member, "flood": _role_flood}[role](*args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
