@@ -93,7 +93,7 @@ def _role_flood(port: int, session: int, rounds: int) -> None:
     s.bind(("127.0.0.1", 0))
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    print(json.dumps({"armed": True}), flush=True)
+    print(json.dumps({"armed": True, "port": s.getsockname()[1]}), flush=True)
     sys.stdin.readline()  # armed (imports and messages made) until the driver says go
     n, first = 0, time.monotonic()
     print(json.dumps({"t0": first}), flush=True)
@@ -113,16 +113,19 @@ def _spawn(role: str, *args, env: dict, stdout=subprocess.PIPE, stdin=None) -> s
                             env=env)
 
 
-def _armed(port: int, session: int, rounds: int, env: dict) -> subprocess.Popen:
-    """A flood process with its imports done and its datagrams made, waiting for `_go`:
-    started ahead, so a flood block begins within a millisecond of the driver's word,
-    not after a Python start-up longer than a block of small rounds."""
+def armed_flood(port: int, session: int, rounds: int,
+                env: dict) -> tuple[subprocess.Popen, int]:
+    """A flood process towards ``port`` with its imports done and its datagrams made,
+    waiting for `go`, and the UDP port it sends from: started ahead, so a flood block
+    begins within a millisecond of the driver's word, not after a Python start-up longer
+    than a block of small rounds. `stop` ends it."""
     proc = _spawn("flood", port, session, rounds, env=env, stdin=subprocess.PIPE)
     assert proc.stdout is not None
-    if not proc.stdout.readline():
+    line = proc.stdout.readline()
+    if not line:
         raise ExperimentFailed(f"bench flood: the flood process exited ({proc.wait()}) "
                                "before it was armed")
-    return proc
+    return proc, int(json.loads(line)["port"])
 
 
 def _free_port() -> int:
@@ -156,7 +159,7 @@ def run_flood_bench(blocks: int = 6, block_rounds: int = 8, numel: int = DEFAULT
     total = 2 + blocks * (block_rounds + 2)
     port, session = _free_port(), secrets.randbits(63) | 1
     env = {**os.environ, "DBLP_SECRET": secrets.token_hex(32)}
-    armed = _armed(port, session, total, env)
+    armed, _ = armed_flood(port, session, total, env)
     procs = [_spawn("server", port, total, session, env=env)]
     procs += [_spawn("member", w, port, total, numel, session, env=env,
                      stdout=subprocess.PIPE if w == 0 else subprocess.DEVNULL)
@@ -175,7 +178,7 @@ def run_flood_bench(blocks: int = 6, block_rounds: int = 8, numel: int = DEFAULT
             if counted < need or block >= len(plan):
                 continue
             if flood is not None:
-                floods.append(_stop(flood))
+                floods.append(stop(flood))
                 flood, since = None, floods[-1]["t1"]
                 log(f"bench flood: flood off after round {rec['round']}")
             block += 1
@@ -184,14 +187,14 @@ def run_flood_bench(blocks: int = 6, block_rounds: int = 8, numel: int = DEFAULT
                 continue
             if plan[block] == "flood":
                 flood, armed = armed, None
-                since = _go(flood)
+                since = go(flood)
                 log(f"bench flood: flood on after round {rec['round']}")
                 if block + 2 < len(plan):
-                    armed = _armed(port, session, total, env)  # the next one, ahead
+                    armed, _ = armed_flood(port, session, total, env)  # the next one, ahead
             else:
                 since = max(since, rec["t1"])
         if flood is not None:
-            floods.append(_stop(flood))
+            floods.append(stop(flood))
             flood = None
         if procs[1].wait(timeout=60) != 0 or len(rounds) < total:
             raise ExperimentFailed(f"bench flood: member 0 stopped after {len(rounds)} of "
@@ -210,7 +213,7 @@ def run_flood_bench(blocks: int = 6, block_rounds: int = 8, numel: int = DEFAULT
     return flood_doc(rounds[2:], floods, numel, counters)
 
 
-def _go(proc: subprocess.Popen) -> float:
+def go(proc: subprocess.Popen) -> float:
     """Start an armed flood; the time of its first send."""
     assert proc.stdout is not None and proc.stdin is not None
     proc.stdin.write("go\n")
@@ -222,7 +225,7 @@ def _go(proc: subprocess.Popen) -> float:
     return float(json.loads(line)["t0"])
 
 
-def _stop(proc: subprocess.Popen) -> dict:
+def stop(proc: subprocess.Popen) -> dict:
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=30)[0]
     return json.loads(out.strip().splitlines()[-1])

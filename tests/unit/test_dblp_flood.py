@@ -8,8 +8,7 @@ completes with the exact mean.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 import threading
 import time
 
@@ -18,36 +17,9 @@ import pytest
 
 import dblp
 from dblp.testing import free_port
+from testbed.bench import flood as fb
 
 pytestmark = pytest.mark.unit
-
-FLOOD = r"""
-import os, socket, sys, time
-from dblp import wire
-port, session, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-pay = bytes(wire.CHUNK_BYTES)
-msgs = [wire.pack_header(wire.MsgType.DATA, src=0, session=session, round=r, index=i,
-                         count=170, length=len(pay), aux=1) + pay + os.urandom(wire.TAG_SIZE)
-        for r in range(8) for i in range(16)]
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1], flush=True)
-end, n = time.monotonic() + seconds, 0
-while time.monotonic() < end:
-    for m in msgs:
-        try:
-            s.sendto(m, ("127.0.0.1", port))
-        except OSError:
-            pass
-    n += len(msgs)
-print(n, flush=True)
-"""
-
-
-def flood(port: int, session: int, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", FLOOD, str(port), str(session), str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
-
 
 def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
     n, rounds, numel = 2, 6, 60_000
@@ -55,8 +27,10 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
     port = free_port()
     srv = dblp.ParameterServer("127.0.0.1", port, n, "reliable", secret=secret,
                                session_id=0x5EED, round_timeout=10)
-    proc = flood(port, 0x5EED, 4.0)
-    flood_port = int(proc.stdout.readline())  # type: ignore[union-attr]
+    # The bench's flooder (testbed.bench.flood): forged DATA of the job's session and
+    # rounds, as fast as one process sends, from the moment it is told to go.
+    proc, flood_port = fb.armed_flood(port, 0x5EED, rounds, dict(os.environ))
+    fb.go(proc)
     blocked_seen: list[bool] = []
     results: dict = {}
     errors: list = []
@@ -85,7 +59,7 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
         t.start()
     for t in threads:
         t.join(60)
-    sent = int(proc.communicate(timeout=30)[0].split()[-1])
+    sent = fb.stop(proc)["sent"]
     srv.close()
     assert not errors, errors
     for w in range(n):
@@ -99,8 +73,6 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
 def test_the_flood_bench_tells_rounds_apart_by_time_and_keeps_every_aggregate_exact():
     """`bench flood`, small: quiet and flooded rounds by their stamps, the flood from one
     process counted at the aggregator, every aggregate the exact mean."""
-    from testbed.bench import flood as fb
-
     doc = fb.run_flood_bench(blocks=2, block_rounds=4, numel=1 << 16, log=lambda *_: None)
     assert doc["schema"] == fb.SCHEMA and doc["kind"] == "bench-flood"
     assert doc["all_exact"], doc["rounds"]
