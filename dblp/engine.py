@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from . import batch, wire
+from . import batch, sockfilter, wire
 from .config import check_setting, default_of
 from .engine_state import BadSources, EarlyBuffer, FinalRetries, FinalRetry, Joining, PeerState
 from .errors import PeerClosed, PeerTimeout
@@ -121,8 +121,9 @@ class Engine:
         "early",
         # joining: the rendezvous' handlers, TCP conns not yet bound to a rank (Joining)
         "joining",
-        # sources whose tags keep failing, dropped before verification (BadSources)
-        "bad",
+        # sources whose tags keep failing, dropped before verification (BadSources), and
+        # the ones the socket's kernel filter drops before they are queued (dblp.sockfilter)
+        "bad", "kernel_blocked",
         # accounting: anomalies, bytes and datagrams sent
         "counters", "bytes_sent", "datagrams",
         # fault injection for tests without root: drop this fraction of received datagrams
@@ -190,6 +191,7 @@ class Engine:
             self._allow_fragmentation()
         self.sock.bind(bind)
         self.sock.setblocking(False)
+        self.kernel_blocked = b""  # the sources the socket's filter drops (dblp.sockfilter)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
         self.buf = bytearray(65536)
@@ -564,10 +566,25 @@ class Engine:
                 return
         self.counters.stale += 1
 
+    def _filter_blocked(self, now: float) -> bytes:
+        """The sources ``self.bad`` blocks now (`batch.blocked_keys`), with the socket's
+        kernel filter kept to the same list (`dblp.sockfilter`): a blocked source's later
+        datagrams never reach the socket's buffer."""
+        keys = batch.blocked_keys(self, now) if self.bad.blocked else b""
+        if keys != self.kernel_blocked:
+            try:
+                sockfilter.drop_sources(self.sock, keys)
+                self.kernel_blocked = keys
+            except OSError:
+                pass  # no socket filters here: user space alone drops them (as before)
+        return keys
+
     def _read_udp(self, now: float, limit: int = 512) -> None:
         if self.ring is not None:
             self._read_udp_batched(now, limit)
             return
+        if self.bad.blocked or self.kernel_blocked:
+            self._filter_blocked(now)
         sock, buf, mv = self.sock, self.buf, self.mv
         for _ in range(limit):
             try:
@@ -584,7 +601,7 @@ class Engine:
         """Up to ``limit`` datagrams, a ring (``recvmmsg``) at a time (``batch.deliver``)."""
         ring = self.ring
         assert ring is not None
-        blocked = batch.blocked_keys(self, now) if self.bad.blocked else b""
+        blocked = self._filter_blocked(now) if self.bad.blocked or self.kernel_blocked else b""
         for _ in range(-(-limit // ring.slots)):
             m = ring.receive(blocked)
             if blocked:

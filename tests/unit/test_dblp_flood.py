@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import dblp
+from dblp import sockfilter
 from dblp.testing import free_port
 from testbed.bench import flood as fb
 
@@ -60,24 +61,33 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
     for t in threads:
         t.join(60)
     sent = fb.stop(proc)["sent"]
+    dropped = sockfilter.socket_drops(srv.engine.sock)
     srv.close()
     assert not errors, errors
     for w in range(n):
         for r in range(rounds):
             assert np.all(results[(w, r)] == 1.5), (w, r)
     assert any(blocked_seen), blocked_seen
+    # Counted by the engine until the source is blocked, dropped by the socket's filter
+    # after (dblp.sockfilter): the kernel counts those.
     c = srv.engine.counters
-    assert c.unauthenticated > 1000 and sent > 1000, (c, sent)
+    assert dropped is not None and c.unauthenticated + dropped > 1000 and sent > 1000, \
+        (c, dropped, sent)
+    assert srv.engine.kernel_blocked, "the flood's source is not in the socket's filter"
 
 
 def test_the_flood_bench_tells_rounds_apart_by_time_and_keeps_every_aggregate_exact():
     """`bench flood`, small: quiet and flooded rounds by their stamps, the flood from one
     process counted at the aggregator, every aggregate the exact mean."""
-    doc = fb.run_flood_bench(blocks=2, block_rounds=4, numel=1 << 16, log=lambda *_: None)
+    doc = fb.run_flood_bench(blocks=4, block_rounds=4, numel=1 << 16, log=lambda *_: None)
     assert doc["schema"] == fb.SCHEMA and doc["kind"] == "bench-flood"
     assert doc["all_exact"], doc["rounds"]
     kinds = [r["kind"] for r in doc["rounds"]]
     assert kinds[:4] == ["quiet"] * 4 and "flood" in kinds[4:], kinds
+    # the fourth block floods the sink, not the job: its rounds are the control's
+    assert "control" in kinds[kinds.index("flood"):] and doc["control_ratio"] is not None
+    assert doc["control_datagrams_per_s"] > 1000
+    assert [f["target"] for f in doc["floods"]] == ["job", "sink"]
     assert doc["quiet_rounds"] == kinds.count("quiet") and doc["flood_rounds"] == kinds.count("flood")
     assert doc["ratio"] == pytest.approx(doc["flood_s"] / doc["quiet_s"])
     assert doc["flood_datagrams_per_s"] > 1000 and doc["aggregator"]["unauthenticated"] > 0
@@ -91,3 +101,9 @@ def test_a_round_is_a_flood_round_only_wholly_inside_a_flood():
     rounds = [{"t0": 1.0, "t1": 2.0}, {"t0": 9.0, "t1": 11.0}, {"t0": 12.0, "t1": 13.0},
               {"t0": 19.5, "t1": 20.5}, {"t0": 21.0, "t1": 22.0}]
     assert classify(rounds, floods) == ["quiet", "switch", "flood", "switch", "quiet"]
+    sink = [{**floods[0], "target": "sink"}]  # a control block: the same times, a sink flooded
+    assert classify(rounds, sink) == ["quiet", "switch", "control", "switch", "quiet"]
+
+
+def test_blocks_go_quiet_flood_quiet_control():
+    assert fb.block_plan(6) == ["quiet", "flood", "quiet", "control", "quiet", "flood"]
