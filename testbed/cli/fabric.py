@@ -81,7 +81,8 @@ def doctor(json_out):
         click.echo(f"nftables netdev egress: {rep['nft_netdev_egress']}   "
                    f"wmem_default: {rep['wmem_default']}")
         core = rep["c_core"]
-        click.echo("dblp C core: " + (f"loaded ({core['path']})" if core["loaded"]
+        click.echo("dblp C core: " + (f"loaded ({core['path']}; keyed jobs' tags: "
+                                      f"{core.get('mac') or 'in Python'})" if core["loaded"]
                                       else f"NOT loaded ({core['error']})"))
         for p in rep["problems"]:
             click.echo(f"PROBLEM: {p}")

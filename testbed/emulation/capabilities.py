@@ -80,13 +80,16 @@ def c_core() -> dict:
     runs its pure-Python path, the same bytes on the wire but several times
     the CPU per datagram, which moves every timing at high rates. The
     manifest records this with the capabilities, so a result says which
-    path it measured.
+    path it measured, and which library computes keyed jobs' tags in it
+    (``mac``: "intel-ipsec-mb", "libcrypto", or None when keyed jobs take the
+    Python path).
     """
     try:
         core = importlib.import_module("dblp._fastpath")
     except ImportError as exc:
-        return {"loaded": False, "path": None, "error": str(exc)}
-    return {"loaded": True, "path": getattr(core, "__file__", None), "error": None}
+        return {"loaded": False, "path": None, "error": str(exc), "mac": None}
+    return {"loaded": True, "path": getattr(core, "__file__", None), "error": None,
+            "mac": getattr(core, "MAC_BACKEND", None)}
 
 
 def c_core_warning(core: dict) -> str | None:

@@ -28,6 +28,11 @@ def test_the_c_core_is_reported_and_its_absence_noted(monkeypatch):
     from testbed.emulation import capabilities
     core = capabilities.c_core()
     assert core["loaded"] is True and core["path"].endswith(".so") and core["error"] is None
+    # ... and which library tags keyed jobs' datagrams in it: ./setup.sh installs Intel's
+    # on x86-64 (libipsec-mb-dev), libcrypto elsewhere.
+    import os
+    assert core["mac"] == ("intel-ipsec-mb" if os.path.exists("/usr/include/intel-ipsec-mb.h")
+                           else "libcrypto"), core
     # Without it (a machine with no compiler): not loaded, the error kept, a note in the report.
     monkeypatch.setitem(sys.modules, "dblp._fastpath", None)
     core = capabilities.c_core()
