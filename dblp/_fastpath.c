@@ -21,8 +21,9 @@
  *               that stream, of this round, from the pinned address, or the
  *               one whose chunk makes the receiver STOP.
  *
- * With a job secret (mac_new: an AES-128-GMAC context from OpenSSL's
- * libcrypto for one pair key, the tag dblp.wire.Sealer makes over header and
+ * With a job secret (mac_new: an AES-128-GMAC context for one pair key, from
+ * Intel's Multi-Buffer Crypto library where it was built with it, else from
+ * OpenSSL's libcrypto; the tag dblp.wire.Sealer makes over header and
  * payload with the header's seq as nonce) send_gso numbers and tags every
  * datagram it builds and take_run verifies every datagram's tag before it
  * spends anything else on it, stopping at the first that fails (Python counts
