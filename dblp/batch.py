@@ -536,8 +536,9 @@ _ANY_ADDR = bytes(6)
 
 def _can_authenticate(core) -> bool:
     """Whether ``core`` computes and checks tags: built with libcrypto (it then has
-    ``mac_new``) and that libcrypto has AES-128-GCM (``mac_new`` raises RuntimeError
-    when it has not, as an OpenSSL built without it would). Asked once, at import."""
+    ``mac_new``) and its MAC library works here (``mac_new`` raises RuntimeError when
+    it does not: an OpenSSL without AES-128, or libipsec-mb finding no code for this
+    CPU). Asked once, at import."""
     if core is None or not hasattr(core, "mac_new"):
         return False
     try:
