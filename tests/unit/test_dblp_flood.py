@@ -33,13 +33,15 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
     proc, flood_port = fb.armed_flood(port, 0x5EED, rounds, dict(os.environ))
     fb.go(proc)
     blocked_seen: list[bool] = []
+    filtered_seen: list[bool] = []  # the socket's kernel filter listed a source
     results: dict = {}
     errors: list = []
 
     def serve():
         try:
-            srv.serve(rounds, on_round_end=lambda r, st: blocked_seen.append(
-                ("127.0.0.1", flood_port) in srv.engine.bad.blocked))
+            srv.serve(rounds, on_round_end=lambda r, st: (blocked_seen.append(
+                ("127.0.0.1", flood_port) in srv.engine.bad.blocked),
+                filtered_seen.append(bool(srv.engine.kernel_blocked))))
         except Exception as exc:
             errors.append(exc)
 
@@ -73,7 +75,7 @@ def test_a_flood_of_bad_tags_is_dropped_by_address_and_rounds_stay_exact():
     c = srv.engine.counters
     assert dropped is not None and c.unauthenticated + dropped > 1000 and sent > 1000, \
         (c, dropped, sent)
-    assert srv.engine.kernel_blocked, "the flood's source is not in the socket's filter"
+    assert any(filtered_seen), "the flood's source was never in the socket's filter"
 
 
 def test_the_flood_bench_tells_rounds_apart_by_time_and_keeps_every_aggregate_exact():

@@ -504,7 +504,7 @@ def test_each_step_of_the_cost_table_adds_one_cost_to_the_step_before():
         assert {k: v for k, v in after.data.items() if k != "transport"} == \
             {k: v for k, v in before.data.items() if k != "transport"}
     # The steps add the prototype's costs in the order the table names them.
-    assert added == ["bucket_s", "chunk_bytes", "no_progress_probes"][:len(added)]
+    assert added == ["bucket_s", "no_progress_probes", "chunk_bytes"][:len(added)]
     last = transport_config(specs[-1]["transport"], ARMS["static"])
     assert last.bucket_s == 0.1 and last.probe_wait == 1.0 and last.nagle
 
