@@ -269,34 +269,8 @@ def test_the_prototype_socket_has_a_stock_kernels_default_buffers():
         ours.close()
 
 
-@pytest.mark.parametrize("bucket_s", [None, 0.1], ids=["ours", "prototype"])
-def test_the_prototype_sender_loses_chunks_with_no_loss_on_the_wire(bucket_s):
-    """Loopback, nothing dropped on the wire: only the 100 ms bucket loses first-pass chunks.
-
-    Each worker's first pass (1,130 chunks, 1.6 MB) fits one 100 ms step at
-    200 Mbit/s, so it leaves back to back into buffers of 208 KiB, and what
-    overflows them never arrives: the reliable bound resends it. The
-    transport's own sender paces the same rate from a 2 ms bucket into its
-    enlarged buffers and loses none.
-    """
-    knobs = {"rate_bps": 2e8} if bucket_s is None else {"rate_bps": 2e8, "bucket_s": bucket_s}
-    results, server, grads = run_job(n_workers=2, policy="reliable", rounds=2, numel=400_000,
-                                     knobs=knobs)
-    stats = [st for w in results.values() for _, st, _ in w] + server
-    first_pass = sum(st.chunks_sent - st.retransmitted for st in stats)
-    never_arrived = sum(st.retransmitted for st in stats)
-    dropped = sum(st.counters["sender_dropped"] for st in stats)
-    share = never_arrived / first_pass
-    if bucket_s is None:
-        assert never_arrived == 0 and dropped == 0
-        assert all(st.passes_push == 1 and st.passes_pull == 1 for st in stats)
-    else:
-        assert share > 0.05, (never_arrived, first_pass, dropped)
-        assert max(st.passes_push for st in stats) > 1
-    for r in range(2):  # either way every chunk arrives in the end (bound 0)
-        mean = (grads[0][r] + grads[1][r]) / np.float32(2)
-        for w in range(2):
-            np.testing.assert_array_equal(results[w][r][0], mean)
+# The prototype's sender losing chunks with nothing lost on the wire needs a queue
+# below the socket: tests/emu/test_dblp_netns.py, on a shaped veth pair.
 
 
 # -- no_progress_probes: the prototype's no-progress rule ------------------------------
