@@ -30,21 +30,24 @@ STRICT_ARGS = ["-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
                "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
 
 
+def _header(*path: str) -> bool:
+    """Whether a C header is in one of the usual include folders."""
+    include = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
+    return any(os.path.exists(os.path.join(d, *path))
+               for d in (include, "/usr/include", "/usr/local/include"))
+
+
 def _libcrypto() -> bool:
     """Whether libcrypto's headers and library are here (pkg-config, else the usual paths)."""
     if shutil.which("pkg-config"):
         return subprocess.run(["pkg-config", "--exists", "libcrypto"]).returncode == 0
-    include = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
-    return any(os.path.exists(os.path.join(d, "openssl", "evp.h"))
-               for d in (include, "/usr/include", "/usr/local/include"))
+    return _header("openssl", "evp.h")
 
 
 def _ipsec_mb() -> bool:
     """Whether Intel's Multi-Buffer Crypto library (Debian's libipsec-mb-dev, x86-64 only)
     is here: the C core then takes its AES-GMAC, four times libcrypto's speed per datagram."""
-    include = sysconfig.get_config_var("INCLUDEDIR") or "/usr/include"
-    return any(os.path.exists(os.path.join(d, "intel-ipsec-mb.h"))
-               for d in (include, "/usr/include", "/usr/local/include"))
+    return _header("intel-ipsec-mb.h")
 
 
 def extension() -> Extension:
