@@ -183,6 +183,7 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the control's target: never read
     sink.bind(("127.0.0.1", 0))
     target = {"flood": port, "control": sink.getsockname()[1]}
+    label = {"flood": "job", "control": "sink"}  # a flood's ``target`` in the document
     armed: list[subprocess.Popen] = []
     procs: list[subprocess.Popen] = []
     rounds: list[dict] = []
@@ -208,8 +209,7 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
             if counted < need or block >= len(plan):
                 continue
             if flood is not None:
-                floods.append({**stop(flood), "target": "job" if plan[block] == "flood"
-                               else "sink"})
+                floods.append({**stop(flood), "target": label[plan[block]]})
                 flood, since = None, floods[-1]["t1"]
                 log(f"bench flood: {plan[block]} off after round {rec['round']}")
             block += 1
@@ -223,7 +223,7 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
             else:
                 since = max(since, rec["t1"])
         if flood is not None:
-            floods.append({**stop(flood), "target": "job" if plan[-1] == "flood" else "sink"})
+            floods.append({**stop(flood), "target": label[plan[-1]]})
             flood = None
         if procs[1].wait(timeout=60) != 0 or len(rounds) < total:
             raise ExperimentFailed(f"bench flood: member 0 stopped after {len(rounds)} of "
