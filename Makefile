@@ -17,7 +17,7 @@ run: setup
 # Debian packages only tests use, installed before the suite, never during it:
 # Vagrant validates the Vagrantfile, tshark decodes a capture with the dissector,
 # the preflight tests start their own sshd (the cluster group) on loopback.
-TEST_TOOLS := vagrant tshark cluster
+TEST_TOOLS := vagrant tshark cluster rehearsal
 # Unit tests run in parallel (pytest-xdist), one worker per core: they need
 # no root and no fabric, and each makes its own files and ports.
 UNIT_WORKERS ?= auto

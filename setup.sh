@@ -21,10 +21,12 @@ fi
 # before the test suite (`make test`: the Vagrantfile check, Vagrant being a
 # Ruby stack nothing else needs, and the Wireshark dissector's), never during it.
 # `./setup.sh cluster`: what a machine of a fabric across machines needs (sshd to
-# be reached, ssh to reach the others) and debootstrap, which builds the
-# rehearsal's machines on one host (docs/cluster.md).
+# be reached, ssh to reach the others). `./setup.sh rehearsal`: what makes such
+# machines on this one for the rehearsal (Docker's engine, debootstrap for its
+# image; docs/cluster.md).
 declare -A OPTIONAL_PACKAGES=([vagrant]="vagrant" [tshark]="tshark"
-                              [cluster]="openssh-server openssh-client debootstrap")
+                              [cluster]="openssh-server openssh-client"
+                              [rehearsal]="docker.io debootstrap openssh-client")
 # Every Python package's exact version (torch included): CI, the VM and every
 # machine install the same set. Regenerate with `make lock`.
 CONSTRAINTS=constraints.txt

@@ -29,7 +29,7 @@ def main(argv=None):
 
     from controllers.routing_app import FabricRouting
 
-    oscfg.CONF(args=["--ofp-listen-host", "127.0.0.1",
+    oscfg.CONF(args=["--ofp-listen-host", cfg.get("of_host", "127.0.0.1"),
                      "--ofp-tcp-listen-port", str(cfg["of_port"])], project="os_ken")
 
     def stop(*_):

@@ -93,19 +93,25 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def parent(pid: int) -> int:
+    """The parent's PID (0 when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def all_processes() -> list[tuple[int, str]]:
+    """(pid, command line) of every process on the machine."""
+    pids = (int(d.rsplit("/", 1)[1]) for d in glob.glob("/proc/[0-9]*"))
+    return [(pid, cmdline(pid)) for pid in pids]
+
+
 def own_children() -> list[tuple[int, str]]:
     """(pid, command line) of this process's direct children."""
-    me, out = os.getpid(), []
-    for d in glob.glob("/proc/[0-9]*"):
-        pid = int(d.rsplit("/", 1)[1])
-        try:
-            with open(f"{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == me:
-            out.append((pid, cmdline(pid)))
-    return out
+    me = os.getpid()
+    return [(pid, cl) for pid, cl in all_processes() if parent(pid) == me]
 
 
 def record(pid: int, expect: str, **extra) -> dict:

@@ -211,13 +211,14 @@ class Fabric:
         cleanup.write_state(self.id, self._state)
 
     def start(self):
-        self._t0 = time.monotonic()
+        if self._t0 is None:  # a subclass may start the clock earlier (its own preparation)
+            self._t0 = time.monotonic()
         rep = capabilities.require()
         self.datapath = ("kernel" if rep["kernel_datapath"] else "user") \
             if self.datapath_req == "auto" else self.datapath_req
         os.makedirs(self.raw_dir, exist_ok=True)
         state = {"id": self.id, "pid": os.getpid(), "owner": cleanup.owner_record(),
-                 "run_dir": self.run_dir, "bridges": self.topo.switches(),
+                 "run_dir": self.run_dir, "bridges": self.local_switches(),
                  "hosts": self.topo.hosts(), "processes": [], "links": [self.loss_sink],
                  "nft_prefix": self.nft_prefix, "files": [self.control_socket]}
         self._machine = cleanup.claim_machine(state)
@@ -234,21 +235,13 @@ class Fabric:
             raise RuntimeError(f"project bridges from an earlier run still exist ({', '.join(stale[:5])}"
                                f"...): run `dblp-testbed clean` first")
 
-        from functools import partial
-
-        from mininet.link import Link
         from mininet.log import setLogLevel
-        from mininet.net import Mininet
-        from mininet.node import OVSSwitch, RemoteController
+        from mininet.node import RemoteController
 
         setLogLevel("error")
         self.of_port = _free_tcp_port()
-        switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13",
-                             failMode="secure")
-        self.net = Mininet(topo=_mininet_topo(self.topo), switch=switch_cls, link=Link,
-                           controller=None, autoSetMacs=False, autoStaticArp=False,
-                           build=False, waitConnected=False)
-        self.net.addController(RemoteController("c0", ip="127.0.0.1", port=self.of_port))
+        self.net = self._new_net()
+        self.net.addController(RemoteController("c0", ip=self.of_host, port=self.of_port))
         self.net.build()
         for h in self.net.hosts:
             self._hosts[h.name] = HostHandle(h.name, self.topo.host_info[h.name].ip,
@@ -268,6 +261,39 @@ class Fabric:
         self.startup_s = time.monotonic() - self._t0
         self.log(f"{self.topo.name}: {len(self.topo.switches())} switches, {len(self.topo.hosts())} "
                  f"hosts routed in {self.startup_s:.1f} s ({self.datapath} datapath)")
+
+    #: Where the controller listens for the switches (all on this machine here).
+    of_host = "127.0.0.1"
+
+    def _new_net(self):
+        """The Mininet object, not built yet: every node on this machine."""
+        from functools import partial
+
+        from mininet.link import Link
+        from mininet.net import Mininet
+        from mininet.node import OVSSwitch
+
+        switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13",
+                             failMode="secure")
+        return Mininet(topo=_mininet_topo(self.topo), switch=switch_cls, link=Link,
+                       controller=None, autoSetMacs=False, autoStaticArp=False,
+                       build=False, waitConnected=False)
+
+    def local_switches(self) -> list[str]:
+        """The switches this machine runs (all of them, for a fabric on one machine)."""
+        return self.topo.switches()
+
+    def server_of(self, node: str) -> str:
+        """The server that runs ``node`` (``"local"`` for every node here)."""
+        return "local"
+
+    def host_argv(self, name: str, argv) -> list[str]:
+        """The argv, run here, that runs ``argv`` (a list) in host ``name``'s namespaces."""
+        return ["mnexec", "-a", str(self.host(name).pid)] + list(argv)
+
+    def root_run(self, server: str, argv, stdin: str | None = None) -> subprocess.CompletedProcess:
+        """Run ``argv`` in ``server``'s root namespace (text output captured)."""
+        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True)
 
     def _record_shells(self):
         """Record every Mininet shell this process started: hosts, switches, the controller node.
@@ -296,20 +322,24 @@ class Fabric:
 
     def _shape_switch_ports(self):
         """After the switches started: adding a port to userspace OVS resets its qdisc."""
-        if self.bw_mbps is not None:
-            sw_intfs = [i for link in self.topo.links()
-                        for i, n in ((link.intf1(), link.node1), (link.intf2(), link.node2))
-                        if self.topo.isSwitch(n)]
-            p = subprocess.run(["tc", "-force", "-batch", "-"], input=shaping_batch(
-                sw_intfs, self.bw_mbps, self.queue_pkts), capture_output=True, text=True)
+        if self.bw_mbps is None:
+            return
+        by_server: dict[str, list[str]] = {}
+        for link in self.topo.links():
+            for i, n in ((link.intf1(), link.node1), (link.intf2(), link.node2)):
+                if self.topo.isSwitch(n):
+                    by_server.setdefault(self.server_of(n), []).append(i)
+        for server, sw_intfs in by_server.items():
+            p = self.root_run(server, ["tc", "-force", "-batch", "-"],
+                              shaping_batch(sw_intfs, self.bw_mbps, self.queue_pkts))
             if p.returncode:
-                raise RuntimeError(f"shaping switch ports failed: {p.stderr.strip()[:500]}")
-            shown = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+                raise RuntimeError(f"shaping switch ports on {server} failed: {p.stderr.strip()[:500]}")
+            shown = self.root_run(server, ["tc", "qdisc", "show"]).stdout
             shaped = {line.split(" dev ")[1].split()[0] for line in shown.splitlines()
                       if line.startswith("qdisc pfifo 10:") and " dev " in line}
             missing = [i for i in sw_intfs if i not in shaped]
             if missing:
-                raise RuntimeError(f"switch ports without the bounded queue: {missing[:5]}")
+                raise RuntimeError(f"switch ports on {server} without the bounded queue: {missing[:5]}")
 
     def _configure_interfaces(self):
         host_cmds = []
@@ -325,7 +355,7 @@ class Fabric:
         procs = []
         for name, argv, stdin in host_cmds:
             procs.append((name, argv, subprocess.Popen(
-                ["mnexec", "-a", str(self._hosts[name].pid)] + argv, stdin=subprocess.PIPE,
+                self.host_argv(name, argv), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), stdin))
         errors = []
         for name, argv, p, stdin in procs:
@@ -338,6 +368,7 @@ class Fabric:
     def _start_controller(self):
         cfg = {"topology": self.topo.to_dict(), "run_dir": self.run_dir,
                "control_socket": self.control_socket, "of_port": self.of_port,
+               "of_host": self.of_host,
                "bw_mbps": self.bw_mbps, "queue_pkts": self.queue_pkts,
                "host_pids": {n: h.pid for n, h in self._hosts.items()},
                "bursts": self.bursts, "roles": self.roles, "loss_sink": self.loss_sink,
@@ -467,7 +498,7 @@ class Fabric:
         if not all(isinstance(a, str) for a in argv):
             raise TypeError("argv must be a list of str or paths (no shell strings)")
         kw.setdefault("start_new_session", True)
-        p = subprocess.Popen(["mnexec", "-a", str(self.host(host).pid)] + list(argv), **kw)
+        p = subprocess.Popen(self.host_argv(host, argv), **kw)
         self._popens.append(p)
         if self._state is not None:
             self._state["processes"].append(cleanup.record(p.pid, argv[0], group=True))
@@ -480,8 +511,7 @@ class Fabric:
         kw.setdefault("text", True)
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of str (no shell strings)")
-        return subprocess.run(["mnexec", "-a", str(self.host(host).pid)] + list(argv),
-                              timeout=timeout, **kw)
+        return subprocess.run(self.host_argv(host, argv), timeout=timeout, **kw)
 
     def control(self, request: dict, timeout: float = 10.0) -> dict:
         """One request, written as its JSON object, on a fresh connection; the reply as one."""

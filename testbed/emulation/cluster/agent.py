@@ -1,0 +1,161 @@
+"""The fabric's owner on a remote server: it claims the machine, records, and cleans up.
+
+Why an agent: clean-up must not depend on the first server staying alive.
+The fabric starts one agent per remote server over ssh
+(``python -m testbed.emulation.cluster.agent``) and keeps its stdin open for
+the fabric's whole life. The agent
+
+- claims that machine as a fabric does here (`cleanup.claim_machine`: one
+  fabric per machine, a second is refused naming the live one), with itself
+  as the owner in the state file, so that machine's own ``dblp-testbed
+  clean`` knows the fabric is live while the agent runs and dead after;
+- adds what the fabric makes there to that state (its bridges and tunnel
+  ends by name, its host and switch shells by PID, found as the ssh
+  sessions' children tagged ``mininet:<node>``);
+- runs root-namespace commands the fabric sends it (``tc``, ``nft``, ``ip``)
+  without a new ssh connection each;
+- when its stdin ends, whether the fabric stopped or its ssh connection died
+  (the first server rebooted, the network went), removes exactly what the
+  state records (`cleanup.clean`), answers with what it removed, and exits.
+
+The protocol is one JSON object per line each way; every request gets one
+reply, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
+
+- ``{"op": "claim", "state": {...}}`` (first): the fabric's id, bridges, links;
+- ``{"op": "record", "bridges": [...], "links": [...], "shells": true}``;
+- ``{"op": "run", "argv": [...], "input": "..."}`` -> ``rc``, ``out``, ``err``;
+- ``{"op": "stop"}`` -> ``removed`` (then the agent exits).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from testbed.emulation import cleanup
+from testbed.errors import MachineError
+
+#: The agent's first line: the fabric reads it to know the agent started.
+READY = {"ok": True, "agent": "dblp-testbed cluster agent"}
+
+
+def _shells() -> list[tuple[int, str]]:
+    """Mininet shells on this machine tagged ``mininet:<node>`` whose parent is an sshd session.
+
+    Why by parent: the cluster edition starts each node's shell through its
+    own ssh session, so they are not the agent's children; another user's
+    Mininet (started from a terminal, not by ssh) is never taken.
+    """
+    out = []
+    for pid, cl in cleanup.all_processes():
+        tag = cl.rsplit(" ", 1)[-1]
+        if tag.startswith("mininet:") and "bash" in cl and _from_sshd(pid):
+            out.append((pid, tag))
+    return out
+
+
+def _from_sshd(pid: int) -> bool:
+    for _ in range(4):
+        pid = cleanup.parent(pid)
+        if pid <= 1:
+            return False
+        if cleanup.cmdline(pid).startswith("sshd"):
+            return True
+    return False
+
+
+class Agent:
+    """One fabric's state on this machine, from ``claim`` to ``stop`` (or the end of stdin)."""
+
+    def __init__(self):
+        self.state: dict | None = None
+        self.lock: int | None = None
+
+    def claim(self, req: dict) -> dict:
+        state = dict(req["state"])
+        state.update(pid=os.getpid(), owner=cleanup.owner_record(), processes=[],
+                     bridges=list(state.get("bridges", [])), links=list(state.get("links", [])))
+        self.lock = cleanup.claim_machine(state)
+        self.state = state
+        return {}
+
+    def record(self, req: dict) -> dict:
+        state = self._state()
+        for key in ("bridges", "links"):
+            state[key] = sorted(set(state[key]) | set(req.get(key, [])))
+        if req.get("shells"):
+            known = {r["pid"] for r in state["processes"]}
+            state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells()
+                                   if pid not in known]
+        cleanup.write_state(state["id"], state)
+        return {"shells": len(state["processes"])}
+
+    def run(self, req: dict) -> dict:
+        argv = req.get("argv")
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            raise ValueError("run: argv must be a non-empty list of strings")
+        p = subprocess.run(argv, input=req.get("input"), capture_output=True, text=True,
+                           timeout=float(req.get("timeout", 30)))
+        return {"rc": p.returncode, "out": p.stdout, "err": p.stderr}
+
+    def stop(self, _req: dict | None = None) -> dict:
+        if self.state is None:
+            return {"removed": {}}
+        state, self.state = self.state, None
+        state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells()
+                               if pid not in {r["pid"] for r in state["processes"]}]
+        try:
+            removed = cleanup.clean(only_state=state)
+        finally:
+            cleanup.release_machine(self.lock)
+            self.lock = None
+        return {"removed": removed}
+
+    def _state(self) -> dict:
+        if self.state is None:
+            raise ValueError("claim first")
+        return self.state
+
+    def handle(self, req: dict) -> dict:
+        op = req.get("op")
+        handler = {"claim": self.claim, "record": self.record, "run": self.run,
+                   "stop": self.stop}.get(op)
+        if handler is None:
+            raise ValueError(f"unknown op {op!r}")
+        return handler(req)
+
+
+def _reply(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    agent = Agent()
+
+    def _end(_signum, _frame):
+        raise SystemExit(0)
+    signal.signal(signal.SIGTERM, _end)
+    signal.signal(signal.SIGHUP, _end)
+    _reply(READY)
+    try:
+        for line in sys.stdin:
+            req: dict = {}
+            try:
+                req = json.loads(line)
+                reply = dict(ok=True, **agent.handle(req))
+            except (ValueError, KeyError, TypeError, OSError, MachineError,
+                    subprocess.TimeoutExpired) as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            _reply(reply)
+            if req.get("op") == "stop" and reply["ok"]:
+                return 0
+    finally:
+        agent.stop()  # stdin ended or a signal came: nothing of the fabric stays
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

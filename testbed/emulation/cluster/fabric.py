@@ -1,0 +1,277 @@
+"""One fabric across several machines: `ClusterFabric`, a `Fabric` on Mininet's cluster edition.
+
+Use, as a `Fabric`, with the servers added::
+
+    with ClusterFabric(FatTreeTopo(4), run_dir=RUN, servers=["local", "root@lab2"],
+                       ssh_options=["-i", KEY], bw_mbps=20) as fab:
+        fab.placement["h300"]     # "root@lab2": where each node runs
+        fab.crossing              # the links between machines (VXLAN), with their VNIs
+        fab.run("h300", ["ping", "-c1", fab.ip("h000")])   # on lab2, in h300's namespaces
+        fab.tunnel_counters()     # bytes through each tunnel end, inner and outer
+
+What happens beyond a `Fabric`'s start, in order: the preflight
+(`preflight.preflight`: every server reachable, set up, at this revision,
+with OVS, and every pair of servers reaching each other, or one line naming
+which and why); an agent on each further server (`agent`), which claims that
+machine and will remove what this fabric makes there even if this machine
+dies; the placement (`placement.place_pods`: whole pods per server, so only
+core links cross); the cluster edition builds the nodes over one
+multiplexed ssh connection per server (`nodes.SshPlan`), each crossing link
+a VXLAN device at each end (`nodes.VxlanLink`); the controller listens on
+this machine's address towards the others, so every switch of every server
+connects to it; every switch port, tunnel ends included, is shaped on its
+own server. At the end each agent is told to stop and answers with what it
+removed; the fabric's ``cleanup_report`` holds those answers per server.
+
+Not yet across machines: bursts and port statistics on a remote server's
+interfaces (the controller's ``loss`` and ``congest`` work on this
+machine's), and the harness's runs (``dblp-testbed run``): docs/cluster.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from testbed.emulation.cleanup import STATE_DIR
+from testbed.emulation.cluster.nodes import VXLAN_OVERHEAD, SshPlan, node_classes
+from testbed.emulation.cluster.placement import crossing_links, mininet_placer, place_pods
+from testbed.emulation.cluster.preflight import CONNECT_TIMEOUT_S, local_address_towards, preflight
+from testbed.emulation.cluster.servers import LOCAL, Server
+from testbed.emulation.fabric import Fabric, _mininet_topo
+from testbed.errors import MachineError
+from topologies import TopoGraph
+
+#: The cluster edition's name for this machine.
+HERE = "localhost"
+#: The first VXLAN network identifier; crossing link i gets FIRST_VNI + i.
+FIRST_VNI = 4200
+
+
+class RemoteAgent:
+    """The agent on one remote server (`testbed.emulation.cluster.agent`), over its own ssh session."""
+
+    def __init__(self, server: Server, ssh: SshPlan, name: str, project_dir: str):
+        self.server = server
+        python = os.path.join(project_dir, ".venv", "bin", "python")
+        argv = ssh.command(name, ["env", f"PYTHONPATH={project_dir}", python, "-m",
+                                  "testbed.emulation.cluster.agent"])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1,
+                                     start_new_session=True, cwd=project_dir)
+        self.lock = threading.Lock()
+        first = self._line(timeout_s=ssh.connect_timeout_s + 20)
+        if not first.get("ok"):
+            raise MachineError(f"cluster server {server.name!r}: its agent did not start "
+                               f"({first.get('error', 'no answer')})")
+
+    def _line(self, timeout_s: float = 60) -> dict:
+        assert self.proc.stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not result or not result[0]:
+            err = ""
+            if self.proc.poll() is not None and self.proc.stderr is not None:
+                err = self.proc.stderr.read().strip().splitlines()[-1:] or ""
+            return {"ok": False, "error": f"no answer within {timeout_s:g} s"
+                    + (f": {err[0]}" if err else "")}
+        return json.loads(result[0])
+
+    def request(self, req: dict, timeout_s: float = 60) -> dict:
+        with self.lock:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(json.dumps(req) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                return {"ok": False, "error": "the agent's ssh session ended"}
+            return self._line(timeout_s)
+
+    def call(self, req: dict, timeout_s: float = 60) -> dict:
+        """``request``, raising a `MachineError` that names the server when it fails."""
+        reply = self.request(req, timeout_s)
+        if not reply.get("ok"):
+            raise MachineError(f"cluster server {self.server.name!r}: {req.get('op')}: "
+                               f"{reply.get('error')}")
+        return reply
+
+    def stop(self) -> dict:
+        reply = self.request({"op": "stop"}, timeout_s=60) if self.proc.poll() is None else \
+            {"ok": False, "error": "the agent had already exited"}
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (subprocess.TimeoutExpired, OSError):
+            self.proc.kill()
+            self.proc.wait()
+        return reply
+
+
+class ClusterFabric(Fabric):
+    """A `Fabric` whose nodes run on several servers, pods kept whole; only core links cross."""
+
+    def __init__(self, topo: TopoGraph, run_dir: str, servers: Sequence[str] = (LOCAL,),
+                 ssh_options: Sequence[str] = (), connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 project_dir: str | None = None, **kwargs):
+        super().__init__(topo, run_dir, **kwargs)
+        from testbed import REPO_ROOT
+
+        self.server_names = list(servers)
+        self.ssh_options = list(ssh_options)
+        self.connect_timeout_s = connect_timeout_s
+        self.project_dir = project_dir or str(REPO_ROOT)
+        # The cluster edition's names: this machine is "localhost", the others as the spec names them.
+        self.placement = {n: s if s != HERE else LOCAL
+                          for n, s in place_pods(topo, [HERE, *self.server_names[1:]]).items()}
+        self.crossing = {(link.node1, link.node2): FIRST_VNI + i
+                         for i, link in enumerate(crossing_links(topo, self.placement))}
+        self.agents: dict[str, RemoteAgent] = {}
+        self.ssh: SshPlan | None = None
+        self.endpoints: dict[str, str] = {}
+        self.cleanup_report: dict[str, dict] = {}
+
+    # -- where things run ----------------------------------------------------------------
+    def server_of(self, node: str) -> str:
+        return self.placement[node]
+
+    def local_switches(self) -> list[str]:
+        return [s for s in self.topo.switches() if self.placement[s] == LOCAL]
+
+    def _cluster_name(self, server: str) -> str:
+        return HERE if server == LOCAL else server
+
+    def host_argv(self, name: str, argv) -> list[str]:
+        server = self.placement[name]
+        words = ["mnexec", "-a", str(self.host(name).pid)] + [str(a) for a in argv]
+        if server == LOCAL:
+            return words
+        assert self.ssh is not None
+        return self.ssh.command(server, words)
+
+    def root_run(self, server: str, argv, stdin: str | None = None) -> subprocess.CompletedProcess:
+        if server == LOCAL:
+            return super().root_run(server, argv, stdin)
+        reply = self.agents[server].call({"op": "run", "argv": list(argv), "input": stdin})
+        return subprocess.CompletedProcess(list(argv), reply["rc"], reply["out"], reply["err"])
+
+    # -- start and stop ---------------------------------------------------------------------
+    def start(self):
+        self._t0 = t0 = time.monotonic()  # startup_s counts the preflight and the agents too
+        parsed = preflight(self.server_names, self.project_dir, self.connect_timeout_s,
+                           self.ssh_options)
+        self.timings["preflight_s"] = time.monotonic() - t0
+        servers = {self._cluster_name(s.name): s for s in parsed}
+        control_dir = os.path.join(STATE_DIR, f"ssh-{self.tag}")
+        os.makedirs(control_dir, mode=0o700, exist_ok=True)
+        self.ssh = SshPlan(servers, tuple(self.ssh_options), control_dir, self.connect_timeout_s)
+        towards = [s for s in parsed if not s.is_local]
+        here = local_address_towards(towards[0]) if towards else "127.0.0.1"
+        if not here:
+            raise MachineError(f"cluster server {towards[0].name!r}: no route from this machine")
+        self.endpoints = {HERE: here, **{s.name: _address(s) for s in towards}}
+        self.of_host = here
+        for s in towards:
+            names = [n for n, where in self.placement.items() if where == s.name]
+            agent = RemoteAgent(s, self.ssh, s.name, self.project_dir)
+            self.agents[s.name] = agent
+            agent.call({"op": "claim", "state": {
+                "id": self.id, "run_dir": f"{s.name}: part of {self.run_dir} on the first server",
+                "bridges": [n for n in names if self.topo.isSwitch(n)], "links": [],
+                "hosts": [n for n in names if not self.topo.isSwitch(n)]}})
+        self.timings["agents_s"] = time.monotonic() - t0
+        super().start()
+        for agent in self.agents.values():
+            agent.call({"op": "record", "shells": True})
+
+    def _new_net(self):
+        from functools import partial
+
+        from mininet.examples.cluster import MininetCluster
+
+        host_cls, switch_cls, link_cls = node_classes()
+        topo = _mininet_topo(self.topo)
+        _add_vnis(topo, self.crossing)
+        return MininetCluster(
+            topo=topo, servers=[HERE, *self.server_names[1:]],
+            serverIP={HERE: self.endpoints[HERE], **{n: ip for n, ip in self.endpoints.items() if n != HERE}},
+            placement=mininet_placer(self.topo, local=HERE), precheck=False,
+            host=partial(host_cls, ssh=self.ssh),
+            switch=partial(switch_cls, ssh=self.ssh, datapath=self.datapath,
+                           protocols="OpenFlow13", failMode="secure"),
+            link=partial(link_cls, endpoints=self.endpoints),
+            controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
+            waitConnected=False)
+
+    def stop(self):
+        try:
+            super().stop()
+        finally:
+            for name, agent in list(self.agents.items()):
+                reply = agent.stop()
+                self.cleanup_report[name] = reply.get("removed", {"error": reply.get("error")})
+            self.agents = {}
+            if self.ssh is not None:
+                self.ssh.close()
+                try:
+                    os.rmdir(self.ssh.control_dir)
+                except OSError:
+                    pass
+
+    # -- what the tunnels carried ------------------------------------------------------------
+    def tunnel_counters(self) -> list[dict]:
+        """Per crossing link, each end's transmitted and received bytes and packets (inner frames).
+
+        Read on the server that holds each end (``ip -s -j link``): the
+        switch port's own counters, so what HTB let through. The outer
+        bytes on the machines' network add `VXLAN_OVERHEAD` per packet.
+        """
+        out = []
+        for link in crossing_links(self.topo, self.placement):
+            ends = []
+            for node, intf in ((link.node1, link.intf1()), (link.node2, link.intf2())):
+                server = self.placement[node]
+                p = self.root_run(server, ["ip", "-s", "-j", "link", "show", "dev", intf])
+                stats = json.loads(p.stdout or "[{}]")[0].get("stats64", {})
+                ends.append({"server": server, "intf": intf,
+                             "tx_bytes": stats.get("tx", {}).get("bytes", 0),
+                             "tx_packets": stats.get("tx", {}).get("packets", 0),
+                             "rx_bytes": stats.get("rx", {}).get("bytes", 0),
+                             "rx_packets": stats.get("rx", {}).get("packets", 0)})
+            out.append({"link": f"{link.node1}-{link.node2}", "vni": self.crossing[link.node1, link.node2],
+                        "ends": ends})
+        return out
+
+    def fidelity(self) -> dict:
+        """What the fidelity record says of the machines: servers, placement sizes, the tunnels."""
+        per = {s: {"switches": 0, "hosts": 0} for s in self.server_names}
+        for node, server in self.placement.items():
+            per[server]["switches" if self.topo.isSwitch(node) else "hosts"] += 1
+        return {"servers": self.server_names, "per_server": per, "endpoints": {
+                    (LOCAL if k == HERE else k): v for k, v in self.endpoints.items()},
+                "crossing_links": len(self.crossing), "tunnel": "vxlan",
+                "tunnel_overhead_bytes": VXLAN_OVERHEAD, "timings_s": dict(self.timings)}
+
+
+def _address(server: Server) -> str:
+    import socket
+
+    try:
+        return socket.gethostbyname(server.host)
+    except OSError as exc:
+        raise MachineError(f"cluster server {server.name!r}: {server.host} does not resolve ({exc})") \
+            from None
+
+
+def _add_vnis(topo, crossing: dict) -> None:
+    """Give each crossing link of the Mininet topology its VNI (a link option, for `VxlanLink`)."""
+    for a, b, key, info in topo.links(sort=True, withKeys=True, withInfo=True):
+        vni = crossing.get((info["node1"], info["node2"])) or crossing.get((info["node2"], info["node1"]))
+        if vni:
+            topo.setlinkInfo(a, b, dict(info, vni=vni), key)
+
