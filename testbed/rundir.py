@@ -247,8 +247,12 @@ def debian_packages() -> dict[str, str] | None:
 #      first round's start to the last one's end), not the workers' start-up.
 #      Versions 2 and 3 read as is (they lack the fields, so those invariants
 #      are not judged for them).
-MANIFEST_SCHEMA = 4
-KNOWN_MANIFEST_SCHEMAS = frozenset({2, 3, 4})
+#   5: a run across machines (testbed.emulation.cluster): "cluster" (the
+#      servers, nodes per server, tunnel ends, start-up timings) and the
+#      fidelity record's "tunnel_*" fields, both optional (a run on one machine
+#      has neither). Versions 2-4 read as is.
+MANIFEST_SCHEMA = 5
+KNOWN_MANIFEST_SCHEMAS = frozenset({2, 3, 4, 5})
 
 _F = runlog.Field
 MANIFEST_FIELDS = (
@@ -271,6 +275,9 @@ MANIFEST_FIELDS = (
     _F("error", "str", required=False, doc="why the run ended early"),
     _F("placement", "dict", required=False, doc="server and worker hosts"),
     _F("fabric_startup_s", "num", required=False, doc="seconds to build the fabric"),
+    _F("cluster", "dict", required=False,
+       doc="a fabric across machines (schema 5): servers, switches and hosts per server, each "
+       "server's tunnel address, crossing links, tunnel kind and overhead, start-up timings"),
     _F("dblp_port", "int", required=False, doc="the dblp transport's UDP port in the captures"),
     _F("rtt_ms", "num", required=False, nullable=True,
        doc="median idle worker-server RTT (null: ping failed)"),
@@ -316,6 +323,14 @@ FIDELITY_FIELDS = (
        doc="component -> share of one core over the unit's rounds (testbed.run.budget)"),
     _F("cpu_window_s", "num", required=False,
        doc="seconds the CPU figures cover: the unit's rounds, first start to last end"),
+    # Schema 5, a fabric across machines (testbed.emulation.cluster.ClusterFabric.tunnel_fidelity):
+    _F("tunnel_bytes", "int", required=False, doc="bytes the links between machines carried (inner frames)"),
+    _F("tunnel_packets", "int", required=False, doc="frames they carried"),
+    _F("tunnel_overhead_frac", "num", required=False, nullable=True,
+       doc="bytes the tunnels added on the machines' network per byte carried (null: none carried)"),
+    _F("tunnel_busiest_mbps", "num", required=False,
+       doc="the busiest tunnel direction's mean rate over the unit"),
+    _F("tunnel_shaped_mbps", "num", required=False, nullable=True, doc="the rate every link is shaped to"),
 )
 
 

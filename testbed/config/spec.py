@@ -252,6 +252,8 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
     "cluster": {
         "servers": Setting(list, ["local"], min_items=1,
                            fix='list "local" first, then one "[user@]host[:port]" per machine'),
+        # ssh's own options for every connection to the others, e.g. ["-i", "/root/.ssh/lab"].
+        "ssh_options": Setting(list, [], fix='list ssh options as strings, e.g. ["-i", "/root/.ssh/lab"]'),
     },
 }
 
@@ -509,7 +511,7 @@ def validate(data: dict) -> Spec:
     every, bursts = _validate_bursts(data)
     schedule = BurstSchedule.resolve(bursts, every, data["training"]["rounds"], top["seed"])
 
-    _validate_cluster(data)
+    _validate_cluster(data, every, bursts)
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
             raise SpecError(f"capture.hosts[{i}]", f"{h!r} is not a role",
@@ -593,29 +595,46 @@ def _validate_bursts(data: dict) -> tuple[BurstEvery, list]:
     return every, bursts
 
 
-def _validate_cluster(data: dict) -> None:
-    """Each server name, and the topology's pods over the servers; then: not built yet.
+def _validate_cluster(data: dict, every: BurstEvery, bursts: list) -> None:
+    """Each server name, the topology's pods over the servers, and bursts on this machine's ports.
 
-    Why refuse a valid list of several servers: the fabric across machines
-    is not built (docs/cluster.md), and a run that quietly put every node
-    on this machine would claim a placement it never had.
+    Why bursts only on this machine's ports: the controller, which runs here,
+    applies a burst with nftables on the switch port it hooks, so a target
+    whose port a pod on another server holds would fail when it fires, in
+    the middle of an arm; the spec says so before anything starts.
     """
+    from controllers.mechanisms import loss_hooks
     from testbed.emulation.cluster import PlacementError, ServerError, parse_servers, place_pods
 
     try:
         servers = parse_servers(data["cluster"]["servers"])
     except ServerError as exc:
         raise SpecError(f"cluster.servers[{exc.index}]", exc.problem, exc.fix) from None
+    options = data["cluster"]["ssh_options"]
+    if not all(isinstance(o, str) and o and "\n" not in o for o in options):
+        raise SpecError("cluster.ssh_options", f"{options!r} holds something other than one-line strings",
+                        'list ssh options as strings, e.g. ["-i", "/root/.ssh/lab"]')
     if len(servers) == 1:
         return
-    graph = build_topology(data["topology"], TOPOLOGIES, data["placement"]["workers"])
+    workers = data["placement"]["workers"]
+    graph = build_topology(data["topology"], TOPOLOGIES, workers)
     try:
-        place_pods(graph, [s.name for s in servers])
+        placement = place_pods(graph, [s.name for s in servers])
     except PlacementError as exc:
         raise SpecError("cluster.servers", str(exc), "use fewer servers or a topology with "
                         "more pods (a larger topology.k)") from None
-    raise SpecError("cluster.servers", f"{len(servers)} servers, but runs across machines are "
-                    "not built yet (docs/cluster.md)", 'keep servers = ["local"]')
+    server, placed = graph.place(workers)
+    roles = {"server": server, "workers": list(placed)}
+    targets = ([("burst_every.target", every.target)] if every.enabled else []) + \
+        [(f"bursts[{i}].target", b.target) for i, b in enumerate(bursts)]
+    for field, target in targets:
+        for intf, _ in loss_hooks(graph, resolve_target(graph, target, roles)):
+            where = placement[intf.split("-eth")[0]]
+            if where != servers[0].name:
+                raise SpecError(field, f"{target!r} is a port of {intf.split('-eth')[0]}, which runs on "
+                                f"{where}; bursts on another server's ports are not built yet",
+                                "target a port on this machine: a link between pods from its side "
+                                "here (SWITCH:NEIGHBOUR with SWITCH in this machine's pods or cores)")
 
 
 def build_topology(topo: dict, registry, workers: int):

@@ -413,6 +413,17 @@ class Fabric:
         raise TimeoutError(f"only {n}/{len(want)} switches routed after {self.ready_timeout_s} s "
                            f"(ready_timeout_s); see {self.raw_dir}/controller.log")
 
+    def tunnel_snapshot(self):
+        """Counters of the links between machines, to diff at a unit's end (none here)."""
+        return None
+
+    def tunnel_fidelity(self, before) -> dict:
+        """A unit's fidelity fields for the links between machines (none here)."""
+        return {}
+
+    def collect(self) -> None:
+        """Bring the run's files written on other machines here (none: every host is here)."""
+
     def stop(self):
         """Tear down what this fabric created; safe to call twice."""
         if self._state is None:

@@ -130,12 +130,22 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
 
     topo = build_topology(spec["topology"], TOPOLOGIES, spec["placement"]["workers"])
     server, workers = topo.place(spec["placement"]["workers"])
+    servers = spec["cluster"]["servers"]
+    fabric_cls, more = Fabric, {}
+    if len(servers) > 1:
+        from testbed.emulation.cluster.fabric import ClusterFabric, local_first
+
+        fabric_cls = ClusterFabric
+        more = {"servers": servers, "ssh_options": spec["cluster"]["ssh_options"]}
+        workers = local_first(topo, servers, list(workers))
     manifest.update(placement={"server": server, "workers": list(workers)})
     t0 = time.monotonic()
-    with Fabric(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
-                queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
-                roles={"server": server, "workers": list(workers)},
-                chunk_bytes=spec["transport"]["chunk_bytes"]) as fab:
+    with fabric_cls(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
+                    queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
+                    roles={"server": server, "workers": list(workers)},
+                    chunk_bytes=spec["transport"]["chunk_bytes"], **more) as fab:
+        if len(servers) > 1:
+            manifest.update(cluster=fab.fidelity())
         manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DEFAULT_PORT,
                         rtt_ms=measure_rtt_ms(fab, workers[0], server))
         output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
@@ -293,6 +303,7 @@ class ArmRun:
 
     def run(self) -> dict:
         py = sys.executable
+        tunnels = self.fab.tunnel_snapshot()  # a cluster's crossing links, for this unit's share
         try:
             self._start_captures()
             if self.arm.command is not None:
@@ -307,15 +318,17 @@ class ArmRun:
                 self._supervise(cpu)
             finally:
                 link.stop()   # a failed arm's sampler would fork tc on through the next arms
+            self.fab.collect()  # the logs of workers on other machines (a cluster), for what follows
             cpu.sample()
             window = rounds_window(self.raw)
-            return {**cpu.fractions(window), **link.summary(),
+            return {**cpu.fractions(window), **link.summary(), **self.fab.tunnel_fidelity(tunnels),
                     "pacing_late_frac": pacing_late_frac(self.raw),
                     "cpu_budget": cpu.budget(self.raw, window)}
         finally:
             self.procs.stop()
             self.captures.stop(sig=signal.SIGINT)
             self._close_command()
+            self.fab.collect()  # logs and captures written on other machines (a cluster)
 
     def _start_workload(self, py: str):
         """A built-in arm: workloads.server (when the arm has a server) and workloads.worker."""

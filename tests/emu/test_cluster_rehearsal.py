@@ -8,10 +8,13 @@ over which the fabric's crossing links run as VXLAN tunnels.
 """
 import json
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
+from testbed import REPO_ROOT
 from testbed.emulation import netcheck
 from testbed.emulation.cluster import ClusterError
 from testbed.emulation.cluster.fabric import ClusterFabric
@@ -24,6 +27,7 @@ from topologies import FatTreeTopo
 pytestmark = pytest.mark.emu
 
 RATE_MBPS = 20
+CLI = [sys.executable, "-m", "testbed.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +134,57 @@ def test_an_unprepared_server_is_refused_in_seconds_naming_it(machines, tmp_path
     assert "\n" not in message
     assert message.startswith(f"cluster server {machines.servers[0]!r}: no project set-up in "), message
     assert took < 10, took
+
+
+def crossing_target(servers) -> str:
+    """``SWITCH:NEIGHBOUR``: the crossing link the aggregate takes from the server to a worker
+    on the other machine, from the side here (the controller applies bursts on its own ports)."""
+    from testbed.emulation.cluster.placement import place_pods
+    from topologies.routing import compute_rules, trace_path
+
+    topo = FatTreeTopo(4)
+    placement = place_pods(topo, servers)
+    server, workers = topo.place(3)
+    remote = next(w for w in workers if placement[w] != servers[0])
+    path = [sw for sw, _ in trace_path(topo, compute_rules(topo), server, remote,
+                                       sport=47474, dport=47474)]
+    for here, there in zip(path, path[1:], strict=False):
+        if placement[here] == servers[0] and placement[there] != servers[0]:
+            return f"{here}:{there}"
+    raise AssertionError(f"no crossing link on {path}")
+
+
+def test_smoke_preset_across_two_machines(machines, tmp_path, leftovers):
+    """`dblp-testbed run --preset smoke` on a k=4 fat-tree split over the two machines."""
+    servers = ["local", *machines.servers]
+    target = crossing_target(servers)
+    options = ", ".join(json.dumps(o) for o in machines.ssh_options)
+    spec = tmp_path / "two.toml"
+    spec.write_text(f'[topology]\nkind = "fattree"\nk = 4\n\n[cluster]\nservers = {json.dumps(servers)}\n'
+                    f'ssh_options = [{options}]\n\n[[bursts]]\nat_round = 6\nrounds = 1\nkind = "loss"\n'
+                    f'target = "{target}"\nmax_ms = 3000.0\nparams = {{p = 0.8}}\n')
+    out = tmp_path / "run"
+    res = subprocess.run(CLI + ["run", "--preset", "smoke", str(spec), "--out", str(out)],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=900)
+    print(res.stdout[-1500:], res.stderr[-1500:])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "verdicts on the paper's claims:" in res.stdout
+    assert "run ok: every unit valid" in res.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["cluster"]["servers"] == servers and manifest["cluster"]["crossing_links"] == 8
+    for unit in manifest["units"]:
+        arm = unit["arm"]
+        # The workers on the other machine trained, and their logs came back.
+        raw = out / "raw" / arm / "seed-1"
+        for rank in (1, 2):
+            events = [json.loads(line) for line in (raw / f"worker{rank}.jsonl").read_text().splitlines()]
+            assert len([e for e in events if e["event"] == "round"]) == 12, (arm, rank)
+        # The burst hit the crossing link: most of what crossed it during the burst was lost.
+        burst = [json.loads(line) for line in (raw / "bursts.jsonl").read_text().splitlines()][-1]
+        assert burst["target"] == target and burst["dropped_packets"] > 0.5 * burst["seen_packets"] > 0, burst
+        fid = unit["fidelity"]
+        assert fid["tunnel_bytes"] > 0 and 0 < fid["tunnel_overhead_frac"] < 0.1, fid
+        assert fid["tunnel_busiest_mbps"] <= 1.05 * RATE_MBPS, fid
+    assert remote_leftovers(machines) == {"bridges": [], "links": [], "state_files": [], "host_shells": []}
+    assert machines.exec(0, ["test", "-e", str(out)]).returncode == 1  # its copy of the run went
+    assert not any(leftovers().values()), leftovers()

@@ -44,17 +44,40 @@ def test_a_bad_cluster_section_is_one_line_exit_2(tmp_path, text, field):
 def test_the_default_is_this_machine_alone_and_round_trips(tmp_path):
     spec = load(None)
     assert spec["cluster"]["servers"] == [LOCAL]
-    assert tomllib.loads(spec.to_toml())["cluster"] == {"servers": [LOCAL]}
+    assert tomllib.loads(spec.to_toml())["cluster"] == {"servers": [LOCAL], "ssh_options": []}
 
 
 @pytest.mark.unit
-def test_a_placeable_list_of_servers_is_refused_as_not_built_yet(tmp_path):
-    """Valid names and a valid placement, yet a run would put every node here: refused, saying so."""
+def test_a_placeable_list_of_servers_loads_with_its_ssh_options(tmp_path):
     spec = tmp_path / "two.toml"
-    spec.write_text('[topology]\nk = 4\n[cluster]\nservers = ["local", "root@lab2:2222"]\n')
-    with pytest.raises(SpecError, match="not built yet") as err:
+    spec.write_text('[topology]\nk = 4\n[cluster]\nservers = ["local", "root@lab2:2222"]\n'
+                    'ssh_options = ["-i", "/root/.ssh/lab"]\n')
+    loaded = load(str(spec))
+    assert loaded["cluster"] == {"servers": ["local", "root@lab2:2222"],
+                                 "ssh_options": ["-i", "/root/.ssh/lab"]}
+
+
+@pytest.mark.unit
+def test_a_burst_on_another_servers_port_is_refused_naming_the_burst(tmp_path):
+    """The controller applies bursts on this machine's ports: pods 2-3 and cores dtc02-03 are lab2's."""
+    spec = tmp_path / "two.toml"
+    body = ('[topology]\nk = 4\n[cluster]\nservers = ["local", "root@lab2"]\n'
+            '[[bursts]]\nat_round = 2\nrounds = 1\nkind = "loss"\ntarget = "{}"\nparams = {{p = 0.5}}\n')
+    spec.write_text(body.format("dtc02:dta01"))
+    with pytest.raises(SpecError, match="runs on root@lab2; bursts on another server's ports") as err:
         load(str(spec))
-    assert err.value.field == "cluster.servers"
+    assert err.value.field == "bursts[0].target"
+    spec.write_text(body.format("dtc01:dta20"))  # the same kind of link, from this machine's side
+    assert load(str(spec))["bursts"][0]["target"] == "dtc01:dta20"
+
+
+@pytest.mark.unit
+def test_ssh_options_must_be_strings(tmp_path):
+    spec = tmp_path / "two.toml"
+    spec.write_text('[cluster]\nssh_options = ["-i", 3]\n')
+    with pytest.raises(SpecError) as err:
+        load(str(spec))
+    assert err.value.field == "cluster.ssh_options"
 
 
 @pytest.mark.unit

@@ -23,6 +23,8 @@ reply, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
 
 - ``{"op": "claim", "state": {...}}`` (first): the fabric's id, bridges, links;
 - ``{"op": "record", "bridges": [...], "links": [...], "shells": true}``;
+- ``{"op": "mkdir", "paths": [...], "under": RUN_DIR}``: folders for the run's files
+  there (the run's folder, when the agent made it, goes at ``stop``);
 - ``{"op": "run", "argv": [...], "input": "..."}`` -> ``rc``, ``out``, ``err``;
 - ``{"op": "stop"}`` -> ``removed`` (then the agent exits).
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,6 +69,30 @@ def _from_sshd(pid: int) -> bool:
     return False
 
 
+def _netns(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def _kill_in_hosts(shells: list[dict]) -> None:
+    """Stop every process in the network namespaces of the fabric's host shells here.
+
+    Why: a command the first server started in a host (a worker, a capture)
+    runs under its own ssh session, not under the host's shell; when that
+    server dies, or stops the local ssh client, the command can outlive it.
+    Whatever runs in this fabric's hosts' namespaces is this fabric's.
+    """
+    own = {_netns(r["pid"]) for r in shells if str(r.get("expect", "")).startswith("mininet:")}
+    own.discard("")
+    own.discard(_netns(os.getpid()))  # never the machine's own namespace
+    shell_pids = {r["pid"] for r in shells}
+    victims = [pid for pid, _ in cleanup.all_processes()
+               if pid not in shell_pids and pid != os.getpid() and _netns(pid) in own]
+    cleanup.kill_many([cleanup.record(pid, "") for pid in victims], grace=2.0)
+
+
 class Agent:
     """One fabric's state on this machine, from ``claim`` to ``stop`` (or the end of stdin)."""
 
@@ -92,6 +119,20 @@ class Agent:
         cleanup.write_state(state["id"], state)
         return {"shells": len(state["processes"])}
 
+    def mkdir(self, req: dict) -> dict:
+        """Folders for the run's files, under the run's folder (recorded: they go at ``stop``)."""
+        state = self._state()
+        under = os.path.realpath(req["under"])
+        for path in req["paths"]:
+            real = os.path.realpath(path)
+            if not real.startswith(under + os.sep) and real != under:
+                raise ValueError(f"mkdir: {path} is not under {under}")
+            if not os.path.isdir(under):
+                state["run_dir_made"] = under
+                cleanup.write_state(state["id"], state)
+            os.makedirs(real, exist_ok=True)
+        return {}
+
     def run(self, req: dict) -> dict:
         argv = req.get("argv")
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
@@ -106,8 +147,13 @@ class Agent:
         state, self.state = self.state, None
         state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells()
                                if pid not in {r["pid"] for r in state["processes"]}]
+        _kill_in_hosts(state["processes"])
         try:
             removed = cleanup.clean(only_state=state)
+            made = state.get("run_dir_made")
+            if made and os.path.isdir(made):  # the run's files were copied to the first server
+                shutil.rmtree(made, ignore_errors=True)
+                removed["files"].append(made)
         finally:
             cleanup.release_machine(self.lock)
             self.lock = None
@@ -120,7 +166,7 @@ class Agent:
 
     def handle(self, req: dict) -> dict:
         op = req.get("op")
-        handler = {"claim": self.claim, "record": self.record, "run": self.run,
+        handler = {"claim": self.claim, "record": self.record, "mkdir": self.mkdir, "run": self.run,
                    "stop": self.stop}.get(op)
         if handler is None:
             raise ValueError(f"unknown op {op!r}")

@@ -154,6 +154,78 @@ class ClusterFabric(Fabric):
         assert self.ssh is not None
         return self.ssh.command(server, words)
 
+    def popen(self, host, argv, **kw) -> subprocess.Popen:
+        if self.placement[host] != LOCAL:
+            argv, kw = self._remote_command(host, list(argv), kw)
+        return super().popen(host, argv, **kw)
+
+    def run(self, host, argv, timeout=None, **kw) -> subprocess.CompletedProcess:
+        if self.placement[host] != LOCAL:
+            argv, kw = self._remote_command(host, list(argv), kw)
+        return super().run(host, argv, timeout=timeout, **kw)
+
+    def _remote_command(self, host: str, argv: list, kw: dict) -> tuple[list, dict]:
+        """``argv`` and Popen's keywords for a host on another server.
+
+        ssh carries neither the environment nor the working folder, so what
+        the caller set (the variables that differ from this process's) goes
+        into the command as ``env NAME=VALUE``, and ``cwd`` as a ``cd``. The
+        fabric's control socket is this machine's: a process there cannot
+        reach it, so it is not passed. The run's files the command names
+        (``PATH`` or ``--option=PATH`` under the run directory) get their
+        folders there, those that exist here are copied there (`push`), and
+        what it writes comes back with `collect`.
+        """
+        kw = dict(kw)
+        env = kw.pop("env", None) or {}
+        cwd = kw.pop("cwd", None)
+        own = [f"{k}={v}" for k, v in env.items()
+               if os.environ.get(k) != v and v != str(self.control_socket)]
+        words = [str(a) for a in argv]
+        paths = [p for w in words for p in (w, w.split("=", 1)[-1])
+                 if p.startswith(self.run_dir + os.sep)]
+        server = self.placement[host]
+        if paths:
+            self.agents[server].call({"op": "mkdir", "paths": sorted({os.path.dirname(p) for p in paths}),
+                                      "under": self.run_dir})
+            self.push(server, [p for p in paths if os.path.isfile(p)])
+        if cwd is not None:
+            words = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *words]
+        return (["env", *own, *words] if own else words), kw
+
+    def push(self, server: str, paths: Sequence[str]) -> None:
+        """Files of this run that a command on ``server`` reads (its configuration), copied there."""
+        if not paths:
+            return
+        assert self.ssh is not None
+        rel = [os.path.relpath(p, self.run_dir) for p in paths]
+        send = subprocess.Popen(["tar", "-C", self.run_dir, "-c", "--", *rel], stdout=subprocess.PIPE)
+        got = subprocess.run(self.ssh.command(server, ["tar", "-C", self.run_dir, "-x"]), stdin=send.stdout,
+                             capture_output=True, text=True, timeout=60)
+        send.wait()
+        if got.returncode:
+            raise MachineError(f"cluster server {server!r}: copying {', '.join(rel)} there failed: "
+                               f"{got.stderr.strip()[-200:]}")
+
+    def collect(self) -> None:
+        """This run's files written on the other servers, copied into the run directory here.
+
+        A file copied before (a capture still being written) is copied again
+        when it changed since; one written here is kept (a name is one
+        role's, written on one server).
+        """
+        for name in self.agents:
+            assert self.ssh is not None
+            script = 'test -d "$0" || exit 0; exec tar -C "$0" -c .'
+            sent = subprocess.run(self.ssh.command(name, ["sh", "-c", script, self.run_dir]),
+                                  capture_output=True, timeout=600)
+            if not sent.stdout:  # nothing of this run was written there
+                continue
+            got = subprocess.run(["tar", "-C", self.run_dir, "-x", "--keep-newer-files"], input=sent.stdout,
+                                 capture_output=True)
+            if got.returncode:
+                self.log(f"collecting {name}'s files: {got.stderr.decode(errors='replace').strip()[-200:]}")
+
     def root_run(self, server: str, argv, stdin: str | None = None) -> subprocess.CompletedProcess:
         if server == LOCAL:
             return super().root_run(server, argv, stdin)
@@ -211,6 +283,8 @@ class ClusterFabric(Fabric):
     def stop(self):
         try:
             super().stop()
+            if self.agents:
+                self.collect()
         finally:
             for name, agent in list(self.agents.items()):
                 reply = agent.stop()
@@ -247,6 +321,36 @@ class ClusterFabric(Fabric):
                         "ends": ends})
         return out
 
+    def tunnel_snapshot(self):
+        """(monotonic time, `tunnel_counters`): a unit's start, for `tunnel_fidelity`."""
+        return time.monotonic(), self.tunnel_counters()
+
+    def tunnel_fidelity(self, before) -> dict:
+        """What the crossing links carried during a unit, for its fidelity record.
+
+        ``tunnel_bytes``/``tunnel_packets``: inner frames sent into the
+        tunnels (both ends, both ways); ``tunnel_overhead_frac``: the bytes
+        VXLAN added on the machines' network per byte carried (50 per frame);
+        ``tunnel_busiest_mbps``: the busiest tunnel direction's mean rate over
+        the unit, beside ``tunnel_shaped_mbps``, the rate every link is
+        shaped to (the machines' network is not the bottleneck while the
+        busiest tunnel's peak stays at it, which the port statistics show).
+        """
+        if before is None:
+            return {}
+        t0, first = before
+        t1, last = time.monotonic(), self.tunnel_counters()
+        sent, packets, busiest = 0, 0, 0.0
+        for a, b in zip(first, last, strict=True):
+            for e0, e1 in zip(a["ends"], b["ends"], strict=True):
+                d = e1["tx_bytes"] - e0["tx_bytes"]
+                sent += d
+                packets += e1["tx_packets"] - e0["tx_packets"]
+                busiest = max(busiest, d * 8 / max(t1 - t0, 1e-9) / 1e6)
+        return {"tunnel_bytes": sent, "tunnel_packets": packets,
+                "tunnel_overhead_frac": round(packets * VXLAN_OVERHEAD / sent, 4) if sent else None,
+                "tunnel_busiest_mbps": round(busiest, 3), "tunnel_shaped_mbps": self.bw_mbps}
+
     def fidelity(self) -> dict:
         """What the fidelity record says of the machines: servers, placement sizes, the tunnels."""
         per = {s: {"switches": 0, "hosts": 0} for s in self.server_names}
@@ -256,6 +360,16 @@ class ClusterFabric(Fabric):
                     (LOCAL if k == HERE else k): v for k, v in self.endpoints.items()},
                 "crossing_links": len(self.crossing), "tunnel": "vxlan",
                 "tunnel_overhead_bytes": VXLAN_OVERHEAD, "timings_s": dict(self.timings)}
+
+
+def local_first(topo: TopoGraph, servers: Sequence[str], workers: list[str]) -> list[str]:
+    """The workers, those on this machine first (stable otherwise).
+
+    Rank 0 announces each round to the controller (round-locked bursts)
+    through a socket on this machine, so rank 0 must run here.
+    """
+    placement = place_pods(topo, [HERE, *servers[1:]])
+    return sorted(workers, key=lambda h: placement[h] != HERE)
 
 
 def _address(server: Server) -> str:
