@@ -152,6 +152,17 @@ def test_another_revision_is_another_version(tmp_path):
     assert problem.why.startswith("other version") and "ffffffffffff here" in problem.why
 
 
+def test_too_few_ssh_sessions_for_the_nodes_placed_there_is_named_with_the_fix(tmp_path):
+    """sshd's default MaxSessions (10) cannot carry a pod's shells over one connection."""
+    facts = dict(_probe(_project(tmp_path)), ovs="yes", maxsessions="10")
+    problem = judge(parse_server("root@lab2"), facts, facts["revision"], str(tmp_path), sessions=42)
+    assert problem.line() == ("cluster server 'root@lab2': sshd allows 10 sessions per connection, the "
+                              "fabric needs 42 (set MaxSessions 100 in /etc/ssh/sshd_config there and "
+                              "reload sshd)")
+    assert judge(parse_server("root@lab2"), dict(facts, maxsessions="200"), facts["revision"],
+                 str(tmp_path), sessions=42) is None
+
+
 def test_the_probe_reaches_the_server_as_quoted_words():
     """What ssh sends the remote shell is the probe and the folder, each one quoted word."""
     argv = probe_argv(parse_server("root@lab2"), "/srv/dblp testbed", 2)

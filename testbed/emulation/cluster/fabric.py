@@ -47,6 +47,9 @@ from topologies import TopoGraph
 
 #: The cluster edition's name for this machine.
 HERE = "localhost"
+#: ssh sessions to a server beyond its nodes' shells: the agent, and the
+#: commands run in its hosts at once (workers, captures, probes).
+SPARE_SESSIONS = 24
 #: The first VXLAN network identifier; crossing link i gets FIRST_VNI + i.
 FIRST_VNI = 4200
 
@@ -235,8 +238,11 @@ class ClusterFabric(Fabric):
     # -- start and stop ---------------------------------------------------------------------
     def start(self):
         self._t0 = t0 = time.monotonic()  # startup_s counts the preflight and the agents too
+        # A session per node placed there, the agent, and the commands run there at once.
+        sessions = {name: sum(1 for where in self.placement.values() if where == name)
+                    + SPARE_SESSIONS for name in self.server_names[1:]}
         parsed = preflight(self.server_names, self.project_dir, self.connect_timeout_s,
-                           self.ssh_options)
+                           self.ssh_options, sessions)
         self.timings["preflight_s"] = time.monotonic() - t0
         servers = {self._cluster_name(s.name): s for s in parsed}
         control_dir = os.path.join(STATE_DIR, f"ssh-{self.tag}")

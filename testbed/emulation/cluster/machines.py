@@ -336,8 +336,9 @@ class Machines:
                         "./setup.sh cluster >/tmp/setup.log 2>&1 || { tail -3 /tmp/setup.log; exit 1; }; "
                         "mkdir -p /root/.ssh /run/sshd && chmod 700 /root/.ssh && "
                         f"printf '%s\\n' '{pub}' > /root/.ssh/authorized_keys && ssh-keygen -A >/dev/null && "
-                        f"/usr/sbin/sshd -o PasswordAuthentication=no -o PermitRootLogin=prohibit-password "
-                        f"-o MaxSessions={SSH_MAX_SESSIONS}",
+                        f"printf 'MaxSessions {SSH_MAX_SESSIONS}\\nPasswordAuthentication no\\n' "
+                        "> /etc/ssh/sshd_config.d/dblp-testbed.conf && "
+                        "/usr/sbin/sshd -o PermitRootLogin=prohibit-password",
                         timeout=600)
         self.start_s = time.monotonic() - t0
         self.log(f"{self.n} machine(s) up in {self.start_s:.0f} s: {', '.join(self.servers)}")

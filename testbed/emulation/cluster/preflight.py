@@ -14,7 +14,8 @@ needs root: the ssh user is root or has password-less sudo), ``no project
 set-up`` (``./setup.sh`` has not finished in the project's folder, which is
 the same path as here, as Mininet's cluster edition assumes for its tools),
 ``other version`` (another git revision than this machine's), ``OVS not
-running``. Then, once every server is ready, for every ordered pair of
+running``, and too few ssh sessions per connection for the nodes placed
+there (sshd's ``MaxSessions``). Then, once every server is ready, for every ordered pair of
 servers, whether the first reaches the second's address (one ping), since
 their tunnels run between them.
 """
@@ -52,6 +53,7 @@ if [ -x "$d/$2" ] && [ -f "$d/$3" ]; then
   echo setup=yes; else echo setup=no; fi
 echo "revision=$(git -C "$d" rev-parse HEAD 2>/dev/null)"
 if [ "$s" != no ] && $s ovs-vsctl --timeout=3 show >/dev/null 2>&1; then echo ovs=yes; else echo ovs=no; fi
+[ "$s" = no ] || echo "maxsessions=$($s sshd -T 2>/dev/null | awk '$1 == "maxsessions" {print $2}')"
 """
 
 
@@ -111,8 +113,12 @@ def _last_line(text: str) -> str:
 
 def check_server(server: Server, revision: str, project_dir: str = str(REPO_ROOT),
                  connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 ssh_options: Sequence[str] = ()) -> ServerProblem | None:
-    """The first thing ``server`` lacks, or None when it is ready."""
+                 ssh_options: Sequence[str] = (), sessions: int = 0) -> ServerProblem | None:
+    """The first thing ``server`` lacks, or None when it is ready.
+
+    ``sessions``: how many ssh sessions the fabric will open to it at once
+    (one per node placed there, and the commands run there).
+    """
     if server.is_local:
         if not ovs_running():
             return ServerProblem(server.name, "OVS not running", "run ./setup.sh here")
@@ -133,11 +139,18 @@ def check_server(server: Server, revision: str, project_dir: str = str(REPO_ROOT
         return ServerProblem(server.name, f"unreachable (ssh: {_last_line(out.stderr)})",
                              f"check that BatchMode ssh -p {server.port} {server.destination} works: "
                              "an authorized key, no password")
-    return judge(server, facts, revision, project_dir)
+    return judge(server, facts, revision, project_dir, sessions)
 
 
-def judge(server: Server, facts: dict[str, str], revision: str, project_dir: str) -> ServerProblem | None:
-    """The first thing missing by the probe's answer (``PROBE``'s KEY=VALUE lines), or None."""
+def judge(server: Server, facts: dict[str, str], revision: str, project_dir: str,
+          sessions: int = 0) -> ServerProblem | None:
+    """The first thing missing by the probe's answer (``PROBE``'s KEY=VALUE lines), or None.
+
+    Why sessions: every node's shell on a server is one session of the one
+    ssh connection to it, and sshd allows 10 per connection unless told
+    otherwise (``MaxSessions``); the eleventh node would fail deep inside
+    Mininet with "session request failed".
+    """
     if facts.get("root") != "yes":
         return ServerProblem(server.name, f"no root for {server.user or 'the ssh user'}",
                              "ssh as root or allow password-less sudo")
@@ -151,6 +164,12 @@ def judge(server: Server, facts: dict[str, str], revision: str, project_dir: str
                              f"check out {revision[:12] or 'the same revision'} there and run ./setup.sh")
     if facts.get("ovs") != "yes":
         return ServerProblem(server.name, "OVS not running", "run ./setup.sh there")
+    allowed = facts.get("maxsessions", "")
+    if sessions and allowed.isdigit() and int(allowed) < sessions:
+        return ServerProblem(server.name, f"sshd allows {allowed} sessions per connection, the fabric "
+                             f"needs {sessions}",
+                             f"set MaxSessions {max(sessions, 100)} in /etc/ssh/sshd_config there and "
+                             "reload sshd")
     return None
 
 
@@ -199,17 +218,20 @@ def check_pair(src: Server, dst: Server, connect_timeout_s: float = CONNECT_TIME
 
 def preflight(servers: Sequence[str], project_dir: str = str(REPO_ROOT),
               connect_timeout_s: float = CONNECT_TIMEOUT_S,
-              ssh_options: Sequence[str] = ()) -> list[Server]:
+              ssh_options: Sequence[str] = (), sessions: dict[str, int] | None = None) -> list[Server]:
     """The spec's servers, every one checked at once; a `ClusterError` naming each bad one.
 
     Takes about one ``connect_timeout_s`` however many servers are named.
-    ``ssh_options``: ssh's own options for every connection (``-i KEY``).
+    ``ssh_options``: ssh's own options for every connection (``-i KEY``);
+    ``sessions``: server name -> ssh sessions the fabric will open to it.
     """
     parsed = parse_servers(servers)
     revision = local_revision(project_dir)
+    need = sessions or {}
     with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:
         results = list(pool.map(
-            lambda s: check_server(s, revision, project_dir, connect_timeout_s, ssh_options), parsed))
+            lambda s: check_server(s, revision, project_dir, connect_timeout_s, ssh_options,
+                                   need.get(s.name, 0)), parsed))
     problems = [p for p in results if p is not None]
     if problems:
         raise ClusterError(problems)
