@@ -110,7 +110,7 @@ def optional_tool():
     """``optional_tool(group, tool)``: TOOL, which ``./setup.sh GROUP`` installs, must be there.
 
     Heavy or rarely used Debian packages (Vagrant, tshark) are not in every
-    set-up: ``make test`` installs them with ``./setup.sh vagrant tshark cluster``
+    set-up: ``make test`` installs them with ``./setup.sh vagrant tshark cluster rehearsal``
     before the suite starts, so no test spends the suite's time in apt.
     Where the emulation tests must run (``make test``, CI), a missing tool is
     a failure; elsewhere (pytest run by hand) the test is skipped with the
