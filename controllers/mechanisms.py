@@ -66,6 +66,83 @@ class Nft:
         return out
 
 
+class RemoteNft:
+    """`Nft` on another machine: ``controllers.nft_agent`` there, over ``argv`` (its ssh command)."""
+
+    def __init__(self, argv: list[str], cwd: str | None = None):
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, cwd=cwd)
+        first = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not first.startswith("{"):
+            err = self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+            raise RuntimeError(f"nft agent did not start: {(first + err).strip()[-300:]}")
+        self.in_process = bool(json.loads(first).get("in_process"))
+
+    def run(self, script: str) -> str:
+        with self.lock:
+            try:
+                self.proc.stdin.write(json.dumps({"script": script}) + "\n")
+                self.proc.stdin.flush()
+                line = self.proc.stdout.readline()
+            except (OSError, ValueError) as exc:
+                raise RuntimeError(f"nft agent gone: {exc}") from None
+        if not line:
+            raise RuntimeError("nft agent gone (its ssh session ended)")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise RuntimeError(reply.get("error", "nft agent failed"))
+        return reply.get("out", "")
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+class NftPool:
+    """The nft context of every machine a fabric's ports are on: this one's, and an agent per other.
+
+    ``remote`` (the fabric's config, ``testbed.emulation.cluster``): ``servers``
+    (name -> the argv, run here, that starts ``controllers.nft_agent`` there)
+    and ``switches`` (switch -> server, for those not here). A machine's agent
+    starts on its first burst and lives until `close`.
+    """
+
+    def __init__(self, remote: dict | None = None):
+        self.local = Nft()
+        self.remote = remote or {}
+        self.agents: dict[str, RemoteNft] = {}
+
+    @property
+    def in_process(self) -> bool:
+        return self.local.in_process
+
+    def server_of(self, intf: str) -> str | None:
+        """The server of the switch that owns ``intf`` (None: this machine)."""
+        return self.remote.get("switches", {}).get(intf.split("-eth")[0])
+
+    def get(self, server: str | None):
+        if server is None:
+            return self.local
+        if server not in self.agents:
+            self.agents[server] = RemoteNft(list(self.remote["servers"][server]))
+        return self.agents[server]
+
+    def start_all(self) -> None:
+        """Every other machine's agent now: a burst must not wait for an ssh session and a Python."""
+        for server in self.remote.get("servers", {}):
+            self.get(server)
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            agent.close()
+        self.agents = {}
+
+
 def loss_table_name(burst_id: str, prefix: str = NFT_PREFIX) -> str:
     """The burst's nftables table: the fabric's own prefix (so clean-up of one fabric
     finds exactly its tables), then the burst id."""

@@ -8,12 +8,16 @@ them here and leaves a unit that broke one out of every interval and verdict
 (its figures stay in the tables, marked). Both read this one declaration, so
 a limit is defined once and a stored run can be judged again under it.
 
-Why these four (each measured per unit):
+Why these (each measured per unit):
 - CPU busy: the fabric's switches, the workers' training and the transport's
   pacers share the machine's cores; a saturated CPU stretches every round
   whatever the network did.
 - CPU steal: time the hypervisor gave another guest looks the same in a
   round's wall time; a unit under it measured a neighbour.
+- The other servers' CPU busy and steal, in a fabric across machines
+  (`testbed.emulation.cluster`): a saturated server stretches the rounds of
+  every worker and link it carries, as this machine does; the busiest one
+  is judged.
 - The bottleneck's rate while busy: while its queue holds packets, a shaped
   link sends at its shaped rate. Less means the queue was not served in time
   (the kernel's shaper starved of CPU), so the link was slower than the spec.
@@ -67,6 +71,10 @@ INVARIANTS: dict[str, Invariant] = {inv.name: inv for inv in (
               doc="machine-wide CPU busy over the unit, steal included"),
     Invariant("cpu steal", "cpu_steal_frac", 0.05, most=True,
               doc="CPU time the hypervisor gave to other guests"),
+    Invariant("other servers' cpu busy", "others_cpu_busy_frac", 0.85, most=True,
+              doc="the busiest other server's CPU busy over the unit (a fabric across machines)"),
+    Invariant("other servers' cpu steal", "others_cpu_steal_frac", 0.05, most=True,
+              doc="the most CPU time any other server's hypervisor gave to other guests"),
     Invariant("link rate while busy", "link_busy_rate_frac", 0.90, most=False,
               doc="bytes the bottleneck sent while its queue held packets, over its shaped rate"),
     Invariant("packet spacing", "link_spacing_ok_frac", 0.90, most=False,

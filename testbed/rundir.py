@@ -331,6 +331,12 @@ FIDELITY_FIELDS = (
     _F("tunnel_busiest_mbps", "num", required=False,
        doc="the busiest tunnel direction's mean rate over the unit"),
     _F("tunnel_shaped_mbps", "num", required=False, nullable=True, doc="the rate every link is shaped to"),
+    _F("servers_cpu", "dict", required=False,
+       doc="other server -> its busy_frac, steal_frac and window_s over the unit's rounds"),
+    _F("others_cpu_busy_frac", "num", required=False, nullable=True,
+       doc="the busiest other server's CPU busy fraction (null: none sampled)"),
+    _F("others_cpu_steal_frac", "num", required=False, nullable=True,
+       doc="the most any other server's CPU was stolen by its hypervisor (null: none sampled)"),
 )
 
 

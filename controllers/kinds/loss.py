@@ -6,7 +6,7 @@ import time
 from controllers.kinds.base import BurstKind, P, Param
 from controllers.mechanisms import (
     NFT_PREFIX,
-    Nft,
+    NftPool,
     loss_hooks,
     loss_script,
     loss_table_name,
@@ -18,7 +18,9 @@ class LossKind(BurstKind):
     """A netdev table that steals each packet leaving the target with probability p.
 
     Off reads the table's counters: what crossed the hooks (seen) and what
-    was stolen (dropped).
+    was stolen (dropped). In a fabric across machines each machine holding a
+    hooked port gets its own table with its own hooks (`NftPool`), and the
+    counters are summed.
     """
 
     name = "loss"
@@ -26,26 +28,38 @@ class LossKind(BurstKind):
     doc = "nftables egress rule stealing each packet with probability p"
 
     @classmethod
-    def open(cls, app) -> Nft:
-        """One nft context for every loss burst of the controller (in-process when it can be)."""
-        nft = Nft()
-        app.logger.info("loss bursts: nft %s", "in-process" if nft.in_process else "via nft(8)")
-        return nft
+    def open(cls, app) -> NftPool:
+        """The nft contexts every loss burst of the controller shares (in-process when it can be)."""
+        pool = NftPool(app.cfg.get("remote"))
+        pool.start_all()
+        app.logger.info("loss bursts: nft %s", "in-process" if pool.in_process else "via nft(8)")
+        return pool
 
-    def __init__(self, app, rec, ports, shared: Nft | None = None):
-        super().__init__(app, rec, ports, shared if shared is not None else Nft())
-        self.hooks = loss_hooks(app.topo, self.ports)
+    @classmethod
+    def close(cls, app, shared: NftPool) -> None:
+        shared.close()
+
+    def __init__(self, app, rec, ports, shared: NftPool | None = None):
+        super().__init__(app, rec, ports, shared if shared is not None else NftPool(app.cfg.get("remote")))
         self.table = loss_table_name(self.tag(), app.cfg.get("nft_prefix", NFT_PREFIX))
         self.sink = app.cfg.get("loss_sink", "dtz0-eth0")
+        self.hooks: dict = {}  # server (None: this machine) -> its hooks
+        for hook in loss_hooks(app.topo, self.ports):
+            self.hooks.setdefault(self.shared.server_of(hook[0]), []).append(hook)
 
     def start(self) -> None:
-        self.shared.run(loss_script(self.table, self.hooks, self.spec.params["p"], self.sink))
+        for server, hooks in self.hooks.items():
+            self.shared.get(server).run(loss_script(self.table, hooks, self.spec.params["p"], self.sink))
         return None
 
     def stop(self) -> None:
-        # Two calls: one buffer with "list" then "delete" crashes libnftables 1.0.6.
-        out = self.shared.run(f"list table netdev {self.table}\n")
-        self.shared.run(f"delete table netdev {self.table}\n")
-        seen, dropped = parse_loss_counters(out)
+        seen = dropped = 0
+        for server in self.hooks:
+            nft = self.shared.get(server)
+            # Two calls: one buffer with "list" then "delete" crashes libnftables 1.0.6.
+            out = nft.run(f"list table netdev {self.table}\n")
+            nft.run(f"delete table netdev {self.table}\n")
+            s, d = parse_loss_counters(out)
+            seen, dropped = seen + s, dropped + d
         self.rec.actual_end_ns = time.time_ns()
         self.rec.seen_packets, self.rec.dropped_packets = seen, dropped

@@ -596,12 +596,14 @@ def _validate_bursts(data: dict) -> tuple[BurstEvery, list]:
 
 
 def _validate_cluster(data: dict, every: BurstEvery, bursts: list) -> None:
-    """Each server name, the topology's pods over the servers, and bursts on this machine's ports.
+    """Each server name, the topology's pods over the servers, and congestion on this machine's ports.
 
-    Why bursts only on this machine's ports: the controller, which runs here,
-    applies a burst with nftables on the switch port it hooks, so a target
-    whose port a pod on another server holds would fail when it fires, in
-    the middle of an arm; the spec says so before anything starts.
+    Why ``congest`` bursts only on this machine's ports: the controller, which
+    runs here, starts their cross traffic in hosts here and reads the port's
+    queue with ``tc`` here; a target on another server would fail when it
+    fires, in the middle of an arm, so the spec says so before anything
+    starts. ``loss`` (an nft agent on each server) and ``police`` (OpenFlow)
+    reach every server's ports.
     """
     from controllers.mechanisms import loss_hooks
     from testbed.emulation.cluster import PlacementError, ServerError, parse_servers, place_pods
@@ -625,16 +627,16 @@ def _validate_cluster(data: dict, every: BurstEvery, bursts: list) -> None:
                         "more pods (a larger topology.k)") from None
     server, placed = graph.place(workers)
     roles = {"server": server, "workers": list(placed)}
-    targets = ([("burst_every.target", every.target)] if every.enabled else []) + \
-        [(f"bursts[{i}].target", b.target) for i, b in enumerate(bursts)]
+    targets = ([("burst_every.target", every.target)] if every.enabled and every.kind == "congest" else []) \
+        + [(f"bursts[{i}].target", b.target) for i, b in enumerate(bursts) if b.kind == "congest"]
     for field, target in targets:
         for intf, _ in loss_hooks(graph, resolve_target(graph, target, roles)):
             where = placement[intf.split("-eth")[0]]
             if where != servers[0].name:
                 raise SpecError(field, f"{target!r} is a port of {intf.split('-eth')[0]}, which runs on "
-                                f"{where}; bursts on another server's ports are not built yet",
-                                "target a port on this machine: a link between pods from its side "
-                                "here (SWITCH:NEIGHBOUR with SWITCH in this machine's pods or cores)")
+                                f"{where}; congest bursts on another server's ports are not built yet",
+                                "target a port on this machine (SWITCH:NEIGHBOUR with SWITCH in this "
+                                "machine's pods or cores), or use a loss or police burst")
 
 
 def build_topology(topo: dict, registry, workers: int):

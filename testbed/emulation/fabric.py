@@ -373,7 +373,7 @@ class Fabric:
                "host_pids": {n: h.pid for n, h in self._hosts.items()},
                "bursts": self.bursts, "roles": self.roles, "loss_sink": self.loss_sink,
                "nft_prefix": self.nft_prefix,
-               "monitor_s": self.monitor_s, "python": sys.executable}
+               "monitor_s": self.monitor_s, "python": sys.executable, **self._controller_extra()}
         cfg_path = os.path.join(self.raw_dir, "fabric.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
@@ -389,6 +389,10 @@ class Fabric:
         self._state["processes"].insert(0, cleanup.record(self.controller.pid, "controllers.run",
                                                           group=True))
         self._save_state()
+
+    def _controller_extra(self) -> dict:
+        """More of the controller's configuration (a fabric across machines: its other servers)."""
+        return {}
 
     def _wait_routed(self):
         want = {str(self.topo.dpid_of(s)) for s in self.topo.switches()}
@@ -413,12 +417,15 @@ class Fabric:
         raise TimeoutError(f"only {n}/{len(want)} switches routed after {self.ready_timeout_s} s "
                            f"(ready_timeout_s); see {self.raw_dir}/controller.log")
 
-    def tunnel_snapshot(self):
-        """Counters of the links between machines, to diff at a unit's end (none here)."""
+    def unit_begin(self):
+        """What a unit's end compares with, for the other machines' fields (none here)."""
         return None
 
-    def tunnel_fidelity(self, before) -> dict:
-        """A unit's fidelity fields for the links between machines (none here)."""
+    def unit_fidelity(self, begun, window=None) -> dict:
+        """A unit's fidelity fields for the other machines and the links to them (none here).
+
+        ``window``: the unit's rounds (time_ns bounds), as the CPU figures here use.
+        """
         return {}
 
     def collect(self) -> None:

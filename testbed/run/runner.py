@@ -303,7 +303,7 @@ class ArmRun:
 
     def run(self) -> dict:
         py = sys.executable
-        tunnels = self.fab.tunnel_snapshot()  # a cluster's crossing links, for this unit's share
+        begun = self.fab.unit_begin()  # a cluster's other machines and tunnels, for this unit's share
         try:
             self._start_captures()
             if self.arm.command is not None:
@@ -321,13 +321,14 @@ class ArmRun:
             self.fab.collect()  # the logs of workers on other machines (a cluster), for what follows
             cpu.sample()
             window = rounds_window(self.raw)
-            return {**cpu.fractions(window), **link.summary(), **self.fab.tunnel_fidelity(tunnels),
+            return {**cpu.fractions(window), **link.summary(), **self.fab.unit_fidelity(begun, window),
                     "pacing_late_frac": pacing_late_frac(self.raw),
                     "cpu_budget": cpu.budget(self.raw, window)}
         finally:
             self.procs.stop()
             self.captures.stop(sig=signal.SIGINT)
             self._close_command()
+            self.fab.unit_fidelity(begun)  # ends its sampling, whatever happened
             self.fab.collect()  # logs and captures written on other machines (a cluster)
 
     def _start_workload(self, py: str):

@@ -136,33 +136,40 @@ def test_an_unprepared_server_is_refused_in_seconds_naming_it(machines, tmp_path
     assert took < 10, took
 
 
-def crossing_target(servers) -> str:
-    """``SWITCH:NEIGHBOUR``: the crossing link the aggregate takes from the server to a worker
-    on the other machine, from the side here (the controller applies bursts on its own ports)."""
+def burst_targets(servers) -> tuple[str, str]:
+    """Two targets around a worker on the other machine: the crossing link the aggregate takes
+    from the server to it (``SWITCH:NEIGHBOUR`` from this side, found from the controller's
+    routes), and its own uplink, whose hooks are ports there (the nft agent the controller starts
+    on that machine applies them). Its uplink, not its way back over the crossing link: a
+    worker's datagrams leave from other source ports than the server's, so by other cores."""
     from testbed.emulation.cluster.placement import place_pods
     from topologies.routing import compute_rules, trace_path
 
     topo = FatTreeTopo(4)
     placement = place_pods(topo, servers)
+    rules = compute_rules(topo)
     server, workers = topo.place(3)
     remote = next(w for w in workers if placement[w] != servers[0])
-    path = [sw for sw, _ in trace_path(topo, compute_rules(topo), server, remote,
-                                       sport=47474, dport=47474)]
-    for here, there in zip(path, path[1:], strict=False):
-        if placement[here] == servers[0] and placement[there] != servers[0]:
-            return f"{here}:{there}"
-    raise AssertionError(f"no crossing link on {path}")
+
+    def crossing(src, dst):
+        path = [sw for sw, _ in trace_path(topo, rules, src, dst, sport=47474, dport=47474)]
+        for here, there in zip(path, path[1:], strict=False):
+            if placement[here] != placement[there]:
+                return f"{here}:{there}"
+        raise AssertionError(f"no crossing link on {path}")
+    return crossing(server, remote), f"{remote}-uplink"
 
 
 def test_smoke_preset_across_two_machines(machines, tmp_path, leftovers):
     """`dblp-testbed run --preset smoke` on a k=4 fat-tree split over the two machines."""
     servers = ["local", *machines.servers]
-    target = crossing_target(servers)
+    there, back = burst_targets(servers)
     options = ", ".join(json.dumps(o) for o in machines.ssh_options)
     spec = tmp_path / "two.toml"
+    bursts = "".join(f'\n[[bursts]]\nat_round = {r}\nrounds = 1\nkind = "loss"\ntarget = "{t}"\n'
+                     f'max_ms = 3000.0\nparams = {{p = 0.8}}\n' for r, t in ((6, there), (9, back)))
     spec.write_text(f'[topology]\nkind = "fattree"\nk = 4\n\n[cluster]\nservers = {json.dumps(servers)}\n'
-                    f'ssh_options = [{options}]\n\n[[bursts]]\nat_round = 6\nrounds = 1\nkind = "loss"\n'
-                    f'target = "{target}"\nmax_ms = 3000.0\nparams = {{p = 0.8}}\n')
+                    f'ssh_options = [{options}]\n' + bursts)
     out = tmp_path / "run"
     res = subprocess.run(CLI + ["run", "--preset", "smoke", str(spec), "--out", str(out)],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=900)
@@ -179,9 +186,12 @@ def test_smoke_preset_across_two_machines(machines, tmp_path, leftovers):
         for rank in (1, 2):
             events = [json.loads(line) for line in (raw / f"worker{rank}.jsonl").read_text().splitlines()]
             assert len([e for e in events if e["event"] == "round"]) == 12, (arm, rank)
-        # The burst hit the crossing link: most of what crossed it during the burst was lost.
-        burst = [json.loads(line) for line in (raw / "bursts.jsonl").read_text().splitlines()][-1]
-        assert burst["target"] == target and burst["dropped_packets"] > 0.5 * burst["seen_packets"] > 0, burst
+        # Both bursts hit: on the crossing link from this side, and on the remote worker's
+        # uplink from the other machine's; most of what crossed each during its burst was lost.
+        fired = {b["target"]: b for b in map(json.loads, (raw / "bursts.jsonl").read_text().splitlines())}
+        assert set(fired) == {there, back}, fired
+        for burst in fired.values():
+            assert burst["dropped_packets"] > 0.5 * burst["seen_packets"] > 0, burst
         fid = unit["fidelity"]
         assert fid["tunnel_bytes"] > 0 and 0 < fid["tunnel_overhead_frac"] < 0.1, fid
         assert fid["tunnel_busiest_mbps"] <= 1.05 * RATE_MBPS, fid

@@ -58,17 +58,22 @@ def test_a_placeable_list_of_servers_loads_with_its_ssh_options(tmp_path):
 
 
 @pytest.mark.unit
-def test_a_burst_on_another_servers_port_is_refused_naming_the_burst(tmp_path):
-    """The controller applies bursts on this machine's ports: pods 2-3 and cores dtc02-03 are lab2's."""
+def test_a_congest_burst_on_another_servers_port_is_refused_naming_the_burst(tmp_path):
+    """Its cross traffic and queue are this machine's; pods 2-3 and cores dtc02-03 are lab2's.
+
+    A loss burst there is taken (an nft agent on each server applies it)."""
     spec = tmp_path / "two.toml"
     body = ('[topology]\nk = 4\n[cluster]\nservers = ["local", "root@lab2"]\n'
-            '[[bursts]]\nat_round = 2\nrounds = 1\nkind = "loss"\ntarget = "{}"\nparams = {{p = 0.5}}\n')
-    spec.write_text(body.format("dtc02:dta01"))
-    with pytest.raises(SpecError, match="runs on root@lab2; bursts on another server's ports") as err:
+            '[[bursts]]\nat_round = 2\nrounds = 1\nkind = "{}"\ntarget = "{}"\n')
+    spec.write_text(body.format("congest", "dtc02:dta01"))
+    with pytest.raises(SpecError, match="runs on root@lab2; congest bursts on another server's ports") \
+            as err:
         load(str(spec))
     assert err.value.field == "bursts[0].target"
-    spec.write_text(body.format("dtc01:dta20"))  # the same kind of link, from this machine's side
+    spec.write_text(body.format("congest", "dtc01:dta20"))  # the same kind of link, from this side
     assert load(str(spec))["bursts"][0]["target"] == "dtc01:dta20"
+    spec.write_text(body.format("loss", "dtc02:dta01"))
+    assert load(str(spec))["bursts"][0]["target"] == "dtc02:dta01"
 
 
 @pytest.mark.unit

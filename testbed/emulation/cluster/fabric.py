@@ -116,6 +116,52 @@ class RemoteAgent:
         return reply
 
 
+class MachinesCpu:
+    """The other servers' ``/proc/stat`` every half second through a unit, read by their agents.
+
+    Why sampled, not read at the unit's two ends: the figures are judged over
+    the unit's rounds only, as this machine's are (`testbed.run.budget.UnitCpu`),
+    and the rounds' bounds are known only after the unit.
+    """
+
+    PERIOD_S = 0.5
+
+    def __init__(self, agents: dict[str, RemoteAgent]):
+        self.agents = dict(agents)
+        self.samples: dict[str, list[tuple[int, list[int]]]] = {n: [] for n in self.agents}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            for name, agent in self.agents.items():
+                reply = agent.request({"op": "run", "argv": ["head", "-1", "/proc/stat"]}, timeout_s=10)
+                if reply.get("ok") and reply.get("rc") == 0:
+                    self.samples[name].append((time.time_ns(), [int(x) for x in reply["out"].split()[1:]]))
+            if self.done.wait(self.PERIOD_S):
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=15)
+
+    def fractions(self, window) -> dict[str, dict]:
+        """Server -> busy and steal fractions between the first and last samples inside ``window``."""
+        out = {}
+        for name, samples in self.samples.items():
+            inside = [s for s in samples if window[0] <= s[0] <= window[1]]
+            pick = inside if len(inside) >= 2 else samples
+            if len(pick) < 2:
+                continue
+            d = [b - a for a, b in zip(pick[0][1], pick[-1][1], strict=False)]
+            total = sum(d)
+            out[name] = {"busy_frac": round(1 - (d[3] + d[4]) / total, 3) if total else 0.0,
+                         "steal_frac": round(d[7] / total, 3) if total and len(d) > 7 else 0.0,
+                         "window_s": round((pick[-1][0] - pick[0][0]) / 1e9, 2)}
+        return out
+
+
 class ClusterFabric(Fabric):
     """A `Fabric` whose nodes run on several servers, pods kept whole; only core links cross."""
 
@@ -286,6 +332,28 @@ class ClusterFabric(Fabric):
             controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
             waitConnected=False)
 
+    def _make_loss_sink(self):
+        """The loss sink on every server: a burst there forwards its victims into its own."""
+        super()._make_loss_sink()
+        a, b = self.loss_sink, self._sink_peer
+        for name, agent in self.agents.items():
+            agent.call({"op": "record", "links": [a, b]})
+            for argv in (["ip", "link", "add", a, "type", "veth", "peer", "name", b],
+                         ["ip", "link", "set", a, "up"], ["ip", "link", "set", b, "up"]):
+                p = self.root_run(name, argv)
+                if p.returncode:
+                    raise MachineError(f"cluster server {name!r}: {' '.join(argv)}: {p.stderr.strip()}")
+
+    def _controller_extra(self) -> dict:
+        """How the controller reaches the other servers' ports: an nft agent on each, over ssh."""
+        assert self.ssh is not None
+        python = os.path.join(self.project_dir, ".venv", "bin", "python")
+        agent = ["env", f"PYTHONPATH={self.project_dir}", python, "-m", "controllers.nft_agent",
+                 "--prefix", self.nft_prefix]
+        return {"remote": {"servers": {name: self.ssh.command(name, agent) for name in self.agents},
+                           "switches": {sw: where for sw, where in self.placement.items()
+                                        if where != LOCAL and self.topo.isSwitch(sw)}}}
+
     def stop(self):
         try:
             super().stop()
@@ -327,24 +395,31 @@ class ClusterFabric(Fabric):
                         "ends": ends})
         return out
 
-    def tunnel_snapshot(self):
-        """(monotonic time, `tunnel_counters`): a unit's start, for `tunnel_fidelity`."""
-        return time.monotonic(), self.tunnel_counters()
+    def unit_begin(self):
+        """A unit's start: the tunnels' counters, and the other servers' CPU sampled from now on."""
+        return time.monotonic(), self.tunnel_counters(), MachinesCpu(self.agents)
 
-    def tunnel_fidelity(self, before) -> dict:
-        """What the crossing links carried during a unit, for its fidelity record.
+    def unit_fidelity(self, begun, window=None) -> dict:
+        """What the other machines did and the crossing links carried during a unit.
 
+        ``others_cpu_busy_frac``/``others_cpu_steal_frac``: the busiest other
+        server's CPU busy and steal fractions over the unit's rounds
+        (``window``), judged by the same invariants as this machine's
+        (`testbed.invariants`), and ``servers_cpu``, each server's.
         ``tunnel_bytes``/``tunnel_packets``: inner frames sent into the
         tunnels (both ends, both ways); ``tunnel_overhead_frac``: the bytes
         VXLAN added on the machines' network per byte carried (50 per frame);
         ``tunnel_busiest_mbps``: the busiest tunnel direction's mean rate over
         the unit, beside ``tunnel_shaped_mbps``, the rate every link is
-        shaped to (the machines' network is not the bottleneck while the
-        busiest tunnel's peak stays at it, which the port statistics show).
+        shaped to. Called again without a window (the unit's end, whatever
+        happened), it only stops the sampling.
         """
-        if before is None:
+        if begun is None:
             return {}
-        t0, first = before
+        t0, first, cpu = begun
+        cpu.stop()
+        if window is None:
+            return {}
         t1, last = time.monotonic(), self.tunnel_counters()
         sent, packets, busiest = 0, 0, 0.0
         for a, b in zip(first, last, strict=True):
@@ -353,9 +428,13 @@ class ClusterFabric(Fabric):
                 sent += d
                 packets += e1["tx_packets"] - e0["tx_packets"]
                 busiest = max(busiest, d * 8 / max(t1 - t0, 1e-9) / 1e6)
+        per = cpu.fractions(window)
         return {"tunnel_bytes": sent, "tunnel_packets": packets,
                 "tunnel_overhead_frac": round(packets * VXLAN_OVERHEAD / sent, 4) if sent else None,
-                "tunnel_busiest_mbps": round(busiest, 3), "tunnel_shaped_mbps": self.bw_mbps}
+                "tunnel_busiest_mbps": round(busiest, 3), "tunnel_shaped_mbps": self.bw_mbps,
+                "servers_cpu": per,
+                "others_cpu_busy_frac": max((f["busy_frac"] for f in per.values()), default=None),
+                "others_cpu_steal_frac": max((f["steal_frac"] for f in per.values()), default=None)}
 
     def fidelity(self) -> dict:
         """What the fidelity record says of the machines: servers, placement sizes, the tunnels."""
