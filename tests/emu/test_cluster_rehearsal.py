@@ -198,3 +198,18 @@ def test_smoke_preset_across_two_machines(machines, tmp_path, leftovers):
     assert remote_leftovers(machines) == {"bridges": [], "links": [], "state_files": [], "host_shells": []}
     assert machines.exec(0, ["test", "-e", str(out)]).returncode == 1  # its copy of the run went
     assert not any(leftovers().values()), leftovers()
+
+
+def test_a_network_that_cannot_carry_the_tunnels_is_refused_naming_the_mtu(machines, tmp_path):
+    """The second machine's end of the machines' network at 1500 bytes: a tunnelled frame (1550)
+    cannot pass, and the preflight says so before anything is built."""
+    assert machines.exec(0, ["ip", "link", "set", "eth0", "mtu", "1500"]).returncode == 0
+    try:
+        with pytest.raises(ClusterError) as err:
+            with ClusterFabric(FatTreeTopo(4), run_dir=str(tmp_path), servers=["local", *machines.servers],
+                               ssh_options=machines.ssh_options):
+                pass
+    finally:
+        machines.exec(0, ["ip", "link", "set", "eth0", "mtu", "9000"])
+    assert "does not carry 1550-byte packets to " in str(err.value), err.value
+    assert "raise the MTU between the machines to at least 1550" in str(err.value)

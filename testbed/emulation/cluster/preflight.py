@@ -185,13 +185,27 @@ def local_address_towards(server: Server) -> str:
     return words[words.index("src") + 1] if "src" in words[:-1] else ""
 
 
-def _ping_argv(address: str) -> list[str]:
-    return ["ping", "-c", "1", "-W", "2", "--", address]
+#: The frame the machines' network must carry between servers: the fabric's
+#: 1500-byte frames in VXLAN (testbed.emulation.cluster.nodes.VXLAN_OVERHEAD).
+TUNNEL_MTU = 1550
+#: ICMP echo payload that makes a TUNNEL_MTU-byte IP packet (20 IP + 8 ICMP bytes).
+TUNNEL_PING_BYTES = TUNNEL_MTU - 28
+
+
+def _ping_argv(address: str, size: int | None = None) -> list[str]:
+    """One ping; with ``size``, that payload with don't-fragment set (a path MTU check)."""
+    sized = ["-M", "do", "-s", str(size)] if size else []
+    return ["ping", "-c", "1", "-W", "2", *sized, "--", address]
 
 
 def check_pair(src: Server, dst: Server, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                ssh_options: Sequence[str] = ()) -> ServerProblem | None:
-    """Whether ``src`` reaches ``dst``'s address (one ping), as their tunnels will need."""
+    """Whether ``src`` reaches ``dst``'s address (one ping), and carries a tunnelled frame there.
+
+    The second ping is `TUNNEL_MTU` bytes with don't-fragment: a network that
+    carries only 1500-byte frames would fragment every full-sized frame of
+    the fabric in its tunnel (or drop it), which no figure should measure.
+    """
     if dst.is_local:
         # The remote reaches this machine at our address on the route towards it.
         target = local_address_towards(src)
@@ -200,19 +214,26 @@ def check_pair(src: Server, dst: Server, connect_timeout_s: float = CONNECT_TIME
                                  peer=dst.name)
     else:
         target = dst.host
-    argv = _ping_argv(target) if src.is_local else \
-        [*src.ssh_argv(connect_timeout_s, ssh_options), shlex.join(_ping_argv(target))]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                             timeout=connect_timeout_s + PROBE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return ServerProblem(src.name, f"cannot reach {target}", "check the machines' network",
-                             peer=dst.name)
-    if out.returncode != 0:
-        return ServerProblem(src.name, f"cannot reach {target} (ping: "
-                             f"{_last_line(out.stdout + out.stderr)})",
-                             "let the servers reach each other: tunnels run between them",
-                             peer=dst.name)
+    for size in (None, TUNNEL_PING_BYTES):
+        ping = _ping_argv(target, size)
+        argv = ping if src.is_local else [*src.ssh_argv(connect_timeout_s, ssh_options), shlex.join(ping)]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                 timeout=connect_timeout_s + PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return ServerProblem(src.name, f"cannot reach {target}", "check the machines' network",
+                                 peer=dst.name)
+        if out.returncode == 0:
+            continue
+        said = _last_line(out.stdout + out.stderr)
+        if size is None:
+            return ServerProblem(src.name, f"cannot reach {target} (ping: {said})",
+                                 "let the servers reach each other: tunnels run between them",
+                                 peer=dst.name)
+        return ServerProblem(src.name, f"does not carry {TUNNEL_MTU}-byte packets to {target} "
+                             f"(ping -M do -s {size}: {said})",
+                             f"raise the MTU between the machines to at least {TUNNEL_MTU}: VXLAN "
+                             "adds 50 bytes to the fabric's 1500-byte frames", peer=dst.name)
     return None
 
 
