@@ -80,9 +80,16 @@ class RemoteNft:
         self.in_process = bool(json.loads(first).get("in_process"))
 
     def run(self, script: str) -> str:
+        return self.request({"script": script})
+
+    def tc(self, args: list[str]) -> str:
+        """``tc ARGS`` there: its output."""
+        return self.request({"tc": list(args)})
+
+    def request(self, req: dict) -> str:
         with self.lock:
             try:
-                self.proc.stdin.write(json.dumps({"script": script}) + "\n")
+                self.proc.stdin.write(json.dumps(req) + "\n")
                 self.proc.stdin.flush()
                 line = self.proc.stdout.readline()
             except (OSError, ValueError) as exc:
@@ -212,13 +219,21 @@ def parse_loss_counters(listing: str):
     return seen, dropped
 
 
-def pfifo_drops(intf: str) -> int:
-    """Drops counted by the bounded drop-tail queue (pfifo, handle 10:) of an interface."""
-    p = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", intf], capture_output=True, text=True)
-    if p.returncode:
-        raise RuntimeError(f"tc -s qdisc show dev {intf}: {p.stderr.strip()}")
+def pfifo_drops(intf: str, remote: RemoteNft | None = None) -> int:
+    """Drops counted by the bounded drop-tail queue (pfifo, handle 10:) of an interface.
+
+    ``remote``: the agent of the server that holds it (`NftPool.get`), None here.
+    """
+    args = ["-s", "-j", "qdisc", "show", "dev", intf]
+    if remote is not None:
+        out = remote.tc(args)
+    else:
+        p = subprocess.run(["tc", *args], capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"tc -s qdisc show dev {intf}: {p.stderr.strip()}")
+        out = p.stdout
     total = 0
-    for q in json.loads(p.stdout or "[]"):
+    for q in json.loads(out or "[]"):
         if q.get("kind") in ("pfifo", "bfifo"):
             total += int(q.get("drops", 0))
     return total
@@ -231,10 +246,12 @@ class CrossAgent:
     group (the fabric's tear-down) stops the agents too.
     """
 
-    def __init__(self, host: str, host_pid: int, python: str, cwd: str):
+    def __init__(self, host: str, host_pid: int, python: str, cwd: str, argv: list[str] | None = None):
+        """``argv``: the command that starts the agent in the host, where it is not here
+        (a fabric across machines gives it: ssh to the host's server, then ``mnexec``)."""
         self.host = host
         self.proc = subprocess.Popen(
-            ["mnexec", "-a", str(host_pid), python, "-m", "controllers.crosstraffic", "--agent"],
+            argv or ["mnexec", "-a", str(host_pid), python, "-m", "controllers.crosstraffic", "--agent"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, cwd=cwd)
         self.cond = threading.Condition()
         self.go, self.sent, self.errors = {}, {}, []

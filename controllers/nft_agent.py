@@ -8,8 +8,9 @@ it with libnftables in its own process (``controllers.mechanisms.Nft``), as
 the controller does for its own machine's ports, so a burst there costs one
 round trip on the machines' network more, not an ssh connection.
 
-In: ``{"script": "..."}``. Out: ``{"ok": true, "out": "..."}`` or
-``{"ok": false, "error": "..."}``. At the end of stdin it deletes the tables
+In: ``{"script": "..."}``, or ``{"tc": [ARGS]}`` (``tc ARGS``: what a
+``congest`` burst reads of a port's queue there). Out: ``{"ok": true, "out":
+"..."}`` or ``{"ok": false, "error": "..."}``. At the end of stdin it deletes the tables
 whose names start with the prefix it was started with (``--prefix``), so a
 burst interrupted by the controller's death ends there too.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 
 from controllers.mechanisms import Nft
@@ -33,9 +35,19 @@ def main(argv=None) -> int:
     try:
         for line in sys.stdin:
             try:
-                out = nft.run(json.loads(line)["script"])
+                req = json.loads(line)
+                if "tc" in req:
+                    args = req["tc"]
+                    if not (isinstance(args, list) and all(isinstance(x, str) for x in args)):
+                        raise ValueError("tc: a list of strings")
+                    p = subprocess.run(["tc", *args], capture_output=True, text=True, timeout=10)
+                    if p.returncode:
+                        raise RuntimeError(f"tc {' '.join(args)}: {p.stderr.strip()}")
+                    out = p.stdout
+                else:
+                    out = nft.run(req["script"])
                 reply = {"ok": True, "out": out}
-            except (ValueError, KeyError, RuntimeError) as exc:
+            except (ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired) as exc:
                 reply = {"ok": False, "error": str(exc)}
             print(json.dumps(reply), flush=True)
     finally:

@@ -6,7 +6,7 @@ import threading
 import time
 
 from controllers.kinds.base import BurstKind, Param, Range
-from controllers.mechanisms import CrossAgent, pfifo_drops
+from controllers.mechanisms import CrossAgent, NftPool, pfifo_drops
 from topologies import trace_path
 from topologies.routing import multipath_bits
 
@@ -21,14 +21,23 @@ class CrossAgents:
         self.app = app
         self.agents: dict[str, CrossAgent] = {}
         self.lock = threading.Lock()
+        # The other servers' ports' queues are read there (a fabric across machines).
+        self.servers = NftPool(app.cfg.get("remote"))
+
+    def drops(self, intf: str) -> int:
+        """The drops of ``intf``'s bounded queue, read on the server that holds it."""
+        server = self.servers.server_of(intf)
+        return pfifo_drops(intf, None if server is None else self.servers.get(server))
 
     def get(self, host: str) -> CrossAgent:
         with self.lock:
             a = self.agents.get(host)
             if a is None or not a.alive():
                 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                remote = self.app.cfg.get("remote") or {}
                 a = CrossAgent(host, self.app.cfg["host_pids"][host],
-                               self.app.cfg.get("python", "python3"), root)
+                               self.app.cfg.get("python", "python3"), root,
+                               argv=remote.get("cross_agents", {}).get(host))
                 self.agents[host] = a
             return a
 
@@ -43,6 +52,7 @@ class CrossAgents:
     def close(self) -> None:
         for a in list(self.agents.values()):
             a.close()
+        self.servers.close()
 
 
 class CongestKind(BurstKind):
@@ -92,7 +102,7 @@ class CongestKind(BurstKind):
                 flows.append(self._cross_flow(tp, busy, used))
                 used.add(flows[-1][0])
         rate = rate / n_src
-        self.before = {tp.intf: pfifo_drops(tp.intf) for tp in self.ports}
+        self.before = {tp.intf: self.shared.drops(tp.intf) for tp in self.ports}
         started = []
         for i, (src, dst, sport) in enumerate(flows):
             agent = self.shared.get(src)
@@ -137,6 +147,6 @@ class CongestKind(BurstKind):
         sent = [agent.wait_for("sent", fid) for agent, fid in self.started]
         rec.actual_end_ns = time.time_ns()
         time.sleep(0.05)  # let the queue drain before reading its counters
-        rec.dropped_packets = sum(pfifo_drops(tp.intf) - self.before[tp.intf] for tp in self.ports)
+        rec.dropped_packets = sum(self.shared.drops(tp.intf) - self.before[tp.intf] for tp in self.ports)
         rec.detail = {"cross_flows": [list(f) for f in self.flows],
                       "rate_mbps_per_flow": self.rate_mbps, "cross_packets_sent": sent}

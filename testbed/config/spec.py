@@ -511,7 +511,7 @@ def validate(data: dict) -> Spec:
     every, bursts = _validate_bursts(data)
     schedule = BurstSchedule.resolve(bursts, every, data["training"]["rounds"], top["seed"])
 
-    _validate_cluster(data, every, bursts)
+    _validate_cluster(data)
     for i, h in enumerate(cap["hosts"]):
         if not isinstance(h, str) or not re.match(r"^(server|worker\d+)$", h):
             raise SpecError(f"capture.hosts[{i}]", f"{h!r} is not a role",
@@ -595,17 +595,12 @@ def _validate_bursts(data: dict) -> tuple[BurstEvery, list]:
     return every, bursts
 
 
-def _validate_cluster(data: dict, every: BurstEvery, bursts: list) -> None:
-    """Each server name, the topology's pods over the servers, and congestion on this machine's ports.
+def _validate_cluster(data: dict) -> None:
+    """Each server name, the ssh options, and the topology's pods over the servers.
 
-    Why ``congest`` bursts only on this machine's ports: the controller, which
-    runs here, starts their cross traffic in hosts here and reads the port's
-    queue with ``tc`` here; a target on another server would fail when it
-    fires, in the middle of an arm, so the spec says so before anything
-    starts. ``loss`` (an nft agent on each server) and ``police`` (OpenFlow)
-    reach every server's ports.
+    Bursts need no check here: the controller reaches every server's ports
+    (testbed.emulation.cluster: an nft agent on each, cross traffic through ssh).
     """
-    from controllers.mechanisms import loss_hooks
     from testbed.emulation.cluster import PlacementError, ServerError, parse_servers, place_pods
 
     try:
@@ -618,25 +613,12 @@ def _validate_cluster(data: dict, every: BurstEvery, bursts: list) -> None:
                         'list ssh options as strings, e.g. ["-i", "/root/.ssh/lab"]')
     if len(servers) == 1:
         return
-    workers = data["placement"]["workers"]
-    graph = build_topology(data["topology"], TOPOLOGIES, workers)
+    graph = build_topology(data["topology"], TOPOLOGIES, data["placement"]["workers"])
     try:
-        placement = place_pods(graph, [s.name for s in servers])
+        place_pods(graph, [s.name for s in servers])
     except PlacementError as exc:
         raise SpecError("cluster.servers", str(exc), "use fewer servers or a topology with "
                         "more pods (a larger topology.k)") from None
-    server, placed = graph.place(workers)
-    roles = {"server": server, "workers": list(placed)}
-    targets = ([("burst_every.target", every.target)] if every.enabled and every.kind == "congest" else []) \
-        + [(f"bursts[{i}].target", b.target) for i, b in enumerate(bursts) if b.kind == "congest"]
-    for field, target in targets:
-        for intf, _ in loss_hooks(graph, resolve_target(graph, target, roles)):
-            where = placement[intf.split("-eth")[0]]
-            if where != servers[0].name:
-                raise SpecError(field, f"{target!r} is a port of {intf.split('-eth')[0]}, which runs on "
-                                f"{where}; congest bursts on another server's ports are not built yet",
-                                "target a port on this machine (SWITCH:NEIGHBOUR with SWITCH in this "
-                                "machine's pods or cores), or use a loss or police burst")
 
 
 def build_topology(topo: dict, registry, workers: int):

@@ -69,8 +69,11 @@ def test_k4_fat_tree_across_two_machines(machines, tmp_path, leftovers):
     one = Fabric(FatTreeTopo(4), run_dir=str(tmp_path / "one"), bw_mbps=RATE_MBPS, queue_pkts=100)
     with one:
         one_machine_s = one.startup_s
+    # Cross traffic for the congest burst below comes from pod 2's hosts there (the kind takes
+    # the cross role's hosts first), so its agents start over ssh and its flows meet at h201.
     with ClusterFabric(FatTreeTopo(4), run_dir=str(tmp_path / "two"), servers=["local", *machines.servers],
-                       ssh_options=machines.ssh_options, bw_mbps=RATE_MBPS, queue_pkts=100) as fab:
+                       ssh_options=machines.ssh_options, bw_mbps=RATE_MBPS, queue_pkts=100,
+                       roles={"cross": ["h200", "h210", "h211"]}) as fab:
         fidelity = fab.fidelity()
         # Whole pods per machine: pods 0-1 and two cores here, pods 2-3 and two cores there;
         # each core has one link to every pod, so 8 of the 16 core links cross.
@@ -113,6 +116,29 @@ def test_k4_fat_tree_across_two_machines(machines, tmp_path, leftovers):
         # The outer frames carry the inner ones plus 50 bytes each (and the ACKs' way back).
         assert 0 < overhead < 0.1, done
         assert fab.startup_s < 60
+
+        # Bursts on the other machine's ports: h201's downlink, its edge switch's port there.
+        # congest: cross traffic from the hosts there towards it, its queue's drops read there;
+        # loss: the rule there, its counters read there (ICMP from here to h201 crosses it).
+        records = tmp_path / "two" / "raw" / "manual" / "bursts.jsonl"
+        for kind, params in (("congest", {}), ("loss", {"p": 0.5})):
+            reply = fab.control({"op": "burst", "kind": kind, "target": "h201-downlink",
+                                 "duration_ms": 1500, "params": params})
+            assert reply["ok"], reply
+            if kind == "loss":
+                fab.run("h000", ["ping", "-c", "40", "-i", "0.02", "-W", "1", fab.ip("h201")], timeout=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (
+                    records.exists() and reply["id"] in records.read_text()):
+                time.sleep(0.2)
+            rec = [json.loads(line) for line in records.read_text().splitlines()
+                   if json.loads(line)["id"] == reply["id"]][-1]
+            lag_ms = (rec["actual_start_ns"] - rec["requested_start_ns"]) / 1e6
+            print(f"{kind} burst on h201-downlink (there): {rec['dropped_packets']} dropped of "
+                  f"{rec.get('seen_packets')}, started {lag_ms:.1f} ms after asked")
+            assert rec["dropped_packets"] > 0, json.dumps(rec)
+            if kind == "congest":
+                assert {src for src, _, _ in rec["detail"]["cross_flows"]} <= {"h200", "h210", "h211"}
     assert fab.cleanup_report[machines.servers[0]].get("live") == []
     assert remote_leftovers(machines) == {"bridges": [], "links": [], "state_files": [], "host_shells": []}
     assert not any(leftovers().values()), leftovers()

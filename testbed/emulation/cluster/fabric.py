@@ -345,14 +345,19 @@ class ClusterFabric(Fabric):
                     raise MachineError(f"cluster server {name!r}: {' '.join(argv)}: {p.stderr.strip()}")
 
     def _controller_extra(self) -> dict:
-        """How the controller reaches the other servers' ports: an nft agent on each, over ssh."""
+        """How the controller reaches the other servers: an nft agent on each for their ports
+        (loss rules, queue counters), and how to start a cross-traffic agent in each host there."""
         assert self.ssh is not None
         python = os.path.join(self.project_dir, ".venv", "bin", "python")
-        agent = ["env", f"PYTHONPATH={self.project_dir}", python, "-m", "controllers.nft_agent",
-                 "--prefix", self.nft_prefix]
+        env = ["env", f"PYTHONPATH={self.project_dir}", python, "-m"]
+        agent = [*env, "controllers.nft_agent", "--prefix", self.nft_prefix]
+        cross = {h: self.ssh.command(where, ["mnexec", "-a", str(self.host(h).pid), *env,
+                                             "controllers.crosstraffic", "--agent"])
+                 for h, where in self.placement.items() if where != LOCAL and not self.topo.isSwitch(h)}
         return {"remote": {"servers": {name: self.ssh.command(name, agent) for name in self.agents},
                            "switches": {sw: where for sw, where in self.placement.items()
-                                        if where != LOCAL and self.topo.isSwitch(sw)}}}
+                                        if where != LOCAL and self.topo.isSwitch(sw)},
+                           "cross_agents": cross}}
 
     def stop(self):
         try:
