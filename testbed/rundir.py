@@ -277,7 +277,7 @@ MANIFEST_FIELDS = (
     _F("fabric_startup_s", "num", required=False, doc="seconds to build the fabric"),
     _F("cluster", "dict", required=False,
        doc="a fabric across machines (schema 5): servers, switches and hosts per server, each "
-       "server's tunnel address, crossing links, tunnel kind and overhead, start-up timings"),
+       "server's tunnel address, crossing links, tunnel kind and overhead, clock offsets, start-up timings"),
     _F("dblp_port", "int", required=False, doc="the dblp transport's UDP port in the captures"),
     _F("rtt_ms", "num", required=False, nullable=True,
        doc="median idle worker-server RTT (null: ping failed)"),

@@ -80,6 +80,9 @@ def test_k4_fat_tree_across_two_machines(machines, tmp_path, leftovers):
         assert fidelity["per_server"] == {"local": {"switches": 10, "hosts": 8},
                                           machines.servers[0]: {"switches": 10, "hosts": 8}}
         assert fidelity["crossing_links"] == 8
+        # One kernel's clock on both machines here: the offset is within its own uncertainty.
+        clock = fidelity["clocks"][machines.servers[0]]
+        assert abs(clock["offset_ms"]) <= clock["rtt_ms"] / 2 + 0.5, clock
         assert {fab.placement[h] for h in ("h000", "h100")} == {"local"}
         assert {fab.placement[h] for h in ("h200", "h300")} == {machines.servers[0]}
 

@@ -26,6 +26,7 @@ reply, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
 - ``{"op": "mkdir", "paths": [...], "under": RUN_DIR}``: folders for the run's files
   there (the run's folder, when the agent made it, goes at ``stop``);
 - ``{"op": "run", "argv": [...], "input": "..."}`` -> ``rc``, ``out``, ``err``;
+- ``{"op": "time"}`` -> ``time_ns``: this machine's clock (the fabric's offset estimate);
 - ``{"op": "stop"}`` -> ``removed`` (then the agent exits).
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from testbed.emulation import cleanup
 from testbed.errors import MachineError
@@ -167,7 +169,7 @@ class Agent:
     def handle(self, req: dict) -> dict:
         op = req.get("op")
         handler = {"claim": self.claim, "record": self.record, "mkdir": self.mkdir, "run": self.run,
-                   "stop": self.stop}.get(op)
+                   "time": lambda _req: {"time_ns": time.time_ns()}, "stop": self.stop}.get(op)
         if handler is None:
             raise ValueError(f"unknown op {op!r}")
         return handler(req)

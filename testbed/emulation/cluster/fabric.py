@@ -184,6 +184,7 @@ class ClusterFabric(Fabric):
         self.ssh: SshPlan | None = None
         self.endpoints: dict[str, str] = {}
         self.cleanup_report: dict[str, dict] = {}
+        self.clocks: dict[str, dict] = {}
 
     # -- where things run ----------------------------------------------------------------
     def server_of(self, node: str) -> str:
@@ -309,6 +310,7 @@ class ClusterFabric(Fabric):
                 "bridges": [n for n in names if self.topo.isSwitch(n)], "links": [],
                 "hosts": [n for n in names if not self.topo.isSwitch(n)]}})
         self.timings["agents_s"] = time.monotonic() - t0
+        self.clocks = {name: clock_offset(agent) for name, agent in self.agents.items()}
         super().start()
         for agent in self.agents.values():
             agent.call({"op": "record", "shells": True})
@@ -448,8 +450,28 @@ class ClusterFabric(Fabric):
             per[server]["switches" if self.topo.isSwitch(node) else "hosts"] += 1
         return {"servers": self.server_names, "per_server": per, "endpoints": {
                     (LOCAL if k == HERE else k): v for k, v in self.endpoints.items()},
-                "crossing_links": len(self.crossing), "tunnel": "vxlan",
+                "crossing_links": len(self.crossing), "tunnel": "vxlan", "clocks": self.clocks,
                 "tunnel_overhead_bytes": VXLAN_OVERHEAD, "timings_s": dict(self.timings)}
+
+
+def clock_offset(agent: RemoteAgent, tries: int = 5) -> dict:
+    """How far ``agent``'s machine's clock is ahead of this one's, by the quickest of a few asks.
+
+    Each ask is bracketed by this clock; the offset is the remote time minus
+    the bracket's middle, uncertain by half its round trip (``rtt_ms``).
+    Recorded, not applied: every join the analysis makes is on one machine's
+    clock (rank 0's, this one) so far (docs/cluster.md).
+    """
+    best: tuple[int, int] | None = None
+    for _ in range(tries):
+        t0 = time.time_ns()
+        reply = agent.call({"op": "time"})
+        t1 = time.time_ns()
+        sample = (t1 - t0, reply["time_ns"] - (t0 + t1) // 2)
+        if best is None or sample[0] < best[0]:
+            best = sample
+    assert best is not None
+    return {"offset_ms": round(best[1] / 1e6, 3), "rtt_ms": round(best[0] / 1e6, 3)}
 
 
 def local_first(topo: TopoGraph, servers: Sequence[str], workers: list[str]) -> list[str]:
