@@ -21,9 +21,9 @@ What is built, and why so:
   virtual environment or built core), ``./setup.sh cluster`` run there as on
   any lab machine (its own venv, its own C core, with Debian's Python), and
   ``docker commit``. Its tag is a digest of what made it (the debootstrap
-  arguments and what ``setup.sh``'s own stamp covers), so a change to either
-  builds a new one and an unchanged one is reused (the first build takes a
-  few minutes: torch is downloaded).
+  arguments, what ``setup.sh``'s own stamp covers, and the checkout's path),
+  so a change to any builds a new one and an unchanged one is reused (the
+  first build takes a few minutes: torch is downloaded).
 - **The machines**: one container each, with the privileges Mininet needs (Mininet makes
   namespaces, OVS opens packet sockets), with no network of Docker's: a veth
   from each into a Linux bridge here, ``UNDERLAY`` (this machine ``.1``,
@@ -160,8 +160,9 @@ SETUP_INPUTS = ("setup.sh", "pyproject.toml", "setup.py", "dblp/_fastpath.c", "c
 
 
 def image_tag(repo: str = str(REPO_ROOT)) -> str:
-    """The image's tag: a digest of what makes it (the set-up's inputs, the debootstrap arguments)."""
-    h = hashlib.sha256()
+    """The image's tag: a digest of what makes it (the set-up's inputs, the debootstrap arguments,
+    and the checkout's path, where the image's venv lives: a checkout elsewhere needs its own)."""
+    h = hashlib.sha256(os.path.realpath(repo).encode())
     for name in SETUP_INPUTS:
         with open(os.path.join(repo, name), "rb") as f:
             h.update(f.read())
