@@ -60,6 +60,8 @@ DOCKER_SOCKET = f"{DOCKER_RUN}/docker.sock"
 #: The rehearsal's ssh key and the host keys its machines showed (fresh per rehearsal).
 SSH_DIR = "/run/dblp-testbed/rehearsal"
 IMAGE = "dblp-testbed-machine"
+#: The image's label naming the checkout it was made for (older images of it are removed).
+CHECKOUT_LABEL = "org.dblp-testbed.checkout"
 #: Sessions one ssh connection may carry: a node's shell is one (docs/cluster.md).
 SSH_MAX_SESSIONS = 200
 #: What a machine may do: everything Mininet and OVS need (namespaces, packet
@@ -199,11 +201,14 @@ def build_image(docker: Docker, repo: str = str(REPO_ROOT), log: Log = print) ->
         if setup.returncode:
             tail = (setup.stderr or setup.stdout).strip().splitlines()[-3:]
             raise MachineError("./setup.sh cluster failed in the image: " + " | ".join(tail))
-        docker("commit", name, tag, timeout=600)
+        label = f"{CHECKOUT_LABEL}={os.path.realpath(repo)}"
+        docker("commit", "--change", f"LABEL {label}", name, tag, timeout=600)
     finally:
         docker("rm", "-f", name, check=False, timeout=60)
-    # An image made from older inputs is never used again: its space goes.
-    older = docker("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE, check=False).stdout.split()
+    # An image of this checkout made from older inputs is never used again: its space goes
+    # (another checkout's image stays: it is that checkout's current one).
+    older = docker("images", "--filter", f"label={label}", "--format", "{{.Repository}}:{{.Tag}}",
+                   IMAGE, check=False).stdout.split()
     for old in older:
         if old != tag:
             docker("rmi", old, check=False, timeout=120)
