@@ -323,7 +323,7 @@ FIDELITY_FIELDS = (
        doc="component -> share of one core over the unit's rounds (testbed.run.budget)"),
     _F("cpu_window_s", "num", required=False,
        doc="seconds the CPU figures cover: the unit's rounds, first start to last end"),
-    # Schema 5, a fabric across machines (testbed.emulation.cluster.ClusterFabric.tunnel_fidelity):
+    # Schema 5, a fabric across machines (testbed.emulation.cluster.ClusterFabric.unit_fidelity):
     _F("tunnel_bytes", "int", required=False, doc="bytes the links between machines carried (inner frames)"),
     _F("tunnel_packets", "int", required=False, doc="frames they carried"),
     _F("tunnel_overhead_frac", "num", required=False, nullable=True,
