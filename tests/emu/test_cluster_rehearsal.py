@@ -7,6 +7,7 @@ Its only road to this machine is the rehearsal's network (10.250.0.0/24),
 over which the fabric's crossing links run as VXLAN tunnels.
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -149,6 +150,7 @@ def test_k4_fat_tree_across_two_machines(machines, tmp_path, leftovers):
             if kind == "congest":
                 assert {src for src, _, _ in rec["detail"]["cross_flows"]} <= {"h200", "h210", "h211"}
     assert fab.cleanup_report[machines.servers[0]].get("live") == []
+    assert not os.path.exists(fab.ssh.control_dir)  # its ssh connections' sockets went too
     assert remote_leftovers(machines) == {"bridges": [], "links": [], "state_files": [], "host_shells": []}
     assert not any(leftovers().values()), leftovers()
 

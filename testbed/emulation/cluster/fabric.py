@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -373,10 +374,8 @@ class ClusterFabric(Fabric):
             self.agents = {}
             if self.ssh is not None:
                 self.ssh.close()
-                try:
-                    os.rmdir(self.ssh.control_dir)
-                except OSError:
-                    pass
+                # A master that outlived ``close`` (ControlPersist) leaves its socket: ours alone.
+                shutil.rmtree(self.ssh.control_dir, ignore_errors=True)
 
     # -- what the tunnels carried ------------------------------------------------------------
     def tunnel_counters(self) -> list[dict]:
