@@ -22,13 +22,33 @@ RANKS = ROOT / "tests" / "unit" / "torch_backend_ranks.py"
 DOC = ROOT / "docs" / "transport.md"
 
 
-def torchrun(tmp_path, scenario, *args, ranks=2, timeout=120) -> dict:
+#: How gloo's C++ threads die when torn down while in use, and how many more runs the
+#: baseline gets after one that died so (as in test_dblp_torch_backend).
+GLOO_ABORT = "terminate called without an active exception"
+GLOO_AGAIN = 3
+
+
+def torchrun(tmp_path, scenario, *args, ranks=2, timeout=120, again_on_gloo_abort=False) -> dict:
+    """Run a scenario under torchrun; rank 0's JSON.
+
+    ``again_on_gloo_abort``: for the gloo baseline only, as the DDP test does. A CI
+    run of FSDP1 over gloo on this 2-core machine saw rank 1 abort with
+    ``GLOO_ABORT`` in gloo's own threads at the end (the run that passed twice the
+    same day): the baseline's library failing, not a result, so it is run again
+    (up to ``GLOO_AGAIN`` times) and each abort printed. A DBLP run is never repeated.
+    """
     out = tmp_path / f"{scenario}{'-'.join(('', *args))}.json".replace("/", "_")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(ranks), str(RANKS), scenario, "--out", str(out), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
+    for _ in range(GLOO_AGAIN if again_on_gloo_abort else 0):
+        if proc.returncode == 0 or GLOO_ABORT not in proc.stderr:
+            break
+        print(f"gloo baseline aborted in gloo's threads ({GLOO_ABORT!r}); running it again")
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -62,7 +82,7 @@ def test_reduce_scatter_and_all_gather_into_tensor_are_exact_at_bound_zero(tmp_p
 def _fsdp_matches_gloo(tmp_path, version: int) -> dict:
     steps = ["--fsdp", str(version), "--steps", "5"]
     ours = torchrun(tmp_path, "fsdp", "--backend", "dblp", "--policy", "reliable", *steps)
-    gloo = torchrun(tmp_path, "fsdp", "--backend", "gloo", *steps)
+    gloo = torchrun(tmp_path, "fsdp", "--backend", "gloo", *steps, again_on_gloo_abort=True)
     assert ours["replicas_identical"] and gloo["replicas_identical"]
     a, b = torch.tensor(ours["params"]), torch.tensor(gloo["params"])
     assert a.numel() == 16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4
