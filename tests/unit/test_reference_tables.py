@@ -639,5 +639,6 @@ def test_the_cost_table_quotes_the_sustained_loss_bench_where_it_is_committed(tm
             "rows (each row keeps the costs above it). Measured outside training, in the "
             "transport bench (`transport-tcp`: TCP control, one 4 MiB round trip under sustained "
             "loss), the 0.8 % bound's round trip over the 40.8 % bound's is 11.67x at 30 % (its "
-            "repetitions 8.57-16.00x), 5.00x at 50 % (its repetitions from 1.00x, one past the deadline), none at 90 % (both "
-            "missed the deadline). The median passes 4.0x at 30 %, 50 % loss") in text
+            "repetitions 8.57-16.00x), 5.00x at 50 % (its repetitions from 1.00x, one past the "
+            "deadline), none at 90 % (both missed the deadline). The median passes 4.0x at 30 %, "
+            "50 % loss") in text
