@@ -483,15 +483,22 @@ def _pair_where(pair: dict) -> str:
             f"{pair['control'].upper()}")
 
 
-def _pair_ratio(pair: dict) -> str:
-    """``median x [lo, hi]`` of a pair, or what its missed deadlines leave of it."""
+def _missed_ratio(pair: dict) -> str | None:
+    """``> Nx`` when only the tight bound missed its deadline: the deadline over the loose one's."""
     tight, loose = pair["tight"], pair["loose"]
+    if pair["ratio"] is not None or not loose.get("round_trip_s"):
+        return None
+    return f"> {tight['round_timeout_s'] / loose['round_trip_s']:.1f}x"
+
+
+def _pair_ratio(pair: dict) -> str:
+    """``median x (lo-hi)`` of a pair, or what its missed deadlines leave of it."""
     if pair["ratio"] is not None:
         hi = _num(pair["hi"], "{:.2f}", none="")
         return f"{pair['ratio']:.2f}x ({_num(pair['lo'], '{:.2f}')}-{hi})"
-    if loose.get("round_trip_s"):
-        return (f"> {tight['round_timeout_s'] / loose['round_trip_s']:.1f}x "
-                f"({_bound_label('static', tight['bound'])} missed)")
+    missed = _missed_ratio(pair)
+    if missed:
+        return f"{missed} ({_bound_label('static', pair['tight']['bound'])} missed)"
     return "– (both missed)"
 
 
@@ -529,7 +536,7 @@ def loose_bound_table(ref_dir: pathlib.Path) -> str:
     text += (f"Medians of {doc['reps']} round trips of {doc['bytes'] / (1 << 20):g} MiB at "
              f"{doc['rate_bps'] / 1e6:g} Mbit/s in seconds (time / `bound_s`); the range is the "
              "ratio at the repetitions' extremes (slowest over fastest and back), open above "
-             "(\"4.1-\") when a repetition missed its deadline. " + _loose_bound_sentence(pairs))
+             "when a repetition missed its deadline. " + _loose_bound_sentence(pairs))
     cpu = [r for p in pairs for r in (p["tight"], p["loose"]) if r.get("cpu_busy_frac") is not None]
     if cpu:
         text += (f" The machine's CPU over these rows' round trips: at most "
@@ -982,28 +989,33 @@ def prototype_costs_table(reference_dir: pathlib.Path) -> str:
     text = "\n".join(rows) + "\n\n" + _costs_sentence(steps)
     bench = reference_dir / SUSTAINED_LOSS / "bench-transport.json"
     if bench.is_file():
-        text += " " + _sustained_sentence(_loose_bound_pairs(_json(bench)))
+        text += " " + _sustained_sentence(SUSTAINED_LOSS, _json(bench))
     return text + "\n"
 
 
-def _sustained_sentence(pairs: list[dict]) -> str:
-    """The bench's tight-over-loose ratio at each loss, in one sentence for the cost table."""
-    from testbed.references import SUSTAINED_LOSS
+def _sustained_sentence(name: str, doc: dict) -> str:
+    """A bench reference's tight-over-loose ratio at each loss, in one sentence for the cost table."""
+    pairs = _loose_bound_pairs(doc)
+    if not pairs:
+        raise ValueError(f"{name}: the bench has no pair of static-bound rows")
 
     def one(p):
         loss = _pct(p["loss"])
         if p["ratio"] is None:
-            return (f"{_pair_ratio(p).split(' (')[0]} at {loss} (a deadline missed)"
-                    if p["loose"].get("round_trip_s") else f"none at {loss} (both missed the deadline)")
+            missed = _missed_ratio(p)
+            return f"{missed} at {loss} (a deadline missed)" if missed else \
+                f"none at {loss} (both missed the deadline)"
         lo = _num(p["lo"], "{:.2f}")
         spread = ("" if p["ratio"] < PAPER_LEAST_SPEEDUP
                   else f" (its repetitions {lo}-{p['hi']:.2f}x)" if p["hi"] is not None
                   else f" (its repetitions from {lo}x, one past the deadline)")
         return f"{p['ratio']:.2f}x at {loss}{spread}"
     reach = [_pct(p["loss"]) for p in pairs if (p["ratio"] or 0) >= PAPER_LEAST_SPEEDUP]
-    text = (f"Measured outside training, in the transport bench (`{SUSTAINED_LOSS}`: TCP control, "
-            "one 4 MiB round trip under sustained loss), the 0.8 % bound's round trip over the "
-            "40.8 % bound's is " + ", ".join(one(p) for p in pairs) + ". ")
+    controls = "/".join(sorted({p["control"].upper() for p in pairs}))
+    text = (f"Measured outside training, in the transport bench (`{name}`: {controls} control, "
+            f"one {doc['bytes'] / (1 << 20):g} MiB round trip under sustained loss), the "
+            f"{_pct(pairs[0]['tight']['bound'])} bound's round trip over the "
+            f"{_pct(pairs[0]['loose']['bound'])} bound's is " + ", ".join(one(p) for p in pairs) + ". ")
     if reach:
         return text + (f"The median passes {PAPER_LEAST_SPEEDUP:.1f}x at {', '.join(reach)} "
                        "loss: where each extra pass pays TCP's retransmission timeouts, the "
