@@ -150,6 +150,16 @@ static int mac_tag(MAC_CTX *ctx, const uint8_t *a, size_t na, const uint8_t *b, 
     if (na < (size_t)L.header)
         return 0;
     memcpy(iv + 4, a + L.seq, 8);
+    if (!nb) {
+        /* One buffer (a receiver verifying a datagram in its ring): GCM over no plaintext
+         * with the message as its additional data is GMAC, in one call that takes the
+         * 12-byte nonce's short path; GMAC_INIT takes any nonce length and spent an eighth
+         * of the library's time in a 10 Gbit/s bench (perf). take_run's keyed rows cost 287
+         * against 300 ns per 1,456-byte datagram verified and added up into a 64 MiB
+         * gradient (unkeyed: 200), four alternated runs of each build on an idle machine. */
+        IMB_AES128_GCM_ENC(mac_mgr, ctx, &g, NULL, NULL, 0, iv, a, na, out, TAG_BYTES);
+        return 1;
+    }
     IMB_AES128_GMAC_INIT(mac_mgr, ctx, &g, iv, sizeof iv);
     IMB_AES128_GMAC_UPDATE(mac_mgr, ctx, &g, a, na);
     if (nb)
