@@ -77,7 +77,8 @@ def machine_leftovers() -> dict:
     - root-namespace interfaces named ``dt*`` (switch ports, loss sinks);
     - Mininet host shells (``bash ... mininet:<host>``);
     - tcpdump processes writing a run's ``raw/*.pcap``;
-    - workload and controller processes (``-m workloads.``, ``-m controllers.``).
+    - workload and controller processes (``-m workloads.``, ``-m controllers.``);
+    - the bench's network namespaces (``dbt-*``).
     """
     tables = [line.split()[2] for line in _lines(["nft", "list", "tables"])
               if len(line.split()) == 3 and line.split()[2].startswith("dtburst_")]
@@ -89,6 +90,8 @@ def machine_leftovers() -> dict:
     procs = [line.strip() for line in _lines(["ps", "-ww", "-eo", "pid,args"])[1:]]
     args = [p.split(None, 1)[1] if len(p.split(None, 1)) > 1 else "" for p in procs]
     return {
+        "namespaces": [line.split()[0] for line in _lines(["ip", "netns", "list"])
+                       if line.startswith("dbt-")],
         "nft_tables": tables,
         "bridges": bridges,
         "links": links,

@@ -191,7 +191,8 @@ def net_cli(topo, k, bw, queue, out):
               help="Also tear down a live run's fabric (its recorded processes, bridges, tables).")
 @json_option
 def clean(dry_run, force, json_out):
-    """Remove the project's leftovers: what dead runs recorded, and dt* bridges, veths, tables.
+    """Remove the project's leftovers: what dead runs recorded, dt* bridges, veths, tables, and
+    the namespaces of benches that died without removing them.
 
     A live run is left alone unless --force; processes are stopped only by
     the PIDs a run recorded, never by name.

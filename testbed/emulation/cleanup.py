@@ -14,8 +14,10 @@ live fabric unless ``force``: it finishes the state of dead fabrics, then
 removes project-named leftovers nobody records (bridges ``dt`` + layer
 letter + digits, see ``topologies.SWITCH_NAME_RE``, their veths, loss sinks
 and ``dtburst_`` tables), and only when no fabric is live, since a live one
-may own them. Host shells are never matched by name: another user's Mininet
-uses the same ``mininet:<host>`` tags.
+may own them. The bench's namespace pairs (``dbt-*``) carry their owner's
+PID in their name and go whenever that process is gone. Host shells are
+never matched by name: another user's Mininet uses the same
+``mininet:<host>`` tags.
 """
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ NFT_PREFIX = "dtburst_"
 INTF_RE = re.compile(r"^(dt[a-z]\d{1,4})-eth\d+$")
 TAG_RE = re.compile(r"^[0-9a-f]{6}$")
 SINK_RE = re.compile(r"^dtz[0-9a-f]{6}-eth[01]$")
+#: A bench's namespace pair (`testbed.emulation.netns.NetnsPair`): its tag is the owner's
+#: PID in six hex digits and three random ones.
+NETNS_RE = re.compile(r"^dbt-([0-9a-f]{6})[0-9a-f]{3}-[ab]$")
+NETNS_DIR = "/run/netns"
 _TAGGED_TABLE_RE = re.compile(rf"^{NFT_PREFIX}([0-9a-f]{{6}})_")
 
 
@@ -285,6 +291,41 @@ def project_nft_tables() -> list:
     return out
 
 
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+
+
+def _owner_alive(name: str) -> bool:
+    """Whether the process that made namespace ``name`` (its PID is in the name) still runs.
+
+    A PID recycled after the owner died belongs to a process started after
+    the namespace was made: that one is not the owner.
+    """
+    m = NETNS_RE.match(name)
+    started = start_time(int(m.group(1), 16)) if m else None
+    if started is None:
+        return False
+    try:
+        made = os.stat(os.path.join(NETNS_DIR, name)).st_mtime
+    except OSError:
+        return False
+    return _boot_time() + started / os.sysconf("SC_CLK_TCK") <= made + 1.0
+
+
+def project_namespaces(dead_only: bool = True) -> list:
+    """Bench namespaces (``dbt-<owner><rand>-a|b``), by default only those of dead owners.
+
+    A bench removes its pair on exit; one killed before its exit (SIGKILL)
+    leaves it, and nothing but the name says whose it was.
+    """
+    r = _run(["ip", "netns", "list"])
+    if r is None or r.returncode:
+        return []
+    names = [line.split()[0] for line in r.stdout.splitlines() if line.split()]
+    return [n for n in names if NETNS_RE.match(n) and not (dead_only and _owner_alive(n))]
+
+
 def stray_host_shells() -> list:
     """PIDs of Mininet host shells (``mininet:<host>``) on the machine: reported, never stopped.
 
@@ -307,6 +348,7 @@ def leftovers() -> dict:
     dead = [s for s in states if not is_live(s)]
     return {"bridges": project_bridges(), "links": project_links(),
             "nft_tables": [f"{f} {n}" for f, n in project_nft_tables()],
+            "namespaces": project_namespaces(),
             "processes": [r["pid"] for s in dead for r in s.get("processes", [])
                           if isinstance(r, dict) and _is_recorded(r)],
             "host_shells": stray_host_shells(),
@@ -342,6 +384,12 @@ def _del_table(fam: str, name: str, report: dict) -> None:
     r = _run(["nft", "delete", "table", fam, name])
     if r is not None and r.returncode == 0:
         report["nft_tables"].append(f"{fam} {name}")
+
+
+def _del_namespace(name: str, report: dict) -> None:
+    r = _run(["ip", "netns", "del", name])
+    if r is not None and r.returncode == 0:
+        report["namespaces"].append(name)
 
 
 def _owns_table(state: dict, name: str) -> bool:
@@ -401,8 +449,8 @@ def clean(only_state: dict | None = None, force: bool = False) -> dict:
     while a live fabric and everything that may be its own stay, unless
     ``force``.
     """
-    report = {"processes": [], "bridges": [], "links": [], "nft_tables": [], "files": [],
-              "live": [], "_live_bridges": project_bridges()}
+    report = {"processes": [], "bridges": [], "links": [], "nft_tables": [], "namespaces": [],
+              "files": [], "live": [], "_live_bridges": project_bridges()}
     if only_state is not None:
         if clean_state(only_state, report):
             _forget(only_state)
@@ -419,6 +467,8 @@ def clean(only_state: dict | None = None, force: bool = False) -> dict:
     for s in states:
         if clean_state(s, report):
             _forget(s)
+    for name in project_namespaces():  # no fabric's: a dead bench's, live fabric or not
+        _del_namespace(name, report)
     if not report["live"]:
         for b in project_bridges():
             _del_bridge(b, report)

@@ -18,14 +18,18 @@ offload (GRO) is turned on or off at both ends (``NetnsPair.set_gro``): on
 for a loss-free link, off whenever a loss is set.
 
 Everything the pair creates is named ``dbt-*``/``dbt*`` and removed on exit
-(namespaces take their veths and nft tables with them). Why it is apart from
+(namespaces take their veths and nft tables with them). The tag starts with
+the owner's PID, so a pair whose bench died without its exit (SIGKILL) is
+known for a dead process's and `dblp-testbed clean` removes it
+(`testbed.emulation.cleanup.project_namespaces`). Why it is apart from
 the fabric (`testbed.emulation.fabric`): two hosts and one link need no
 switch, controller or Mininet, and a transport's own costs show best on them.
 """
 from __future__ import annotations
 
+import os
+import secrets
 import subprocess
-import uuid
 
 import click
 
@@ -38,6 +42,11 @@ def _run(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.
     if check and p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
     return p
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """A pair's tag: the owner's PID in six hex digits, then three random ones."""
+    return f"{os.getpid() if pid is None else pid:06x}{secrets.token_hex(2)[:3]}"
 
 
 class NetnsPair:
@@ -56,7 +65,9 @@ class NetnsPair:
 
     def __init__(self, rate_bps: float | None = DEFAULT_RATE, tag: str | None = None,
                  queue_packets: int = 1000):
-        tag = tag or uuid.uuid4().hex[:6]
+        # The owner's PID (six hex digits hold any Linux PID, 2**22 at most), then three
+        # random ones: "dbt" + nine + "a" fits the kernel's 15-byte interface names.
+        tag = tag or owner_tag()
         self.tag = tag
         self.ns = (f"dbt-{tag}-a", f"dbt-{tag}-b")
         self.dev = (f"dbt{tag}a", f"dbt{tag}b")

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -56,10 +57,32 @@ def run_cli(argv: list[str], log: pathlib.Path) -> int:
     A child, not a call: the fabric commands install signal handlers and end
     with `sys.exit`, and each should start from a fresh interpreter as a
     user's command does (net check's start-up time includes it).
+
+    Interrupted (Ctrl-C, or SIGINT to this process), it passes one SIGINT on
+    and waits for the child to tear down what it made (a bench's namespaces,
+    a fabric) before it gives up: ``subprocess.call`` would SIGKILL the child
+    at once and leave them behind. The child has a session of its own, so a
+    terminal's Ctrl-C reaches it only this way, once: a second SIGINT would
+    cut its tear-down short.
     """
     with open(log, "w") as f:
-        return subprocess.call([sys.executable, "-m", "testbed.cli", *argv], stdout=f,
-                               stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        child = subprocess.Popen([sys.executable, "-m", "testbed.cli", *argv], stdout=f,
+                                 stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
+        try:
+            return child.wait()
+        except BaseException:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=CHILD_TEARDOWN_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            raise
+
+
+#: How long an interrupted child may take to tear down before it is killed (a fabric's
+#: stop takes seconds; a bench's namespaces less).
+CHILD_TEARDOWN_S = 60
 
 
 def _make_run(ref: RunReference, out: pathlib.Path) -> tuple[str, dict]:

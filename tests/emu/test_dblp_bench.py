@@ -108,3 +108,27 @@ def test_a_bench_that_fails_part_way_keeps_its_rows(tmp_path, monkeypatch):
     assert [(r["policy"], r["loss"]) for r in doc["rows"]] == [("reliable", 0.0)]
     assert doc["rows"][0]["round_trip_s"] > 0
     assert "static P=150.0% udp ps" in doc["failed"] and "failed to start" in doc["failed"]
+
+
+def test_clean_removes_the_namespaces_of_a_bench_killed_before_its_exit(leftovers):
+    """A bench SIGKILLed keeps no exit to remove its pair: `dblp-testbed clean` removes it,
+    knowing it for a dead process's by the PID in its name, and no other pair."""
+    code = ("import sys, time\nfrom testbed.emulation.netns import NetnsPair\n"
+            "p = NetnsPair(None)\np.create()\nprint(*p.ns, flush=True)\ntime.sleep(120)\n")
+    owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        names = owner.stdout.readline().split()
+        live = subprocess.run([sys.executable, "-m", "testbed.cli", "clean"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert live.returncode == 0 and "removed namespaces: 0" in live.stdout, live.stdout
+    finally:
+        owner.kill()
+        owner.wait()
+    assert len(names) == 2 and all(f"{owner.pid:06x}" in n for n in names), names
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert all(n in listed for n in names), listed
+    res = subprocess.run([sys.executable, "-m", "testbed.cli", "clean"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "removed namespaces: 2" in res.stdout, res.stdout
+    assert not leftovers()["namespaces"]

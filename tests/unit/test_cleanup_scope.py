@@ -22,6 +22,7 @@ class FakeMachine:
 
     def __init__(self, bridges=(), links=(), tables=()):
         self.bridges, self.links, self.tables = list(bridges), list(links), list(tables)
+        self.namespaces: list[str] = []  # `ip netns list`; their files: cleanup.NETNS_DIR
         self.calls = []
 
     def __call__(self, argv, timeout=20):
@@ -41,6 +42,10 @@ class FakeMachine:
             out = "\n".join(f"table netdev {t}" for t in self.tables)
         elif argv[:3] == ["nft", "delete", "table"]:
             self.tables = [t for t in self.tables if t != argv[4]]
+        elif argv[:3] == ["ip", "netns", "list"]:
+            out = "\n".join(f"{n} (id: {i})" for i, n in enumerate(self.namespaces))
+        elif argv[:3] == ["ip", "netns", "del"]:
+            self.namespaces = [n for n in self.namespaces if n != argv[3]]
         return subprocess.CompletedProcess(argv, 0, out, "")
 
 
@@ -108,6 +113,48 @@ def test_clean_leaves_a_live_run_alone_and_finishes_a_dead_one(machine, spawn):
     assert len(rep["live"]) == 1 and "fabric-live-aaaaaa" in rep["live"][0]
     assert machine.bridges == ["dte00"]
     assert sorted(os.listdir(cleanup.STATE_DIR)) == ["fabric-live-aaaaaa.json"]
+
+
+def _bench_pair(netns_dir, pid: int, made: float | None = None) -> list[str]:
+    """A bench's two namespaces as `NetnsPair` names them for owner ``pid``, their files made
+    at ``made`` (now if None)."""
+    from testbed.emulation.netns import owner_tag
+    tag = owner_tag(pid)
+    names = [f"dbt-{tag}-a", f"dbt-{tag}-b"]
+    for n in names:
+        (netns_dir / n).touch()
+        if made is not None:
+            os.utime(netns_dir / n, (made, made))
+    return names
+
+
+@pytest.mark.unit
+def test_clean_removes_the_namespaces_of_a_dead_bench_only(machine, spawn, tmp_path, monkeypatch):
+    """A bench SIGKILLed before its exit leaves its pair; the owner's PID is in the name.
+
+    A live owner's pair stays. A pair whose PID now belongs to a process
+    started after the pair was made goes: that PID was recycled, its owner is
+    dead (a test cannot recycle a PID, so the pair's files are dated an hour
+    before the process).
+    """
+    netns = tmp_path / "netns"
+    netns.mkdir()
+    monkeypatch.setattr(cleanup, "NETNS_DIR", str(netns))
+    dead = _dead_owner(spawn)["pid"]
+    live = _sleeper(spawn, "bench").pid
+    recycled = _sleeper(spawn, "not-the-owner").pid
+    dead_pair = _bench_pair(netns, dead)
+    live_pair = _bench_pair(netns, live)
+    recycled_pair = _bench_pair(netns, recycled, made=time.time() - 3600)
+    machine.namespaces = dead_pair + live_pair + recycled_pair + ["dbt-elsewhere-a", "other"]
+    assert sorted(cleanup.leftovers()["namespaces"]) == sorted(dead_pair + recycled_pair)
+    rep = cleanup.clean()
+    assert sorted(rep["namespaces"]) == sorted(dead_pair + recycled_pair)
+    assert machine.namespaces == live_pair + ["dbt-elsewhere-a", "other"]
+    # The owner's PID fits any Linux PID (2**22 at most), and the veths' names the kernel's 15.
+    from testbed.emulation.netns import NetnsPair, owner_tag
+    pair = NetnsPair(None, tag=owner_tag(2 ** 22))
+    assert cleanup.NETNS_RE.match(pair.ns[0]) and all(len(d) <= 15 for d in pair.dev)
 
 
 @pytest.mark.unit

@@ -7,6 +7,11 @@ agents. So a renderer is tested against the JSON shape the code writes,
 not against a hand-typed guess of it.
 """
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -267,6 +272,32 @@ def test_a_failing_command_leaves_its_reference_and_the_next_one_still_runs(tmp_
     run_dir = tmp_path / "runs" / done["bad"]["run_dir"].rsplit("/", 1)[-1]
     assert (run_dir / "y.log").read_text() == "it broke"  # the run output stays
     assert (dest / "good" / "x.json").is_file()
+
+
+def test_an_interrupted_command_gets_one_sigint_and_finishes_its_tear_down(tmp_path):
+    """Ctrl-C at `reproduce` reaches the running command once, and reproduce waits for it.
+
+    The command here stands for `dblp-testbed bench`: on SIGINT it spends half a
+    second tearing down (a bench removes its namespaces) and writes down every
+    SIGINT it gets. The SIGINT goes to reproduce's process group, as a
+    terminal's Ctrl-C does; killed at once instead, the command would leave
+    its namespaces behind.
+    """
+    fake, seen = tmp_path / "python", tmp_path / "seen"
+    fake.write_text(f"#!/bin/sh\ntrap 'echo sigint >> {seen}; sleep 0.5; echo torn-down >> {seen}; "
+                    f"exit 130' INT\necho started >> {seen}\nwhile :; do sleep 0.05; done\n")
+    fake.chmod(0o755)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", "import pathlib, sys\nfrom testbed.run import reproduce as rp\n"
+         "sys.executable = sys.argv[1]\nrp.run_cli([], pathlib.Path(sys.argv[2]))",
+         str(fake), str(tmp_path / "log")], start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (seen.exists() and "started" in seen.read_text()):
+        assert time.monotonic() < deadline and driver.poll() is None
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGINT)
+    assert driver.wait(timeout=30) != 0
+    assert seen.read_text().split() == ["started", "sigint", "torn-down"]
 
 
 def test_a_command_reference_needs_one_json_file_per_command():
