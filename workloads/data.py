@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,41 @@ class ArrayDataset:
 
 
 def load_digits_split() -> tuple[ArrayDataset, ArrayDataset]:
-    """The 1,797 8x8 digits, scaled to [0, 1], split 80/20 stratified by class."""
+    """The 1,797 8x8 digits, scaled to [0, 1], split 80/20 stratified by class.
+
+    scikit-learn makes the split once; it is kept as plain arrays in the user's
+    cache (`digits_cache_path`) and read from there after. Why: importing
+    scikit-learn (and SciPy with it) cost every worker 0.9 s of CPU, and a
+    unit starts three workers and a server at once on two cores, so a smoke
+    unit's workers began training 6 s after the unit began. The file's name
+    carries scikit-learn's version and the split's fraction and seed: another
+    version or split makes a file of its own. A cache that cannot be read or
+    written is made again, or not kept.
+    """
+    path = digits_cache_path()
+    try:
+        with np.load(path) as z:
+            x_tr, x_te, y_tr, y_te = (z[k] for k in _DIGITS_ARRAYS)
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        x_tr, x_te, y_tr, y_te = _split_digits()
+        _keep(path, dict(zip(_DIGITS_ARRAYS, (x_tr, x_te, y_tr, y_te), strict=True)))
+    return (ArrayDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
+            ArrayDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)))
+
+
+_DIGITS_ARRAYS = ("x_tr", "x_te", "y_tr", "y_te")
+
+
+def digits_cache_path() -> str:
+    """Where the digits' split is kept: $XDG_CACHE_HOME (or ~/.cache)/dblp-testbed/."""
+    from importlib.metadata import version
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    name = (f"digits-sklearn{version('scikit-learn')}-test{DIGITS_TEST_FRACTION}"
+            f"-seed{DIGITS_SPLIT_SEED}.npz")
+    return os.path.join(root, "dblp-testbed", name)
+
+
+def _split_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -41,8 +76,22 @@ def load_digits_split() -> tuple[ArrayDataset, ArrayDataset]:
     y = bunch.target.astype(np.int64)
     x_tr, x_te, y_tr, y_te = train_test_split(
         x, y, test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SPLIT_SEED, stratify=y)
-    return (ArrayDataset(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
-            ArrayDataset(torch.from_numpy(x_te), torch.from_numpy(y_te)))
+    return x_tr, x_te, y_tr, y_te
+
+
+def _keep(path: str, arrays: dict) -> None:
+    """Write ``arrays`` to ``path`` whole or not at all (workers that start together race)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def shard_indices(n: int, rank: int, world_size: int, seed: int) -> np.ndarray:

@@ -19,6 +19,29 @@ def test_digits_split_is_fixed_stratified_and_scaled():
 
 
 @pytest.mark.unit
+def test_the_kept_split_is_the_one_scikit_learn_makes_and_a_broken_file_is_made_again(
+        tmp_path, monkeypatch):
+    """Workers read the split from the cache instead of importing scikit-learn; what they
+    read is the very split, and a file cut short (a crash mid-write, a full disk) is remade."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = data.digits_cache_path()
+    assert path.startswith(str(tmp_path / "dblp-testbed")) and "sklearn" in path
+    made = data.load_digits_split()          # no file yet: scikit-learn splits, the file is kept
+    kept = data.load_digits_split()          # from the file
+    want = data._split_digits()
+    for got in (made, kept):
+        (tr, te) = got
+        for a, b in zip((tr.x, te.x, tr.y, te.y), want, strict=True):
+            assert np.array_equal(a.numpy(), b) and a.numpy().dtype == b.dtype
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    again = data.load_digits_split()
+    assert torch.equal(again[1].x, made[1].x) and torch.equal(again[0].y, made[0].y)
+    assert np.load(path)["x_te"].shape == (360, 1, 8, 8)  # and the file is whole again
+    assert not list((tmp_path / "dblp-testbed").glob("*.tmp"))
+
+
+@pytest.mark.unit
 def test_shards_are_disjoint_and_cover_the_training_set():
     n = 1437
     shards = [data.shard_indices(n, r, 3, seed=5) for r in range(3)]
