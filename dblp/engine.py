@@ -782,6 +782,18 @@ class Engine:
         pushes = [i for i in ready if active[i].kind == PUSH and active[i].has_pending()]
         if pushes:
             ready = pushes
+        # One part at a time to each destination, the lowest first: its owner then has a
+        # whole part early and pulls it while the next part's push is on the link.
+        # Taking turns between one destination's parts finished them all at the end, so
+        # no pull overlapped a push (a parameter server at 3 Gbit/s: pulls ending 0.155-0.185 s
+        # into a round whose push ended at 0.110 s).
+        heads: dict[int, int] = {}
+        for i in ready:
+            s = active[i]
+            if s.has_pending() and (s.peer not in heads or s.part < active[heads[s.peer]].part):
+                heads[s.peer] = i
+        if heads:
+            ready = sorted(heads.values())
         if self._rr not in ready:
             self._rr = next((i for i in ready if i >= self._rr), ready[0])
         return 0.0

@@ -19,8 +19,9 @@ CHUNK = b"x" * 1400
 class _Stream:
     """The slice of OutTransfer that Engine._send_some drives: a kind, a peer and datagrams."""
 
-    def __init__(self, eng, peer, n, kind=PUSH):
-        self.eng, self.peer, self.left, self.kind = eng, peer, n, kind
+    def __init__(self, eng, peer, n, kind=PUSH, part=0, log=None):
+        self.eng, self.peer, self.left, self.kind, self.part = eng, peer, n, kind, part
+        self.log = log if log is not None else []
 
     def has_pending(self):
         return self.left > 0
@@ -29,6 +30,7 @@ class _Stream:
         n = self.eng.send_data(b"h" * 40, CHUNK, self.peer)
         if n:
             self.left -= 1
+            self.log.append((self.peer, self.part))
         return n
 
 
@@ -88,6 +90,35 @@ def test_a_push_goes_before_a_pull_and_the_pull_takes_the_rest():
     pull, push = _drive(None, [1, 1], kinds=[PULL, PUSH], count=150)
     assert push == 150
     assert 50 <= pull < 150
+
+
+@pytest.mark.unit
+def test_one_destinations_parts_leave_one_at_a_time_lowest_first():
+    """Its owner then has a whole part early and pulls it while the next one is pushed
+    (a parameter server's parts, taking turns, all finished at the push's end). Two
+    destinations still take turns."""
+    sinks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    for s in sinks:
+        s.bind(("127.0.0.1", 0))
+    eng = Engine(0, bind=("127.0.0.1", 0), rate_bps=40e6, batched_io=False)
+    try:
+        eng.peers.addrs = {1: sinks[0].getsockname(), 2: sinks[1].getsockname()}
+        log: list = []
+        # listed out of order: the part index decides, not the list
+        eng.active = [_Stream(eng, 1, 60, part=2, log=log), _Stream(eng, 1, 60, part=0, log=log),
+                      _Stream(eng, 2, 60, part=1, log=log)]
+        end = time.monotonic() + 5
+        while eng.active and time.monotonic() < end:
+            wake = eng._send_some(time.monotonic())
+            time.sleep(max(0.0, min(wake - time.monotonic(), 0.002)))
+    finally:
+        eng.close()
+        for s in sinks:
+            s.close()
+    to_one = [part for peer, part in log if peer == 1]
+    assert to_one == [0] * 60 + [2] * 60
+    first = log[:60]
+    assert (1, 0) in first and (2, 1) in first   # the other destination is not kept waiting
 
 
 @pytest.mark.unit
