@@ -48,8 +48,12 @@ class _Counting:
     """
 
     def __init__(self, native, monkeypatch):
-        self.native, self.rows, self.sends = native, 0, 0
+        self.native, self.rows, self.sends, self.checked = native, 0, 0, 0
         monkeypatch.setattr(batch, "NATIVE", self)
+
+    def mac_check(self, *args):
+        self.checked += len(args[4])
+        return self.native.mac_check(*args)
 
     def send_gso(self, *args):
         self.sends += 1
@@ -381,6 +385,8 @@ def _same_outcome(key, kind, numel, seq, bound_ppm, core) -> None:
                 eng.close()
         if core is not None and (key is None or batch.native_auth()):
             assert core.rows > 0  # the C core took runs of this sequence
+            # ...and checked the tags of the rows it left to Python (in one call per sender)
+            assert (core.checked > 0) == (key is not None)
         a, b = results
         names = ["out", "have", "n_have", "stopped", "max_pass", "t_first", "counters", "early",
                  "replies"]
@@ -462,6 +468,42 @@ def test_the_c_cores_tags_are_pythons(pair, length):
         renumbered[wire.SEQ_OFFSET + 7] ^= 1
         assert batch.NATIVE.mac_tag(mac, bytes(renumbered)) != sealer.tag(dst, body)
         assert batch.NATIVE.mac_tag(mac, bytes(renumbered)) == sealer.tag(dst, renumbered)
+
+
+def test_the_c_cores_ring_check_is_sealer_verify_row_by_row():
+    """``mac_check`` over rows of a ring says what ``Sealer.verify`` says of each: the
+    sender's own datagrams pass; a flipped byte of header, payload or tag, another
+    destination's, another key's, a cut one and a too-short one fail. A row outside the
+    ring is an error, not a read."""
+    if not batch.native_auth():
+        pytest.skip("the C core was built without libcrypto")
+    good = _datagrams(8 * wire.CHUNK_ELEMS + 3, KEY)
+    rows = list(good)
+    for off in (0, wire.HEADER_SIZE + 5, -1):  # header, payload, tag
+        b = bytearray(good[1])
+        b[off] ^= 0x40
+        rows.append(bytes(b))
+    rows.append(wire.Sealer(KEY).seal(good[2][:-wire.TAG_SIZE], 0))  # for rank 0
+    rows.append(_datagrams(wire.CHUNK_ELEMS, bytes(range(16)))[0])  # another job's key
+    rows += [good[3][:-1], good[4][:wire.HEADER_SIZE + 3]]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ring = batch.RecvRing(sock, len(rows), wire.MAX_DATAGRAM, gro=False)
+    finally:
+        sock.close()
+    for i, d in enumerate(rows):
+        ring.data[i, :len(d)] = np.frombuffer(d, np.uint8)
+        ring.lens[i] = len(d)
+    sealer = wire.Sealer(KEY)
+    want = [sealer.verify(d, len(d), 1) for d in rows]
+    assert want[:len(good)] == [True] * len(good) and not any(want[len(good):])
+    mac = batch.NATIVE.mac_new(sealer.pair_key(SESSION, 2, 1))
+    ok = np.zeros(len(rows), np.uint8)
+    batch.NATIVE.mac_check(mac, ring.data, ring.stride, ring.lens, np.arange(len(rows)), ok)
+    assert ok.astype(bool).tolist() == want
+    with pytest.raises(ValueError, match="outside the ring"):
+        batch.NATIVE.mac_check(mac, ring.data, ring.stride, ring.lens,
+                               np.array([0, len(rows)], np.int64), ok)
 
 
 def test_every_message_a_sealer_makes_has_a_number_of_its_own():
