@@ -109,3 +109,31 @@ def test_host_api(fab):
     assert "10.1.0.2/8" in out
     with pytest.raises(KeyError, match="no host"):
         fab.host("nope")
+
+
+def test_a_hosts_name_lookups_fail_at_once_and_stay_off_the_fabric(fab):
+    """The machine's name servers are unreachable from every host: a lookup (torch's c10d
+    asks for its peers' host names) fails at once instead of waiting 5 s for a server
+    inside the fabric's 10.0.0.0/8 that never answers, and sends nothing into the fabric."""
+    from testbed.emulation.fabric import RESOLV_CONF, name_servers
+
+    try:
+        with open(RESOLV_CONF) as f:
+            servers = name_servers(f.read())
+    except FileNotFoundError:
+        servers = []
+    for host in fab.hosts():
+        routes = fab.run(host, ["ip", "-4", "route", "show", "type", "unreachable"]).stdout
+        assert all(a in routes.split() for a in servers), (host, routes)
+    lookup = ["python3", "-c", "import socket, time; t = time.monotonic()\n"
+              "try:\n    socket.getnameinfo(('10.3.1.2', 80), socket.NI_NAMEREQD)\n"
+              "except OSError:\n    pass\nprint(time.monotonic() - t)"]
+    assert float(fab.run("h000", lookup, timeout=30).stdout) < 2.0
+
+
+def test_name_servers_are_the_ipv4_nameserver_lines():
+    from testbed.emulation.fabric import name_servers
+
+    text = "# resolv.conf\nnameserver 10.255.255.53\nnameserver ::1\nsearch lan\nnameserver  192.0.2.7 \n"
+    assert name_servers(text) == ["10.255.255.53", "192.0.2.7"]
+    assert name_servers("") == []
