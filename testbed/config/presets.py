@@ -153,15 +153,11 @@ PRESETS = {
                                       "bucket_s": 0.1, "no_progress_probes": 10}},
     "ci": {
         "name": "ci",
-        "description": "the short regression run: k=4, 42 rounds, five bursts in rounds "
+        "description": "the short regression run: k=4, 60 rounds, five bursts in rounds "
                        "22-38, where DBLP has left its first critical phase",
         "arms": ["gloo", "static", "dblp"],
         **FAT_TREE,
-        # 42 rounds: the bursts' rounds and three after the last. Every guarded figure
-        # (burst rounds, normal rounds whatever the phase, final accuracy) is still
-        # measured; the 18 rounds after them (60 until the reference of 2026-12-05)
-        # cost CI about 50 s of its four arms.
-        "training": {"model": "digits_cnn", "rounds": 42, "eval_every": 20},
+        "training": {"model": "digits_cnn", "rounds": 60, "eval_every": 20},
         "burst_every": {"enabled": False},
         # The guard is DBLP's speedup in the rounds it may relax: the digits
         # CNN is critical for its first 20 rounds and again when it leaves its
