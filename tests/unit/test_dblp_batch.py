@@ -187,6 +187,34 @@ def test_a_send_cut_short_by_a_full_socket_buffer_sends_the_rest_next(monkeypatc
     assert n_new == n_old == s_new.chunks_sent == s_old.count
 
 
+@pytest.mark.parametrize("key", [None, KEY], ids=["open", "keyed"])
+def test_a_send_the_kernel_stops_after_one_message_counts_that_messages_datagrams(key):
+    """The C core's own stop between GSO messages, made by the kernel: with IP_RECVERR a
+    port that is not listening answers the first message's datagrams with ICMP, and the
+    send after it fails. Without a secret the messages leave in one sendmmsg, which
+    returns how many left; with one, each leaves in its own as soon as it is tagged, and
+    the call must add up the same."""
+    if batch.NATIVE is None or (key is not None and not batch.native_auth()):
+        pytest.fail("dblp._fastpath is not built with its MAC: run ./setup.sh")
+    closed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    closed.bind(("127.0.0.1", 0))
+    addr = closed.getsockname()
+    closed.close()
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.setsockopt(socket.IPPROTO_IP, 11, 1)  # IP_RECVERR (Linux), not in Python's socket module
+    sealer = wire.Sealer(key)
+    rows = np.zeros((3 * batch.GSO_MAX_SEGMENTS, wire.CHUNK_BYTES), np.uint8)
+    template = wire.pack_header(MsgType.DATA, src=1, part=0, session=SESSION, round=ROUND,
+                                count=len(rows), length=wire.CHUNK_BYTES)
+    chunks = np.arange(len(rows), dtype=np.int64)  # three messages' worth
+    try:
+        sent = batch.SendBatch(len(rows), wire.CHUNK_BYTES).send(tx, template, chunks, rows,
+                                                                  sealer, addr, 2)
+    finally:
+        tx.close()
+    assert sent == batch.GSO_MAX_SEGMENTS
+
+
 def test_a_resend_pass_is_counted_per_datagram():
     if not batch.batching_supported():
         pytest.skip("no recvmmsg here")
