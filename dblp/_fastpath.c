@@ -730,15 +730,16 @@ done:
  * the MAC has just read their payloads, which the kernel's copy then finds in
  * the cache. Tagging all of a call's messages first passed up to 500 KB of
  * payload through this machine's 1 MB per-core L2 cache before the kernel read
- * the first byte again, and the Python of the sending path then ran 2-3x as long
- * as in an unkeyed rank (per call, timed in the bench's ranks; now the same). 10 Gbit/s bench,
- * 64 MiB, five alternated runs of each: keyed / unkeyed PS 1.00-1.03x against
- * 1.06-1.08x, sharded 1.00-1.08x against 1.05-1.13x; a keyed rank's CPU per
- * GB 0.89-0.98 s against 0.96-1.05 (unkeyed 0.89-0.95). Only the headers are written
- * (into ``buf``'s rows); the payload goes to the kernel straight from ``rows``
- * and the tag from a block of zeros, three iovecs per datagram: the kernel
- * copies every byte into its buffer anyway, so a copy into ``buf`` first would
- * only touch the gradient twice (it was 6 % of a rank's CPU at 10 Gbit/s).
+ * the first byte again, and the Python of the sending path then ran 2-3x as
+ * long as in an unkeyed rank (per call, timed in the bench's ranks; now the
+ * same). 10 Gbit/s bench, 64 MiB, five alternated runs of each: keyed /
+ * unkeyed PS 1.00-1.03x against 1.06-1.08x, sharded 1.00-1.08x against
+ * 1.05-1.13x; a keyed rank's CPU per GB 0.89-0.98 s against 0.96-1.05
+ * (unkeyed 0.89-0.95). Only the headers are written (into ``buf``'s rows);
+ * the payload goes to the kernel straight from ``rows`` and the tag from a
+ * block of zeros, three iovecs per datagram: the kernel copies every byte into
+ * its buffer anyway, so a copy into ``buf`` first would only touch the
+ * gradient twice (it was 6 % of a rank's CPU at 10 Gbit/s).
  * A UDP message leaves whole or not at all: the count returned is that of the
  * datagrams in the messages that left (a full socket buffer stops the rest).
  * ``addr``: the destination as a struct sockaddr_in (16 bytes).
@@ -868,7 +869,8 @@ static PyObject *send_gso(PyObject *self, PyObject *args) {
         }
         if (mac) {  /* this message now, while its payloads are in the cache (see above) */
             int n = send_messages(fd, &msgs[nmsg], 1);
-            if (n <= 0) {  /* a full socket buffer: what left before it */
+            if (n <= 0) {  /* a full socket buffer (or any error): what left before it,
+                            * as sendmmsg counts; the error is the next call's */
                 res = PyLong_FromSsize_t(first ? first : -(Py_ssize_t)errno);
                 goto done;
             }
