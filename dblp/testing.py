@@ -1,6 +1,7 @@
 """Run a whole DBLP job (server + members) on loopback in threads: for tests and demos."""
 from __future__ import annotations
 
+import random
 import socket
 import threading
 
@@ -11,19 +12,37 @@ from dblp.wire import CHUNK_BYTES
 
 
 def free_port() -> int:
-    """A loopback port free for UDP and for TCP at once (TCP control binds the UDP port's
-    number too: a port free for UDP alone can be a TCP connection's, and the bind fails)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                try:
-                    u.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
+    """A loopback port free for UDP and for TCP at once, below the kernel's ephemeral range.
+
+    TCP control binds the UDP port's number too: a port free for UDP alone can be a TCP
+    connection's, and the bind fails. A job binds the port some time after it is chosen
+    (a server process imports its libraries first, other processes start meanwhile); a
+    port from the ephemeral range can in that time become any socket's automatic port
+    (a member's, a flooder's, another test's), and the job waits for an aggregator that
+    could not bind. Below the range only an explicit bind can take it.
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t, \
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                t.bind(("127.0.0.1", port))
+                u.bind(("127.0.0.1", port))
+        except OSError:
+            continue
         return port
-    raise OSError("no loopback port free for both UDP and TCP in 100 tries")
+    raise OSError(f"no loopback port below {low} free for both UDP and TCP in 200 tries")
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The lowest port the kernel hands out on its own (32768 where it cannot be read)."""
+    try:
+        with open(path) as f:
+            return max(2048, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def gradients(n_workers: int, rounds: int, numel: int, seed: int = 0) -> list[list[np.ndarray]]:

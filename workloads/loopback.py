@@ -12,30 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from dblp.testing import free_port
+
 from .exchange import transports, uses_dblp
 from .models import DEFAULT_MODEL, MODELS
 from .runlog import unit_dir
-
-
-def free_port() -> int:
-    """A TCP+UDP port free on loopback right now (the transport uses both)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                u.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free loopback port found")
 
 
 def read_jsonl(path: str) -> list[dict]:

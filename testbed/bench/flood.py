@@ -59,6 +59,7 @@ def _role_server(port: int, rounds: int, session: int) -> None:
     srv = dblp.ParameterServer("127.0.0.1", port, N_MEMBERS, "reliable",
                                secret=os.environ["DBLP_SECRET"], session_id=session,
                                round_timeout=30)
+    print(json.dumps({"port": srv.port}), flush=True)  # bound: the driver's cue
     try:
         srv.serve(rounds)
         from dblp import sockfilter
@@ -140,10 +141,18 @@ def armed_flood(port: int, session: int, rounds: int,
     return proc, int(json.loads(line)["port"])
 
 
-def _free_port() -> int:
-    from dblp.testing import free_port
-
-    return free_port()
+def started_server(rounds: int, session: int, env: dict) -> tuple[subprocess.Popen, int]:
+    """The aggregator's process and the port it bound. It binds port 0 and says which:
+    a port chosen free beforehand can be taken before the server binds it (by a flood
+    process's own socket, or by anything else on the machine), and the job then waits
+    for an aggregator that never came."""
+    proc = _spawn("server", 0, rounds, session, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise ExperimentFailed(f"bench flood: the aggregator exited ({proc.wait()}) before "
+                               "binding its port; its error is above")
+    return proc, int(json.loads(line)["port"])
 
 
 def classify(rounds: list[dict], floods: list[dict]) -> list[str]:
@@ -178,11 +187,10 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
 
     plan = block_plan(blocks)
     total = 2 + blocks * (block_rounds + 2)
-    port, session = _free_port(), secrets.randbits(63) | 1
+    session = secrets.randbits(63) | 1
     env = {**os.environ, "DBLP_SECRET": secrets.token_hex(32)}
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the control's target: never read
     sink.bind(("127.0.0.1", 0))
-    target = {"flood": port, "control": sink.getsockname()[1]}
     label = {"flood": "job", "control": "sink"}  # a flood's ``target`` in the document
     armed: list[subprocess.Popen] = []
     procs: list[subprocess.Popen] = []
@@ -191,12 +199,14 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
     flood = None
     block, need, counted, since = -1, 2, 0, 0.0  # block -1: the warm-up
     try:
+        server, port = started_server(total, session, env)
+        procs.append(server)
+        target = {"flood": port, "control": sink.getsockname()[1]}
         # Every flood process armed before the first round: one started during a block
         # would take CPU from that block's rounds for its whole start-up (~0.3 s, a block).
         for k in plan:
             if k != "quiet":
                 armed.append(armed_flood(target[k], session, total, env)[0])
-        procs.append(_spawn("server", port, total, session, env=env))
         procs += [_spawn("member", w, port, total, numel, session, env=env,
                          stdout=subprocess.PIPE if w == 0 else subprocess.DEVNULL)
                   for w in range(N_MEMBERS)]

@@ -58,7 +58,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -66,6 +65,7 @@ import uuid
 from dataclasses import dataclass
 
 from controllers.protocol import ControlClient, StatusRequest
+from dblp.testing import free_port
 from testbed import REPO_ROOT, output
 from testbed.emulation import capabilities, cleanup
 from topologies import TopoGraph
@@ -131,12 +131,6 @@ class HostHandle:
     mac: str
     intf: str
     pid: int
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _mininet_topo(topo: TopoGraph):
@@ -265,7 +259,9 @@ class Fabric:
         from mininet.node import RemoteController
 
         setLogLevel("error")
-        self.of_port = _free_tcp_port()
+        # Below the ephemeral range: the switches' own connections cannot take it
+        # before the controller binds it.
+        self.of_port = free_port()
         self.net = self._new_net()
         self.net.addController(RemoteController("c0", ip=self.of_host, port=self.of_port))
         self.net.build()
