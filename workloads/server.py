@@ -25,6 +25,7 @@ from dblp.wire import DEFAULT_PORT
 from . import exchange as ex
 from .control import RoundAnnouncer
 from .dblp_exchange import load_transport_config
+from .leave import leave
 from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, num_params
 from .runlog import RunLog
 from .worker import DEFAULT_ROUNDS, _env_int
@@ -137,4 +138,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -25,6 +25,7 @@ from dblp import wire
 from . import exchange as ex
 from .control import RoundAnnouncer
 from .integrations import FLAT, INTEGRATIONS, make_integration, refusal
+from .leave import leave
 from .models import (
     DEFAULT_MODEL,
     LR_SCHEDULES,
@@ -244,4 +245,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
