@@ -20,6 +20,9 @@ with a version it does not know. History:
 * 4: ``round`` gains ``compute_cpu_s`` and ``comm_cpu_s`` (optional): the
   process's CPU seconds in the round's compute and in its exchange, so a
   run can say where its CPU went (the README's CPU budget).
+* 5: ``start`` gains ``pid`` (optional): the process that writes the log. A
+  fork server (``workloads.forkserver``) starts workers and servers, so their
+  command lines no longer say which is which; the log does.
 """
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ import math
 import os
 import sys
 
-SCHEMA_VERSION = 4
-KNOWN_VERSIONS = frozenset({1, 2, 3, 4})
+SCHEMA_VERSION = 5
+KNOWN_VERSIONS = frozenset({1, 2, 3, 4, 5})
 
 #: The directory of one unit's logs under RUN/raw/<arm>/: ``seed-<seed>``.
 SEED_DIR_PREFIX = "seed-"
@@ -93,6 +96,7 @@ _START = (
     _f("seed", "int", "seed of model init, shards and batch order"),
     _f("t_ns", "int", "time.time_ns() at start"),
     _f("rounds", "int", "rounds to train or serve"),
+    _f("pid", "int", "the process's PID (what stops it)", required=False),
 )
 
 # THE declaration of the raw-log events: event name -> fields.

@@ -16,6 +16,7 @@ events that ``workloads.runlog.EVENTS`` declares to ``--log``.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -92,8 +93,9 @@ def main(argv=None) -> int:
     print(f"server arm={args.arm} listening on {args.host}:{srv.port} for {world} workers, "
           f"{args.rounds} rounds, policy {srv.policy.name} {srv.policy.knobs()}, model {args.model} "
           f"(gradient {grad_bytes(model)} bytes)", file=sys.stderr, flush=True)
-    log.write("start", model=args.model, params=num_params(model), grad_bytes=grad_bytes(model),
-              world_size=world, seed=args.seed, t_ns=time.time_ns(), rounds=args.rounds,
+    log.write("start", pid=os.getpid(), model=args.model, params=num_params(model),
+              grad_bytes=grad_bytes(model), world_size=world, seed=args.seed, t_ns=time.time_ns(),
+              rounds=args.rounds,
               port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), control=cfg.control,
               missing=cfg.missing, rate_bps=cfg.rate_bps, transport=cfg.public_dict())
     announcer = RoundAnnouncer(ex.arm_label(args), seed=args.seed)

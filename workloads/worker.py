@@ -147,7 +147,7 @@ def train(args, log: RunLog) -> dict:
           f"model={args.model}: "
           f"{num_params(model)} parameters, gradient {gbytes} bytes ({gbytes / 1024:.1f} KiB) per round",
           file=sys.stderr, flush=True)
-    log.write("start", model=args.model, params=num_params(model), grad_bytes=gbytes,
+    log.write("start", pid=os.getpid(), model=args.model, params=num_params(model), grad_bytes=gbytes,
               world_size=args.world_size, seed=args.seed, t_ns=time.time_ns(),
               rounds=args.rounds, lr=opt.param_groups[0]["lr"], lr_schedule=args.lr_schedule,
               batch_size=args.batch_size)

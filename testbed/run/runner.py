@@ -43,6 +43,7 @@ from testbed.errors import InputError, MachineError
 from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
 from testbed.run.command import CommandLog
 from testbed.run.fidelity import BottleneckMonitor
+from testbed.run.forkservers import ForkServerError, ForkServers
 from testbed.run.processes import ProcessGroup
 from testbed.rundir import Manifest, new_run_dir, unit_dir, write_burst_schedule, write_dissector
 from workloads.control import RoundAnnouncer
@@ -152,29 +153,49 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
                    f"server {server}, workers {', '.join(workers)}")
         units = run_order(spec)
         clock = RunClock(units)
-        for i, (arm, seed) in enumerate(units):
-            clock.start(i)
-            output.say(clock.start_line(unit_label(arm, seed)))
-            manifest.unit(arm, seed, status="running", started_ns=time.time_ns())
-            try:
-                fidelity = ArmRun(spec, arm, fab, run_dir, server, list(workers), seed,
-                                  clock=clock).run()
-                clock.finish()
-                manifest.unit(arm, seed, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
-            except ArmFailed as exc:
-                # Fail fast: a broken unit usually means a broken fabric or
-                # code, and every later unit would be compared against it.
-                manifest.unit(arm, seed, status="failed", ended_ns=time.time_ns(), error=str(exc))
-                for later in units[i + 1:]:
-                    manifest.unit(*later, status="skipped")
-                output.warn(f"[{unit_label(arm, seed)}] failed:\n{exc}")
-                return "failed"
-            except Interrupted:
-                manifest.unit(arm, seed, status="interrupted", ended_ns=time.time_ns())
-                for later in units[i + 1:]:
-                    manifest.unit(*later, status="skipped")
-                raise
-        return "ok"
+        if any(get_arm(arm).command is None for arm, _ in units):
+            t1 = time.monotonic()
+            forks = ForkServers(fab, run_dir, [server, *workers],
+                                dict(os.environ, OMP_NUM_THREADS="1"))
+            output.say(f"fork servers ready in {time.monotonic() - t1:.1f} s on "
+                       f"{len(forks.servers)} hosts (torch imported once per host)")
+        else:
+            forks = None
+        try:
+            return _run_units(spec, run_dir, manifest, fab, server, list(workers), units, clock,
+                              forks)
+        finally:
+            if forks is not None:
+                forks.close()
+
+
+def _run_units(spec: Spec, run_dir: pathlib.Path, manifest: Manifest, fab, server: str,
+               workers: list[str], units: list[tuple[str, int]], clock: RunClock,
+               forks: ForkServers | None) -> str:
+    """The units one after another on the fabric: "ok", or "failed" at the first that fails."""
+    for i, (arm, seed) in enumerate(units):
+        clock.start(i)
+        output.say(clock.start_line(unit_label(arm, seed)))
+        manifest.unit(arm, seed, status="running", started_ns=time.time_ns())
+        try:
+            fidelity = ArmRun(spec, arm, fab, run_dir, server, workers, seed,
+                              clock=clock, forks=forks).run()
+            clock.finish()
+            manifest.unit(arm, seed, status="ok", ended_ns=time.time_ns(), fidelity=fidelity)
+        except ArmFailed as exc:
+            # Fail fast: a broken unit usually means a broken fabric or
+            # code, and every later unit would be compared against it.
+            manifest.unit(arm, seed, status="failed", ended_ns=time.time_ns(), error=str(exc))
+            for later in units[i + 1:]:
+                manifest.unit(*later, status="skipped")
+            output.warn(f"[{unit_label(arm, seed)}] failed:\n{exc}")
+            return "failed"
+        except Interrupted:
+            manifest.unit(arm, seed, status="interrupted", ended_ns=time.time_ns())
+            for later in units[i + 1:]:
+                manifest.unit(*later, status="skipped")
+            raise
+    return "ok"
 
 
 def run_order(spec: Spec) -> list[tuple[str, int]]:
@@ -206,8 +227,9 @@ class ArmRun:
 
     def __init__(self, spec: Spec, arm: str, fab, run_dir: pathlib.Path,
                  server: str, workers: list[str], seed: int | None = None,
-                 clock: RunClock | None = None):
+                 clock: RunClock | None = None, forks: ForkServers | None = None):
         self.spec, self.fab = spec, fab
+        self.forks = forks   # the run's fork servers (None: every process a new interpreter)
         self.clock = clock   # the whole run's progress, for the round line (None: this unit only)
         self.arm = get_arm(arm)
         self.seed = spec.seed if seed is None else seed
@@ -336,7 +358,18 @@ class ArmRun:
             self.fab.collect()  # logs and captures written on other machines (a cluster)
 
     def _start_workload(self, py: str):
-        """A built-in arm: workloads.server (when the arm has a server) and workloads.worker."""
+        """A built-in arm: workloads.server (when the arm has a server) and workloads.worker,
+        forked by the run's fork servers where it has them."""
+        try:
+            self._start_workload_processes(py)
+        except ForkServerError as exc:
+            raise ArmFailed(f"  {exc}") from None
+
+    def _popen(self, host: str):
+        return self.forks.popen_for(host) if self.forks is not None \
+            else functools.partial(self.fab.popen, host)
+
+    def _start_workload_processes(self, py: str):
         if not self.serverless:
             self.procs.start(
                 "server", [py, "-m", "workloads.server", "--arm", self.arm.transport,
@@ -346,7 +379,7 @@ class ArmRun:
                            "--model", self.spec["training"]["model"],
                            "--seed", str(self.seed)]
                 + self._transport_args("server"),
-                self.raw / "server.out", popen=functools.partial(self.fab.popen, self.server),
+                self.raw / "server.out", popen=self._popen(self.server),
                 env=self._env())
         for rank, host in enumerate(self.workers):
             self.procs.start(
@@ -356,7 +389,7 @@ class ArmRun:
                 + self._common_args() + self._transport_args("worker")
                 + self._integration_args()
                 + ["--eval-every", str(self.spec["training"]["eval_every"])],
-                self.raw / f"worker{rank}.out", popen=functools.partial(self.fab.popen, host),
+                self.raw / f"worker{rank}.out", popen=self._popen(host),
                 env=self._env(rank))
 
     def _start_command(self):

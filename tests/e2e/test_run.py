@@ -134,10 +134,18 @@ def _pid_of(pattern: str) -> int:
     raise AssertionError(f"no process matching {pattern}")
 
 
+def _logged_pid(log: pathlib.Path) -> int:
+    """The PID a worker's or server's log names (a fork server started it: its command
+    line is the fork server's)."""
+    start = json.loads(log.read_text().splitlines()[0])
+    assert start["event"] == "start", start
+    return int(start["pid"])
+
+
 FAULTS = {
-    "kill-worker": lambda out, proc: os.kill(_pid_of(f"{unit_dir(out, 'static')}/worker1.jsonl"),
+    "kill-worker": lambda out, proc: os.kill(_logged_pid(unit_dir(out, 'static') / "worker1.jsonl"),
                                              signal.SIGKILL),
-    "kill-server": lambda out, proc: os.kill(_pid_of(f"{unit_dir(out, 'static')}/server.jsonl"),
+    "kill-server": lambda out, proc: os.kill(_logged_pid(unit_dir(out, 'static') / "server.jsonl"),
                                              signal.SIGKILL),
     "kill-controller": lambda out, proc: os.kill(_pid_of(f"{out}/raw/fabric.json"),
                                                  signal.SIGKILL),

@@ -1,0 +1,229 @@
+"""A run's fork servers: its workers and servers forked on their hosts from warm processes.
+
+One ``workloads.forkserver`` per host of this machine that the run places a
+role on, started when the fabric is up and ready (torch and the rest
+imported) before the first unit starts, so its CPU falls before any unit's
+rounds; stopped with the run. A unit's built-in workers and server are then
+forked there instead of started as new interpreters: its processes begin
+training about 2 s of CPU each sooner (`workloads.forkserver` says why).
+Hosts on other machines (the cluster edition) and users' commands start as
+before, with the host's ``popen``.
+
+A forked process is supervised as a started one is (`Forked` answers what
+``subprocess.Popen`` answers ``testbed.run.processes``): stopped by its PID,
+its exit status as its fork server reaped it. It stays in its fork server's
+process group, which the fabric records and ends on teardown or clean-up,
+so nothing it forked outlives the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from testbed.errors import ExperimentFailed
+
+#: How long a fork server may take to import what it serves (seconds); CPU-bound, on a busy
+#: two-core machine several start at once.
+READY_TIMEOUT_S = 120.0
+#: How long a fork may take to be answered (seconds).
+FORK_TIMEOUT_S = 30.0
+MESSAGE_BYTES = 1 << 16
+
+
+class ForkServerError(ExperimentFailed):
+    """A fork server did not start, or stopped answering (the run fails; its logs stay)."""
+
+
+class Forked:
+    """A process a fork server forked, as the supervision sees a ``subprocess.Popen``."""
+
+    def __init__(self, pid: int, server: ForkServer, args: Sequence[str]):
+        self.pid = pid
+        self.args = list(args)
+        self._server = server
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        code = self._server.wait_exit(self.pid, deadline)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        self.returncode = code
+        return code
+
+
+class ForkServer:
+    """One host's fork server: started with the host's ``popen``, answers on a socket."""
+
+    def __init__(self, name: str, popen: Callable[..., subprocess.Popen], log_path: pathlib.Path,
+                 env: dict):
+        self.name = name
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab", buffering=0) as log:
+            try:
+                self.proc = popen([sys.executable, "-m", "workloads.forkserver"],
+                                  stdin=theirs.fileno(), stdout=log, stderr=subprocess.STDOUT,
+                                  env=env)
+            finally:
+                theirs.close()
+        self._log = log_path
+        self._cond = threading.Condition()
+        self._answers: list[dict] = []
+        self._exits: dict[int, int] = {}
+        self._ready = False
+        self._gone = False
+        self._lock = threading.Lock()  # one request at a time, answered in order
+        self._reader = threading.Thread(target=self._read, name=f"forkserver-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._sock.recv(MESSAGE_BYTES)
+            except OSError:
+                msg = b""
+            with self._cond:
+                if not msg:
+                    self._gone = True
+                    self._cond.notify_all()
+                    return
+                m = json.loads(msg)
+                if "ready" in m:
+                    self._ready = True
+                elif "exit" in m:
+                    self._exits[int(m["pid"])] = int(m["exit"])
+                else:
+                    self._answers.append(m)
+                self._cond.notify_all()
+
+    def wait_ready(self, deadline: float) -> None:
+        with self._cond:
+            while not (self._ready or self._gone) and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            if not self._ready:
+                why = "exited" if self._gone else "did not finish importing in time"
+                raise ForkServerError(f"the fork server on {self.name} {why}; see {self._log}")
+
+    def popen(self, argv: Sequence[str], *, stdout, stderr=None, stdin=None, env: dict | None = None,
+              cwd=None, **_ignored) -> Forked:
+        """Fork ``python -m MODULE ARGS...`` (``argv``) as ``subprocess.Popen`` would start it."""
+        argv = [os.fspath(a) for a in argv]
+        if len(argv) < 3 or argv[1] != "-m":
+            raise ValueError(f"a fork server runs `python -m MODULE ...`, not {argv[:3]}")
+        out = stdout.fileno()
+        err = out if stderr in (None, subprocess.STDOUT) else stderr.fileno()
+        null = os.open(os.devnull, os.O_RDONLY)
+        req = {"module": argv[2], "argv": argv[3:], "env": dict(os.environ if env is None else env),
+               "cwd": os.fspath(cwd) if cwd is not None else os.getcwd()}
+        try:
+            with self._lock:
+                try:
+                    socket.send_fds(self._sock, [json.dumps(req).encode()], [null, out, err])
+                except OSError as exc:
+                    raise ForkServerError(f"the fork server on {self.name} is gone ({exc}); "
+                                          f"see {self._log}") from None
+                answer = self._next_answer(time.monotonic() + FORK_TIMEOUT_S)
+        finally:
+            os.close(null)
+        if "error" in answer:
+            raise ForkServerError(f"the fork server on {self.name}: {answer['error']}")
+        return Forked(int(answer["pid"]), self, argv)
+
+    def _next_answer(self, deadline: float) -> dict:
+        with self._cond:
+            while not self._answers and not self._gone and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            if not self._answers:
+                raise ForkServerError(f"the fork server on {self.name} did not answer; "
+                                      f"see {self._log}")
+            return self._answers.pop(0)
+
+    def exit_status(self, pid: int) -> int | None:
+        """``pid``'s exit status; None while it runs. A fork server that went away cannot say
+        how its running children end: -1 once the child is gone too."""
+        with self._cond:
+            if pid in self._exits:
+                return self._exits[pid]
+            if self._gone and not _alive(pid):
+                return -1
+        return None
+
+    def wait_exit(self, pid: int, deadline: float | None) -> int | None:
+        with self._cond:
+            while True:
+                code = self.exit_status(pid)
+                if code is not None:
+                    return code
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                # A fork server that is gone sends nothing more: look again now and then.
+                self._cond.wait(0.05 if self._gone else left)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the fork server: its socket closed, it exits; a server that hangs is killed."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=1.0)
+        self._sock.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ForkServers:
+    """The run's fork servers, one per host here that holds a role."""
+
+    def __init__(self, fab, run_dir: pathlib.Path, hosts: Sequence[str], env: dict):
+        self.fab = fab
+        self.servers: dict[str, ForkServer] = {}
+        here = [h for h in dict.fromkeys(hosts) if fab.server_of(h) == "local"]
+        try:
+            for h in here:
+                self.servers[h] = ForkServer(
+                    h, lambda argv, _h=h, **kw: fab.popen(_h, argv, **kw),
+                    run_dir / "raw" / f"forkserver-{h}.out", env)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            for s in self.servers.values():
+                s.wait_ready(deadline)
+        except BaseException:
+            self.close()
+            raise
+
+    def popen_for(self, host: str) -> Callable[..., subprocess.Popen | Forked]:
+        """How to start a built-in worker or server on ``host``."""
+        s = self.servers.get(host)
+        if s is None:
+            return lambda argv, **kw: self.fab.popen(host, argv, **kw)
+        return s.popen
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            s.close()

@@ -1,0 +1,106 @@
+"""Workers and servers forked from a warm process (workloads.forkserver, testbed.run.forkservers).
+
+A real fork server on this machine (no namespace: ``subprocess.Popen`` starts
+it, as a host's ``popen`` does on the fabric) forks a real parameter server
+and real workers that train on loopback; what the supervision reads of them
+(PIDs, exit statuses, logs) must be what it reads of started processes.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dblp.testing import free_port
+from testbed.run.forkservers import ForkServer, ForkServerError
+from testbed.run.processes import ProcessGroup
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def fork_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("forkserver") / "forkserver.out"
+    fs = ForkServer("here", subprocess.Popen, log, dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        fs.wait_ready(time.monotonic() + 120)
+        yield fs
+    finally:
+        fs.close()
+
+
+def _events(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_forked_server_and_workers_train_on_loopback_and_end_as_started_ones(fork_server,
+                                                                                 tmp_path):
+    port, rounds = free_port(), 3
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1")
+    common = ["--arm", "reliable", "--rounds", str(rounds), "--model", "digits_cnn", "--seed", "1"]
+    group = ProcessGroup()
+    group.start("server", [sys.executable, "-m", "workloads.server", *common,
+                           "--host", "127.0.0.1", "--log", str(tmp_path / "server.jsonl")],
+                tmp_path / "server.out", popen=fork_server.popen, env=env)
+    for rank in range(2):
+        group.start(f"worker{rank}", [sys.executable, "-m", "workloads.worker", *common,
+                                      "--log", str(tmp_path / f"worker{rank}.jsonl")],
+                    tmp_path / f"worker{rank}.out", popen=fork_server.popen,
+                    env=dict(env, RANK=str(rank)))
+    assert group.wait(["server", "worker0", "worker1"], timeout=120), \
+        {m.name: m.tail() for m in group.members}
+    assert [m.poll() for m in group.members] == [0, 0, 0], {m.name: m.tail() for m in group.members}
+    for m in group.members:
+        events = _events(tmp_path / f"{m.name}.jsonl")
+        assert [e["event"] for e in events].count("round") == rounds
+        assert events[-1]["event"] == "end" and events[-1]["status"] == "ok"
+        # The log names the process the supervision stops by PID: the forked child.
+        assert events[0]["event"] == "start" and events[0]["pid"] == m.pid
+        assert m.pid != fork_server.proc.pid
+    assert "done in" in (tmp_path / "worker0.out").read_text()
+
+
+def test_the_child_has_only_the_environment_it_was_given(fork_server, tmp_path, monkeypatch):
+    # WORLD_SIZE is set here, in the harness, but not in what the server is given.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    with open(tmp_path / "server.out", "ab") as log:
+        p = fork_server.popen([sys.executable, "-m", "workloads.server", "--arm", "reliable"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    assert p.wait(30) == 1
+    assert "--world-size/WORLD_SIZE must be" in (tmp_path / "server.out").read_text()
+
+
+def test_a_killed_child_reports_its_signal_and_a_running_one_times_out(fork_server, tmp_path):
+    env = dict(os.environ, WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    with open(tmp_path / "server.out", "ab") as log:
+        # A server whose one worker never comes: it waits (join_timeout) until killed.
+        p = fork_server.popen([sys.executable, "-m", "workloads.server", "--arm", "reliable",
+                               "--host", "127.0.0.1"], stdout=log, env=env)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(0.5)
+    assert p.poll() is None
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait(10) == -signal.SIGKILL
+    assert p.poll() == -signal.SIGKILL
+
+
+def test_a_module_it_does_not_serve_is_refused_by_name(fork_server, tmp_path):
+    with open(tmp_path / "x.out", "ab") as log, pytest.raises(ForkServerError, match="'os'"):
+        fork_server.popen([sys.executable, "-m", "os"], stdout=log)
+    with open(tmp_path / "x.out", "ab") as log, pytest.raises(ValueError, match="python -m"):
+        fork_server.popen([sys.executable, "script.py"], stdout=log)
+
+
+def test_closing_a_fork_server_ends_it(tmp_path):
+    fs = ForkServer("here", subprocess.Popen, tmp_path / "fs.out", dict(os.environ))
+    fs.wait_ready(time.monotonic() + 120)
+    fs.close()
+    assert fs.proc.returncode == 0
+    with open(tmp_path / "x.out", "ab") as log, pytest.raises(ForkServerError, match="gone"):
+        fs.popen([sys.executable, "-m", "workloads.worker"], stdout=log)
