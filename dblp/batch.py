@@ -194,9 +194,9 @@ class SendBatch:
         Where the C core is built (with libcrypto for a job with a secret: it
         then numbers and tags each row, ``native_mac``), the core builds the rows
         and sends them (``NATIVE.send_gso``: the same bytes); else ``fill`` and
-        ``sendmsg`` here, a GSO message at a time. A full socket buffer stops the
-        send after whole messages; before the first, it raises BlockingIOError,
-        and any other error raises OSError as ``sendmsg`` would.
+        ``sendmsg`` here, a GSO message at a time. An error stops the send after
+        whole messages, which it counts; before the first, it raises as ``sendmsg``
+        would (a full socket buffer: BlockingIOError).
         """
         per = per_message(self.datagram)
         mac = native_mac(sealer, *_pair_of(template, dst))
@@ -215,10 +215,10 @@ class SendBatch:
         for sent, lo in enumerate(range(0, len(buf), step)):
             try:
                 sock.sendmsg([buf[lo:lo + step]], self.segment_cmsg(self.datagram), 0, addr)
-            except (BlockingIOError, InterruptedError):
+            except OSError:
                 if not sent:
                     raise
-                return sent * per
+                return sent * per  # the messages that left, as the C core counts them
         return len(chunks)
 
     def _sockaddr(self, addr) -> bytes | None:
