@@ -50,9 +50,9 @@ class UnitCpu:
     """The machine's and the long-lived processes' CPU through one unit, sampled by the supervisor.
 
     Judged over the unit's rounds only (`window`): the workers' start-up
-    (importing torch, building the model, joining) takes a core each for a
-    few seconds before the first round and decides no figure, so counting it
-    would flag short units for what they do before they measure anything.
+    (forked from the run's fork servers, building the model, joining) and
+    their end decide no figure, so counting them would flag short units for
+    what they do before and after they measure anything.
     """
 
     def __init__(self, controller_pid: int | None = None, read=read_cpu_times):
