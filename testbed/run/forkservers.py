@@ -174,13 +174,14 @@ class ForkServer:
                 self._cond.wait(0.05 if self._gone else left)
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the fork server: its socket closed, it exits; a server that hangs is killed."""
+        """End the fork server: its socket closed, it exits; a server that hangs, or is still
+        importing (an interrupted start: it reads its socket only when ready), is killed."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=timeout if self._ready else 0.0)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

@@ -104,3 +104,12 @@ def test_closing_a_fork_server_ends_it(tmp_path):
     assert fs.proc.returncode == 0
     with open(tmp_path / "x.out", "ab") as log, pytest.raises(ForkServerError, match="gone"):
         fs.popen([sys.executable, "-m", "workloads.worker"], stdout=log)
+
+
+def test_a_fork_server_closed_while_it_imports_is_killed_at_once(tmp_path):
+    # An interrupted run's start: the server reads its socket only once ready.
+    fs = ForkServer("here", subprocess.Popen, tmp_path / "fs.out", dict(os.environ))
+    t0 = time.monotonic()
+    fs.close()
+    assert time.monotonic() - t0 < 2.0
+    assert fs.proc.returncode == -signal.SIGKILL
