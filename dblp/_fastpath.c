@@ -892,6 +892,9 @@ done:
     return res;
 }
 
+/* Two doubles, one SSE2 register (x86-64's baseline; other targets' compilers lower it). */
+typedef double dbl2 __attribute__((vector_size(16)));
+
 /* sum_squares(x) -> float: the sum of x[i]**2 over a float32 buffer, in float64.
  *
  * The order is part of the contract: element i goes to lane i % 8, each lane
@@ -912,14 +915,23 @@ static PyObject *sum_squares(PyObject *self, PyObject *args) {
     }
     const float *v = x.buf;
     Py_ssize_t n = x.len / (Py_ssize_t)sizeof(float), i = 0;
-    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double a[8];
     Py_BEGIN_ALLOW_THREADS
+    /* The eight lanes as four pairs held in registers: with a[8] as the
+     * accumulators the compiler kept them in memory, and every step waited on
+     * a store and a load (0.42 ns an element, cached or not). Each lane still
+     * adds its own elements one after the other. */
+    dbl2 s0 = {0, 0}, s1 = {0, 0}, s2 = {0, 0}, s3 = {0, 0};
     for (; i + 8 <= n; i += 8) {
-        for (int j = 0; j < 8; j++) {
-            double d = (double)v[i + j];
-            a[j] += d * d;
-        }
+        const float *f = v + i;
+        dbl2 d0 = {f[0], f[1]}, d1 = {f[2], f[3]}, d2 = {f[4], f[5]}, d3 = {f[6], f[7]};
+        s0 += d0 * d0;
+        s1 += d1 * d1;
+        s2 += d2 * d2;
+        s3 += d3 * d3;
     }
+    a[0] = s0[0], a[1] = s0[1], a[2] = s1[0], a[3] = s1[1];
+    a[4] = s2[0], a[5] = s2[1], a[6] = s3[0], a[7] = s3[1];
     for (int j = 0; i + j < n; j++) {
         double d = (double)v[i + j];
         a[j] += d * d;
