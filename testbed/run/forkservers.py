@@ -106,6 +106,8 @@ class ForkServer:
                 elif "exit" in m:
                     self._exits[int(m["pid"])] = int(m["exit"])
                 else:
+                    if "pid" in m:  # a new child: an old one's status under a reused PID goes
+                        self._exits.pop(int(m["pid"]), None)
                     self._answers.append(m)
                 self._cond.notify_all()
 
