@@ -132,13 +132,9 @@ def armed_flood(port: int, session: int, rounds: int,
     waiting for `go`, and the UDP port it sends from: started ahead, so a flood block
     begins within a millisecond of the driver's word, not after a Python start-up longer
     than a block of small rounds. `stop` ends it."""
-    proc = _spawn("flood", port, session, rounds, env=env, stdin=subprocess.PIPE)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise ExperimentFailed(f"bench flood: the flood process exited ({proc.wait()}) "
-                               "before it was armed")
-    return proc, int(json.loads(line)["port"])
+    return _spawn_with_port("flood", [port, session, rounds], env,
+                            "the flood process exited ({code}) before it was armed",
+                            stdin=subprocess.PIPE)
 
 
 def started_server(rounds: int, session: int, env: dict) -> tuple[subprocess.Popen, int]:
@@ -146,12 +142,19 @@ def started_server(rounds: int, session: int, env: dict) -> tuple[subprocess.Pop
     a port chosen free beforehand can be taken before the server binds it (by a flood
     process's own socket, or by anything else on the machine), and the job then waits
     for an aggregator that never came."""
-    proc = _spawn("server", 0, rounds, session, env=env)
+    return _spawn_with_port("server", [0, rounds, session], env,
+                            "the aggregator exited ({code}) before binding its port; "
+                            "its error is above")
+
+
+def _spawn_with_port(role: str, args: list, env: dict, gone: str,
+                     stdin=None) -> tuple[subprocess.Popen, int]:
+    """A role's process and the port its first line names; ``gone`` says why there is none."""
+    proc = _spawn(role, *args, env=env, stdin=stdin)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
-        raise ExperimentFailed(f"bench flood: the aggregator exited ({proc.wait()}) before "
-                               "binding its port; its error is above")
+        raise ExperimentFailed("bench flood: " + gone.format(code=proc.wait()))
     return proc, int(json.loads(line)["port"])
 
 
