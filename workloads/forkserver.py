@@ -7,9 +7,10 @@ and 0.9 s importing torch._dynamo (and sympy), which the optimizer's
 constructor pulls in; a unit starts three or four such processes at once on
 this machine's two cores, and they took 3.3-4.1 s from the unit's start to its
 first round. Forked from a process that has done it, they start in a fraction
-of that. This is how PyTorch's DataLoader starts its workers, and how
-multiprocessing's forkserver does: the parent runs no thread of its own and
-touches no tensor, so the child starts from a clean state.
+of that. torch supports a fork after its import (PyTorch's DataLoader
+forks its workers from a process that has imported it, and
+multiprocessing's forkserver works the same way); the parent here starts no
+thread of its own and computes nothing before it forks.
 
 A request is one JSON message, ``{"module": ..., "argv": [...], "env": {...},
 "cwd": ...}``, with three file descriptors (standard input, output and error);
