@@ -12,11 +12,22 @@ composes them.
 
 The configuration (topology, socket path, run dir, bursts) comes from the
 JSON file named by env ``DBLP_FABRIC_CONFIG``; ``controllers.run`` sets it.
+
+Nothing unauthenticated programs a switch: a connection is accepted only
+from the switches' own side (``controllers.ofchannel``: a local socket of
+root's or OVS's user, or one of the fabric's other servers), a DPID that is
+already connected is refused to a second connection (the first keeps the
+switch; when the refused one leaves, the switch's entry stays), and a reply
+counts only on the connection that asked for it, by (DPID, xid) (an
+unsolicited ``PortStatsReply`` is never written). A switch that really
+reconnects closes its old connection first; if its new one arrives before
+the old one's end is seen, it is refused once and OVS retries.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 
@@ -31,6 +42,7 @@ from controllers.compat import (
     set_ev_cls,
 )
 from controllers.control_server import ControlServer
+from controllers.ofchannel import PeerPolicy
 from controllers.protocol import StatusReply, StatusRequest, SwitchStatus
 from topologies import TopoGraph, compute_rules
 from topologies.routing import multipath_bits
@@ -52,7 +64,8 @@ class FabricRouting(BaseApp):
         os.makedirs(self.raw, exist_ok=True)
         self.datapaths = {}      # dpid -> datapath
         self.sw_state = {}       # dpid -> {"name", "connected", "routed", "flows", "connects"}
-        self.waiters = {}        # xid -> [threading.Event, reply]
+        self.waiters = {}        # (dpid, xid) -> [threading.Event, reply, the datapath asked]
+        self.peers = PeerPolicy.from_config(self.cfg)
         self.lock = threading.RLock()  # control requests and burst timers share the state
         self.control = ControlServer(self.cfg["control_socket"], self.control_handlers(), self.lock,
                                      spawn=hub.spawn, logger=self.logger)
@@ -101,34 +114,57 @@ class FabricRouting(BaseApp):
         return msg.xid
 
     def _request(self, dp, msg, timeout=2.0):
-        """Send a request and wait for its reply by xid."""
+        """Send a request and wait for its reply: the one with its xid from this very connection."""
         dp.set_xid(msg)
         ev = threading.Event()  # os-ken's default hub is native threads
-        self.waiters[msg.xid] = [ev, None]
+        key = (dp.id, msg.xid)
+        self.waiters[key] = [ev, None, dp]
         dp.send_msg(msg)
         ev.wait(timeout=timeout)
-        return self.waiters.pop(msg.xid, [None, None])[1]
+        return self.waiters.pop(key, [None, None, None])[1]
 
     def _barrier_wait(self, dp, timeout=2.0):
         return self._request(dp, dp.ofproto_parser.OFPBarrierRequest(dp), timeout)
 
     def _wake(self, msg):
-        w = self.waiters.get(msg.xid)
-        if w:
+        w = self.waiters.get((msg.datapath.id, msg.xid))
+        if w and w[2] is msg.datapath:
             w[1] = msg
             w[0].set()
+
+    def is_current(self, dp) -> bool:
+        """Whether ``dp`` is the connection the controller keeps for its DPID (not a refused one)."""
+        return dp.id is not None and self.datapaths.get(dp.id) is dp
+
+    def _refuse(self, dp, why: str):
+        """Close a connection that may not program a switch; it never got a flow."""
+        self.logger.warning("refused OpenFlow connection from %s: %s", dp.address, why)
+        dp.close()
+        try:  # end its read loop now, not at the next socket timeout
+            dp.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def switch_reconnected(self, dp):
         """Hook: a switch came back and has its routes again (the bursts app re-applies meters)."""
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def switch_features_handler(self, ev):
-        dp = ev.msg.datapath
-        try:
-            name = self.topo.switch_by_dpid(dp.id)
-        except KeyError:
-            self.logger.warning("unknown switch DPID %#x connected; ignoring it", dp.id)
+        dp, dpid = ev.msg.datapath, ev.msg.datapath_id
+        why = self.peers.check(dp.socket)
+        if why is not None:
+            self._refuse(dp, f"DPID {dpid:#x}: {why}")
             return
+        try:
+            name = self.topo.switch_by_dpid(dpid)
+        except KeyError:
+            self._refuse(dp, f"DPID {dpid:#x} is no switch of {self.topo.name}")
+            return
+        held = self.datapaths.get(dpid)
+        if held is not None and held is not dp and held.is_active and held.state != DEAD_DISPATCHER:
+            self._refuse(dp, f"switch {name} ({dpid:#x}) is already connected from {held.address}")
+            return
+        dp.id = dpid
         st = self.sw_state.setdefault(dp.id, {"name": name, "connects": 0})
         st.update(connected=True, routed=False)
         st["connects"] += 1
@@ -143,7 +179,7 @@ class FabricRouting(BaseApp):
     def barrier_reply_handler(self, ev):
         dp = ev.msg.datapath
         st = self.sw_state.get(dp.id)
-        if st is not None and st.get("barrier_xid") == ev.msg.xid:
+        if st is not None and self.is_current(dp) and st.get("barrier_xid") == ev.msg.xid:
             st["routed"] = True
             st["routed_ns"] = time.time_ns()
         self._wake(ev.msg)
@@ -151,12 +187,14 @@ class FabricRouting(BaseApp):
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def error_msg_handler(self, ev):
         m = ev.msg
+        if not self.is_current(m.datapath):  # a refused or half-open connection's say
+            return
         self.logger.error("OpenFlow error from %#x: type=%s code=%s", m.datapath.id, m.type, m.code)
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def state_change_handler(self, ev):
         dp = ev.datapath
-        if ev.state == DEAD_DISPATCHER and dp.id in self.sw_state:
+        if ev.state == DEAD_DISPATCHER and dp.id in self.sw_state and self.is_current(dp):
             self.sw_state[dp.id].update(connected=False, routed=False)
             self.datapaths.pop(dp.id, None)
             self.logger.warning("switch %s (%#x) disconnected", self.sw_state[dp.id]["name"], dp.id)
