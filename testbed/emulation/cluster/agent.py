@@ -26,6 +26,10 @@ reply, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
 - ``{"op": "mkdir", "paths": [...], "under": RUN_DIR}``: folders for the run's files
   there (the run's folder, when the agent made it, goes at ``stop``);
 - ``{"op": "run", "argv": [...], "input": "..."}`` -> ``rc``, ``out``, ``err``;
+- ``{"op": "envfile", "env": {NAME: VALUE}}`` -> ``path``: the variables a command there
+  needs (the job's secret among them) in a file only root reads, which the command
+  sources and removes (`ENV_WRAPPER`); ssh's argv, readable by every user in
+  ``/proc/PID/cmdline``, never holds them. The folder goes at ``stop``;
 - ``{"op": "time"}`` -> ``time_ns``: this machine's clock (the fabric's offset estimate);
 - ``{"op": "stop"}`` -> ``removed`` (then the agent exits).
 """
@@ -33,10 +37,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from testbed.emulation import cleanup
@@ -44,6 +51,20 @@ from testbed.errors import MachineError
 
 #: The agent's first line: the fabric reads it to know the agent started.
 READY = {"ok": True, "agent": "dblp-testbed cluster agent"}
+#: A variable name the environment file may set (a shell's own rule, so sourcing it is exact).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ``sh -c ENV_WRAPPER FILE ARGV...``: export the file's variables, remove it, run ``ARGV``.
+ENV_WRAPPER = 'set -a && . "$0" && set +a && rm -f -- "$0" && exec "$@"'
+
+
+def env_file_text(env: dict) -> str:
+    """``NAME='VALUE'`` lines a POSIX shell sources back to exactly ``env``."""
+    lines = []
+    for name, value in env.items():
+        if not (isinstance(name, str) and ENV_NAME.match(name) and isinstance(value, str)):
+            raise ValueError(f"envfile: {name!r} is not a variable name with a string value")
+        lines.append(f"{name}={shlex.quote(value)}\n")
+    return "".join(lines)
 
 
 def _shells() -> list[tuple[int, str]]:
@@ -135,6 +156,24 @@ class Agent:
             os.makedirs(real, exist_ok=True)
         return {}
 
+    def envfile(self, req: dict) -> dict:
+        """Write the variables of one command into a new 0600 file in the fabric's 0700 folder."""
+        state = self._state()
+        env = req.get("env")
+        if not isinstance(env, dict):
+            raise ValueError("envfile: env must be an object of strings")
+        text = env_file_text(env)
+        folder = os.path.join(cleanup.STATE_DIR, f"env-{state['id']}")
+        if state.get("env_dir") != folder:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            os.chmod(folder, 0o700)
+            state["env_dir"] = folder
+            cleanup.write_state(state["id"], state)
+        fd, path = tempfile.mkstemp(prefix="env-", dir=folder)  # 0600 from its creation
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return {"path": path}
+
     def run(self, req: dict) -> dict:
         argv = req.get("argv")
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
@@ -152,6 +191,8 @@ class Agent:
         _kill_in_hosts(state["processes"])
         try:
             removed = cleanup.clean(only_state=state)
+            if state.get("env_dir"):  # files no command took: they hold the job's secret
+                shutil.rmtree(state["env_dir"], ignore_errors=True)
             made = state.get("run_dir_made")
             if made and os.path.isdir(made):  # the run's files were copied to the first server
                 shutil.rmtree(made, ignore_errors=True)
@@ -169,6 +210,7 @@ class Agent:
     def handle(self, req: dict) -> dict:
         op = req.get("op")
         handler = {"claim": self.claim, "record": self.record, "mkdir": self.mkdir, "run": self.run,
+                   "envfile": self.envfile,
                    "time": lambda _req: {"time_ns": time.time_ns()}, "stop": self.stop}.get(op)
         if handler is None:
             raise ValueError(f"unknown op {op!r}")

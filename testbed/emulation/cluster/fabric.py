@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 
 from testbed.emulation.cleanup import STATE_DIR
+from testbed.emulation.cluster.agent import ENV_WRAPPER
 from testbed.emulation.cluster.nodes import VXLAN_OVERHEAD, SshPlan, node_classes
 from testbed.emulation.cluster.placement import crossing_links, mininet_placer, place_pods
 from testbed.emulation.cluster.preflight import CONNECT_TIMEOUT_S, local_address_towards, preflight
@@ -220,7 +221,13 @@ class ClusterFabric(Fabric):
 
         ssh carries neither the environment nor the working folder, so what
         the caller set (the variables that differ from this process's) goes
-        into the command as ``env NAME=VALUE``, and ``cwd`` as a ``cd``. The
+        to the server's agent over its ssh session's standard input, which
+        writes it into a file only root reads (`agent.Agent.envfile`); the
+        command sources and removes that file before it starts
+        (`agent.ENV_WRAPPER`). Why not ``env NAME=VALUE`` words: they would be
+        ssh's argv here and the remote shell's there, readable by every user
+        in ``/proc/PID/cmdline`` for the command's life, and the job's secret
+        (``DBLP_SECRET``) is one of them. ``cwd`` goes as a ``cd``. The
         fabric's control socket is this machine's: a process there cannot
         reach it, so it is not passed. The run's files the command names
         (``PATH`` or ``--option=PATH`` under the run directory) get their
@@ -230,8 +237,8 @@ class ClusterFabric(Fabric):
         kw = dict(kw)
         env = kw.pop("env", None) or {}
         cwd = kw.pop("cwd", None)
-        own = [f"{k}={v}" for k, v in env.items()
-               if os.environ.get(k) != v and v != str(self.control_socket)]
+        own = {str(k): str(v) for k, v in env.items()
+               if os.environ.get(k) != v and v != str(self.control_socket)}
         words = [str(a) for a in argv]
         paths = [p for w in words for p in (w, w.split("=", 1)[-1])
                  if p.startswith(self.run_dir + os.sep)]
@@ -242,7 +249,10 @@ class ClusterFabric(Fabric):
             self.push(server, [p for p in paths if os.path.isfile(p)])
         if cwd is not None:
             words = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *words]
-        return (["env", *own, *words] if own else words), kw
+        if own:
+            path = self.agents[server].call({"op": "envfile", "env": own})["path"]
+            words = ["sh", "-c", ENV_WRAPPER, path, *words]
+        return words, kw
 
     def push(self, server: str, paths: Sequence[str]) -> None:
         """Files of this run that a command on ``server`` reads (its configuration), copied there."""
@@ -349,7 +359,8 @@ class ClusterFabric(Fabric):
 
     def _controller_extra(self) -> dict:
         """How the controller reaches the other servers: an nft agent on each for their ports
-        (loss rules, queue counters), and how to start a cross-traffic agent in each host there."""
+        (loss rules, queue counters), and how to start a cross-traffic agent in each host there;
+        and the only remote addresses its OpenFlow port accepts (`peer_addresses`)."""
         assert self.ssh is not None
         python = os.path.join(self.project_dir, ".venv", "bin", "python")
         env = ["env", f"PYTHONPATH={self.project_dir}", python, "-m"]
@@ -357,10 +368,28 @@ class ClusterFabric(Fabric):
         cross = {h: self.ssh.command(where, ["mnexec", "-a", str(self.host(h).pid), *env,
                                              "controllers.crosstraffic", "--agent"])
                  for h, where in self.placement.items() if where != LOCAL and not self.topo.isSwitch(h)}
-        return {"remote": {"servers": {name: self.ssh.command(name, agent) for name in self.agents},
+        return {"of_peer_addrs": self.peer_addresses(),
+                "remote": {"servers": {name: self.ssh.command(name, agent) for name in self.agents},
                            "switches": {sw: where for sw, where in self.placement.items()
                                         if where != LOCAL and self.topo.isSwitch(sw)},
                            "cross_agents": cross}}
+
+    def peer_addresses(self) -> list[str]:
+        """Where the other servers' switches connect to the controller from.
+
+        Why both: each server's address as named (``endpoints``) and the source
+        address its own routing picks towards the controller (``ip route get``
+        there), which differs on a machine with several addresses. The
+        controller refuses any other remote peer (``controllers.ofchannel``).
+        """
+        addrs = set()
+        for name in self.agents:
+            addrs.add(self.endpoints[name])
+            p = self.root_run(name, ["ip", "-o", "route", "get", self.of_host])
+            words = p.stdout.split()
+            if p.returncode == 0 and "src" in words[:-1]:
+                addrs.add(words[words.index("src") + 1])
+        return sorted(addrs)
 
     def stop(self):
         try:
