@@ -33,7 +33,18 @@ from testbed.config.spec import Spec
 from testbed.errors import InputError
 from workloads import runlog
 
-RESULTS = REPO_ROOT / "results"
+
+def results_dir() -> pathlib.Path:
+    """Where run directories go without ``--out``: ``results/`` under the working directory.
+
+    Why not under the checkout (`REPO_ROOT`): installed from a wheel, that is
+    site-packages' parent, and runs would land inside the installation. From
+    the repository's root, where the README's commands are run, it is the
+    same ``results/`` as before; `reproduce` and the studies already put
+    their defaults under the working directory's ``results/``. Read when a
+    run starts, not at import, so a ``cd`` (or a test's) counts.
+    """
+    return pathlib.Path.cwd() / "results"
 
 
 class RunDirError(InputError):
@@ -76,7 +87,7 @@ def check_out(out: str | None) -> pathlib.Path | None:
 def new_run_dir(spec: Spec, out: str | None) -> pathlib.Path:
     """Claim a fresh directory atomically; refuse to reuse one that holds anything.
 
-    Without ``--out`` the name is ``results/NAME-TIME``; a run started in the
+    Without ``--out`` the name is ``results/NAME-TIME`` (`results_dir`); a run started in the
     same second (another process, or this one again) takes ``NAME-TIME-2``
     and so on: ``mkdir`` either creates the directory or fails, so two runs
     can never claim the same one. With ``--out``, creating ``raw/`` is the
@@ -85,15 +96,16 @@ def new_run_dir(spec: Spec, out: str | None) -> pathlib.Path:
     try:
         if out is None:
             stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            path, n = RESULTS / f"{spec.name}-{stamp}", 1
+            results = results_dir()
+            results.mkdir(parents=True, exist_ok=True)
+            path, n = results / f"{spec.name}-{stamp}", 1
             while True:
                 try:
                     path.mkdir()
                     break
                 except FileExistsError:
                     n += 1
-                    path = RESULTS / f"{spec.name}-{stamp}-{n}"
+                    path = results / f"{spec.name}-{stamp}-{n}"
         else:
             path = check_out(out)
             path.mkdir(parents=True, exist_ok=True)

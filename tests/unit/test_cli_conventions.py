@@ -69,7 +69,7 @@ def test_quiet_and_verbose_set_what_goes_to_stderr(capsys):
 
 def test_licence_and_citation_agree_with_the_package():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert meta["license"]["text"] == "MIT"
+    assert meta["license"] == "MIT" and meta["license-files"] == ["LICENSE"]  # the SPDX form
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert cff["cff-version"] == "1.2.0" and cff["license"] == "MIT"

@@ -78,7 +78,7 @@ def test_run_directories_of_runs_started_in_the_same_second_do_not_collide(tmp_p
     from testbed import rundir
 
     results = tmp_path / "results"
-    monkeypatch.setattr(rundir, "RESULTS", results)
+    monkeypatch.chdir(tmp_path)
     spec = load(None, PRESETS["smoke"])
     real = rundir._dt.datetime
 
@@ -112,10 +112,19 @@ def test_of_two_runs_given_the_same_empty_out_one_is_refused(tmp_path, monkeypat
 
 
 @pytest.mark.unit
-def test_default_run_directory_is_the_repository_results():
+def test_default_run_directory_is_the_working_directorys_results(tmp_path, monkeypatch):
+    """Installed from a wheel, the package's parent is site-packages: runs go where the user is.
+    From the repository's root (the README's commands) that is the checkout's results/."""
     from testbed import rundir
 
-    assert rundir.RESULTS == pathlib.Path(__file__).resolve().parents[2] / "results"
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    assert rundir.results_dir() == repo / "results"
+    monkeypatch.chdir(tmp_path)
+    assert rundir.results_dir() == tmp_path / "results"
+    spec = load(None, PRESETS["smoke"])
+    made = rundir.new_run_dir(spec, None)
+    assert made.parent == tmp_path / "results" and (made / "spec.toml").is_file()
 
 
 DESCRIPTION = ("tab\tbell\x07 escape\x1b[31m del\x7f\nsecond line\r\n\"quoted\" '''triple''' "
