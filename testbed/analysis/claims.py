@@ -13,7 +13,8 @@ The verdict rule, never read from a point estimate:
   and when the interval could not be computed (the arms did not run, no
   burst rounds, ...), with the reason;
 - **unresolved: too few seeds** for a figure with one value per seed
-  (``Estimator.per_seed``: the accuracy difference) that this many seeds
+  (``Estimator.per_seed``: the training-time cut, time to target and the
+  accuracy difference) that this many seeds
   cannot settle: one seed or seeds with no spread (no interval), or an
   interval that straddles an edge. The verdict's ``too_few_seeds`` says how
   many seeds there were and about how many would let an interval around the
@@ -82,12 +83,14 @@ TARGET_FRACTION = 0.5
 TARGET_FIELD = ("training", "target_accuracy")
 
 DEFINITIONS = {
-    "interval": "figures of rounds (speedups, training-time cut, time to target): 95 % "
-                "percentile bootstrap interval, hierarchical: seeds with replacement, then "
-                "rounds within each drawn seed (one seed: a round bootstrap, blind to "
-                f"seed-to-seed spread); {iv.RESAMPLES} replicates, numpy rng seed {iv.RNG_SEED}. "
-                "The accuracy difference (one value per seed): Student's t over the paired "
-                "per-seed differences; none from one seed or from equal differences",
+    "interval": "the seed is the unit: the training-time cut (one cut per seed), time to "
+                "target (one ratio per seed, on the log scale) and the accuracy difference (one "
+                "difference per seed): 95 % Student t interval over the paired seeds; none from "
+                "one seed or from equal values. The burst speedup (a ratio of medians over every "
+                "seed's burst rounds): 95 % percentile bootstrap interval, hierarchical: seeds "
+                "with replacement, then rounds within each drawn seed (one seed: a round "
+                f"bootstrap, blind to seed-to-seed spread); {iv.RESAMPLES} replicates, numpy rng "
+                f"seed {iv.RNG_SEED}",
     "verdict": "reproduced: the whole 95 % interval inside the claim's region; refuted: the whole "
                "interval outside it; unresolved: otherwise, or no interval (the reason says why); "
                "unresolved, too few seeds: a figure with one value per seed that these seeds "
@@ -248,12 +251,13 @@ def too_few_seeds(interval: iv.Interval | None, region: Region, verdict_reason: 
             return None
         return why, {"seeds": n_short, "needed": None, "edge": None}
     edge = nearest_edge(interval.point, region)
-    if edge is None or interval.method != iv.T_METHOD:   # a bootstrap's width is not a t's
+    if edge is None or interval.method not in iv.T_METHODS:   # a bootstrap's width is not a t's
         return None
     need = iv.seeds_to_clear(interval, edge)
     n, sd = interval.n_seeds, iv.differences_sd(interval)
+    scale = " (log scale)" if iv.T_METHODS[interval.method] else ""
     how = (f"about {need} seeds would let an interval around {interval.point:.3g} clear the "
-           f"edge at {edge:g} (an estimate: the per-seed differences' sd, {sd:.3g}, and the "
+           f"edge at {edge:g} (an estimate: the per-seed values' sd{scale}, {sd:.3g}, and the "
            "point held fixed, Student's t)" if need is not None else
            f"no number of seeds up to {iv.MAX_SEEDS} would let an interval around "
            f"{interval.point:.3g} clear the edge at {edge:g}")

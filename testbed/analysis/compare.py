@@ -30,11 +30,13 @@ runs DBLP's deliberately slowed twin (``dblp-slowed``) beside it in the
 same run and shows that the twin fails.
 
 A reference *directory* (``results/reference/NAME``, a run's kept files with
-its summary.json) asks another question: does the run reproduce it? It does
-when, for every claim and pair, the verdict's label is the reference's and
-the run's point lies inside the reference's 95 % interval (`compare_verdicts`);
-otherwise each line that differs says how, and by how much. Exit 1 when it
-does not reproduce.
+its summary.json) asks another question: is the run consistent with it?
+It is when no claim and pair contradicts the reference (`compare_verdicts`):
+two decisive verdicts (reproduced, refuted) carry the same label, and
+wherever either side is unresolved the two 95 % intervals overlap (a row
+"consistent, underpowered", with about how many seeds would decide). It
+fails only on contradictions: reproduced against refuted, intervals that
+share no value, a claim only one side judged. Exit 1 on a contradiction.
 """
 from __future__ import annotations
 
@@ -176,38 +178,80 @@ def _signed(x: float, unit: str) -> str:
     return ("+" if x >= 0 else "-") + text
 
 
+#: A row's status: the same verdict; no contradiction, but a side that could not decide; or a
+#: contradiction (labels that cannot both hold, intervals that share no value, a side missing).
+SAME, UNDERPOWERED, DIFFERS = "same", "consistent, underpowered", "differs"
+#: Verdicts that decide a claim one way or the other.
+DECISIVE = ("reproduced", "refuted")
+
+
+def _disjoint(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b) and (a["hi"] < b["lo"] or b["hi"] < a["lo"])
+
+
+def _to_decide(*sides: dict | None) -> int | None:
+    """The most seeds either undecided side's verdict estimates would decide it (too_few_seeds)."""
+    needs = [s["too_few_seeds"]["needed"] for s in sides
+             if s and s.get("too_few_seeds") and s["too_few_seeds"].get("needed")]
+    return max(needs) if needs else None
+
+
 def _verdict_row(key: tuple, ref: dict | None, run: dict | None) -> dict:
-    """One claim and pair of the reference or the run: same, or what differs and by how much."""
+    """One claim and pair of the reference or the run: same, consistent but underpowered, or
+    a contradiction, and why.
+
+    The rule, a compare that knows power: two decisive verdicts must carry the same
+    label; where either side is unresolved, the two intervals must share a value. A verdict
+    that one side could not decide is no contradiction: it says the seeds were too few to
+    tell, and the row says about how many would. A not-judged verdict (the emulator
+    saturated) never stands in for a judged one.
+    """
     claim, pair = key
     v = ref or run or {}
     unit = v.get("unit", "")
-    diffs = []
+    diffs, status, need = [], SAME, None
     if run is None:
         diffs.append("not in the run (its arms did not run)")
     elif ref is None:
         diffs.append("not in the reference")
     else:
-        if run["verdict"] != ref["verdict"]:
+        labels = (run["verdict"], ref["verdict"])
+        if "not judged" in labels and labels[0] != labels[1]:
             diffs.append(f"verdict {run['verdict']}, the reference's {ref['verdict']}")
-        if ref["interval"] and run["interval"]:
-            far = _outside(run["interval"]["point"], ref["interval"], unit)
-            if far:
-                diffs.append(far)
-        elif ref["interval"]:
-            diffs.append(f"no point ({run['reason']})")
+            if ref["interval"] and not run["interval"]:
+                diffs.append(f"no point ({run['reason']})")
+        elif all(lab in DECISIVE for lab in labels) and labels[0] != labels[1]:
+            diffs.append(f"verdict {run['verdict']}, the reference's {ref['verdict']}")
+        elif _disjoint(run["interval"], ref["interval"]):
+            far = _outside(run["interval"]["point"], ref["interval"], unit) or ""
+            diffs.append("intervals share no value: the run's "
+                         f"{_span(run['interval'], unit)}, the reference's "
+                         f"{_span(ref['interval'], unit)}" + (f" ({far})" if far else ""))
+        elif labels[0] != labels[1]:
+            status, need = UNDERPOWERED, _to_decide(run, ref)
+    if diffs:
+        status = DIFFERS
     return {"claim": claim, "pair": pair, "unit": unit,
             "reference": ref and {"verdict": ref["verdict"], "interval": ref["interval"]},
             "run": run and {"verdict": run["verdict"], "interval": run["interval"]},
-            "same": not diffs, "differences": diffs}
+            "same": status == SAME, "status": status, "seeds_to_decide": need,
+            "differences": diffs}
+
+
+def _span(interval: dict, unit: str) -> str:
+    from testbed.analysis.answer import point_interval
+    return point_interval(interval, unit)
 
 
 def compare_verdicts(run, reference_dir) -> tuple[bool, list[dict], dict]:
-    """(reproduces, rows, run summary): each claim and pair of the reference against the run's.
+    """(consistent, rows, run summary): each claim and pair of the reference against the run's.
 
-    Reproduces when every row is the same: the verdict's label the
-    reference's and the run's point inside the reference's 95 % interval
-    (a reference verdict without an interval: the label alone). A claim and
-    pair only one side has is a difference.
+    Consistent when no row contradicts the reference (`_verdict_row`'s rule):
+    every decisive verdict the reference's, and wherever either side is
+    unresolved, intervals that overlap. A claim and pair only one side has is
+    a contradiction. ``rows[i]["same"]`` says whether a row is the very same
+    verdict; ``rows[i]["status"]`` whether it is that, consistent but
+    underpowered, or a contradiction.
     """
     summary = read_summary(run)
     ref = read_summary(reference_dir)
@@ -218,20 +262,28 @@ def compare_verdicts(run, reference_dir) -> tuple[bool, list[dict], dict]:
     theirs = {(v["claim"], v["pair"]): v for v in ref["verdicts"]}
     keys = list(theirs) + [k for k in mine if k not in theirs]
     rows = [_verdict_row(k, theirs.get(k), mine.get(k)) for k in keys]
-    return all(r["same"] for r in rows), rows, summary
+    return all(r["status"] != DIFFERS for r in rows), rows, summary
 
 
 def format_verdict_rows(rows: list[dict]) -> list[str]:
-    """One line per claim and pair: 'same' or 'DIFFERS' with what and by how much."""
+    """One line per claim and pair: 'same', 'consistent' (underpowered) or 'DIFFERS', and why."""
     from testbed.analysis.answer import point_interval
     out = []
     for r in rows:
         pair = r["pair"] or "(no pair)"
         side = r["run"] or r["reference"]
         head = f"{r['claim']} {pair}: "
-        if r["same"]:
+        if r["status"] == SAME:
             out.append(f"same     {head}{side['verdict']}, point "
                        f"{point_interval(side['interval'], r['unit'])}")
+        elif r["status"] == UNDERPOWERED:
+            ref, run = r["reference"], r["run"]
+            need = (f"about {r['seeds_to_decide']} seeds would decide"
+                    if r["seeds_to_decide"] else "more seeds would decide")
+            out.append(f"consistent, underpowered {head}{run['verdict']}, point "
+                       f"{point_interval(run['interval'], r['unit'])}; the reference's "
+                       f"{ref['verdict']}, point {point_interval(ref['interval'], r['unit'])}; "
+                       f"the intervals overlap: {need}")
         else:
             out.append(f"DIFFERS  {head}" + "; ".join(r["differences"]))
     return out
@@ -241,8 +293,8 @@ def _compare_dir(run: str, reference: str, json_out: str | None) -> None:
     ok, rows, summary = compare_verdicts(run, reference)
     bad = summary.get("invalid_units", [])
     obj = check_answer({"kind": "compare-reproduce", "schema": ANSWER_SCHEMA, "run": run,
-                        "reference": reference, "reproduces": ok, "verdicts": rows,
-                        "invalid_units": bad})
+                        "reference": reference, "reproduces": ok and all(r["same"] for r in rows),
+                        "consistent": ok, "verdicts": rows, "invalid_units": bad})
 
     def text():
         for line in format_verdict_rows(rows):
@@ -250,14 +302,20 @@ def _compare_dir(run: str, reference: str, json_out: str | None) -> None:
         if bad:
             click.echo(f"the run has {len(bad)} invalid unit(s), left out of its verdicts: "
                        + ", ".join(f"{u['arm']} s{u['seed']}" for u in bad))
-        if ok:
-            click.echo(f"reproduces {reference}: every verdict the same, every point inside the "
-                       "reference's 95 % interval")
+        weak = [r for r in rows if r["status"] == UNDERPOWERED]
+        if ok and not weak:
+            click.echo(f"reproduces {reference}: every verdict the same, no interval apart from "
+                       "the reference's")
+        elif ok:
+            click.echo(f"consistent with {reference}: no verdict contradicts it; {len(weak)} "
+                       f"of {len(rows)} underpowered on one side (an unresolved verdict whose "
+                       "interval overlaps the other's)")
     output.results(obj, json_out, text)
     if not ok:
-        differ = [f"{r['claim']} {r['pair'] or ''}".strip() for r in rows if not r["same"]]
+        differ = [f"{r['claim']} {r['pair'] or ''}".strip() for r in rows
+                  if r["status"] == DIFFERS]
         raise NotReproduced(f"does not reproduce {reference}: {len(differ)} of {len(rows)} "
-                            f"verdict(s) differ ({', '.join(differ)})")
+                            f"verdict(s) contradict it ({', '.join(differ)})")
 
 
 def format_table(rows: list[dict]) -> str:

@@ -427,7 +427,10 @@ def write_reference(path, ref: dict) -> None:
 # ``kind`` says which of the three it is, ``schema`` its version.
 # History:
 #   1: first declared version (the objects of before, plus kind and schema).
-ANSWER_SCHEMA = 1
+#   2: compare-reproduce judges power: ``consistent`` (no contradiction),
+#      ``reproduces`` (every verdict the very same), each row's ``status``
+#      and ``seeds_to_decide``.
+ANSWER_SCHEMA = 2
 #: ``kind`` -> the fields of that object.
 ANSWER_KINDS = ("run", "compare-guard", "compare-reproduce")
 _ANSWER_HEAD = (
@@ -465,7 +468,8 @@ COMPARE_FIGURE_FIELDS = (
 COMPARE_REPRODUCE_FIELDS = (
     *_ANSWER_HEAD,
     Field("run", "str"), Field("reference", "str", doc="the reference directory"),
-    Field("reproduces", "bool", doc="every verdict the same, every point inside the interval"),
+    Field("reproduces", "bool", doc="every verdict the very same as the reference's"),
+    Field("consistent", "bool", doc="no verdict contradicts the reference's (compare.py)"),
     Field("verdicts", "list", doc="COMPARE_VERDICT_FIELDS each"),
     Field("invalid_units", "list", doc="the run's SUMMARY_INVALID_UNIT_FIELDS"),
 )
@@ -473,7 +477,11 @@ COMPARE_VERDICT_FIELDS = (
     Field("claim", "str"), Field("pair", "str", nullable=True), Field("unit", "str"),
     Field("reference", "dict", nullable=True, doc="verdict and interval; null: not in it"),
     Field("run", "dict", nullable=True, doc="verdict and interval; null: not in the run"),
-    Field("same", "bool"), Field("differences", "list", doc="one line each"),
+    Field("same", "bool", doc="the very same verdict"),
+    Field("status", "str", doc="same | consistent, underpowered | differs"),
+    Field("seeds_to_decide", "int", nullable=True,
+          doc="an unresolved side's estimate of the seeds that would decide it; null: none"),
+    Field("differences", "list", doc="one line each (a contradiction's)"),
 )
 
 

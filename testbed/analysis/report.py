@@ -132,10 +132,12 @@ def _intervals_section(s: dict) -> dict:
                                default=0))])
     text = [f"{c}: {w}." for c, w in dict((p["comparison"], p["what"])
                                            for p in s.get("intervals", {}).values()).items()]
-    text.append("burst_speedup: baseline's burst-round median / the arm's; train_time_cut: "
-                "100 x (1 - arm's / baseline's summed round windows); accuracy_delta: final "
-                "accuracy, arm - baseline, in points, paired by seed; time_to_target: baseline's "
-                "/ the arm's wall time to the target accuracy, over the seeds where both reached it.")
+    text.append("burst_speedup: baseline's burst-round median / the arm's (pooled over seeds, "
+                "hierarchical bootstrap); the others have one value per seed and a Student t "
+                "interval over the seeds: train_time_cut: 100 x (1 - arm's / baseline's summed "
+                "round windows), the mean of the seeds' cuts; accuracy_delta: final accuracy, "
+                "arm - baseline, in points; time_to_target: baseline's / the arm's wall time to "
+                "the target accuracy, the geometric mean over the seeds where both reached it.")
     tables = [(["pair", "comparison"] + names + ["seeds"], rows)] if rows else []
     ttt = s.get("time_to_target")
     if ttt:

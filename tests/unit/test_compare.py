@@ -328,38 +328,78 @@ def test_a_run_reproduces_a_reference_with_its_verdicts(runs, tmp_path):
     assert lines[-1].startswith(f"reproduces {ref}: every verdict the same")
 
 
-def test_a_run_that_differs_says_which_and_by_how_much(runs, tmp_path):
-    run = formats.read_summary(runs["r1"])
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+    """A run of two seeds: the figures with one value per seed have their intervals."""
+    run = make_run(tmp_path_factory.mktemp("two") / "run", seeds=(1, 2))
+    build_outputs(run, figures=False)
+    return run
+
+
+def test_a_run_that_contradicts_says_which_and_by_how_much(two_seeds, tmp_path):
+    """Only a contradiction fails (issue 55). The reference's training-time-cut interval lies
+    wholly above the run's (a contradiction); its accuracy verdict is reproduced where the
+    run's is unresolved (consistent, underpowered: no failure)."""
+    run = formats.read_summary(two_seeds)
     ref = json.loads(json.dumps(run))
-    cut = _verdict(run, "train_time_cut")["interval"]["point"]
-    # The reference's interval lies 1 to 3 points below the run's cut; its accuracy verdict
-    # is another label.
-    _verdict(ref, "train_time_cut")["interval"].update(point=cut - 2, lo=cut - 3, hi=cut - 1)
-    _verdict(ref, "accuracy")["verdict"] = "reproduced"
+    hi = _verdict(run, "train_time_cut")["interval"]["hi"]
+    _verdict(ref, "train_time_cut")["interval"].update(point=hi + 2, lo=hi + 1, hi=hi + 3)
+    _verdict(ref, "accuracy").update(verdict="reproduced", interval={
+        "point": 0.1, "lo": -0.2, "hi": 5.0, "n_seeds": 3, "n_samples": 6,
+        "method": "Student t over the paired per-seed differences", "resamples": 0,
+        "level": 0.95, "rng_seed": 1})
     d = _reference_dir(tmp_path, ref)
-    res = _cli("compare", runs["r1"], "--reference", d)
+    res = _cli("compare", two_seeds, "--reference", d)
     assert res.returncode == 1
     lines = res.stdout.splitlines()
-    assert lines[0].startswith("same     burst_speedup")
-    assert lines[1] == (f"DIFFERS  train_time_cut dblp_vs_static: point {cut:.1f} % above the "
-                        f"reference's interval {cut - 2:.1f} % [{cut - 3:.1f} %, {cut - 1:.1f} %] "
-                        "by 1.0 % (difference from its point +2.0 %)")
-    assert lines[2] == ("DIFFERS  accuracy dblp_vs_static: verdict unresolved, the reference's "
-                        "reproduced")
-    assert res.stderr.strip() == (f"dblp-testbed: error: does not reproduce {d}: 2 of 3 "
-                                  "verdict(s) differ (train_time_cut dblp_vs_static, accuracy "
-                                  "dblp_vs_static)")
-    res = _cli("compare", runs["r1"], "--reference", d, "--json")
+    assert lines[0].startswith("same     burst_speedup dblp_vs_static: reproduced")
+    assert lines[1].startswith("DIFFERS  train_time_cut dblp_vs_static: intervals share no "
+                               "value: the run's ")
+    assert f"below the reference's interval {hi + 2:.1f} % [{hi + 1:.1f} %, {hi + 3:.1f} %]" \
+        in lines[1]
+    assert lines[2].startswith("consistent, underpowered accuracy dblp_vs_static: unresolved")
+    assert "the reference's reproduced" in lines[2] and "the intervals overlap" in lines[2]
+    assert res.stderr.strip() == (f"dblp-testbed: error: does not reproduce {d}: 1 of 3 "
+                                  "verdict(s) contradict it (train_time_cut dblp_vs_static)")
+    res = _cli("compare", two_seeds, "--reference", d, "--json")
     assert res.returncode == 1
     obj = formats.check_answer(json.loads(res.stdout))
     assert obj["kind"] == "compare-reproduce"
     assert res.stdout.count("\n") == 1 and obj["reproduces"] is False
-    assert [r["same"] for r in obj["verdicts"]] == [True, False, False]
-    assert obj["verdicts"][2]["differences"] == ["verdict unresolved, the reference's reproduced"]
+    assert obj["consistent"] is False
+    assert [r["status"] for r in obj["verdicts"]] == [
+        compare.SAME, compare.DIFFERS, compare.UNDERPOWERED]
 
 
-def test_a_not_judged_verdict_never_reproduces_a_judged_one(runs, tmp_path):
-    run = formats.read_summary(runs["r1"])
+def _side(verdict, lo=None, hi=None, needed=None):
+    iv = None if lo is None else {"point": (lo + hi) / 2, "lo": lo, "hi": hi, "n_seeds": 3}
+    out = {"verdict": verdict, "interval": iv, "reason": "r", "unit": "%"}
+    if needed:
+        out["too_few_seeds"] = {"seeds": 3, "needed": needed, "edge": 17.0}
+    return out
+
+
+@pytest.mark.parametrize("ref,run,status", [
+    (_side("reproduced", 20, 30), _side("reproduced", 18, 25), compare.SAME),
+    (_side("reproduced", 20, 30), _side("refuted", 1, 5), compare.DIFFERS),
+    (_side("refuted", 1, 5), _side("reproduced", 20, 30), compare.DIFFERS),
+    (_side("reproduced", 20, 30), _side("unresolved", 10, 22, needed=9), compare.UNDERPOWERED),
+    (_side("refuted", 1, 5), _side("unresolved", 10, 22), compare.DIFFERS),     # disjoint
+    (_side("unresolved", 10, 22), _side("unresolved", 15, 25), compare.SAME),
+    (_side("unresolved", 10, 22), _side("unresolved", None), compare.SAME),    # no interval
+    (_side("reproduced", 20, 30), _side("unresolved"), compare.UNDERPOWERED),  # too few seeds
+    (_side("reproduced", 20, 30), _side("not judged"), compare.DIFFERS),
+])
+def test_the_power_rule_fails_only_on_contradictions(ref, run, status):
+    row = compare._verdict_row(("train_time_cut", "dblp_vs_static"), ref, run)
+    assert row["status"] == status and row["same"] == (status == compare.SAME)
+    assert bool(row["differences"]) == (status == compare.DIFFERS)
+    if status == compare.UNDERPOWERED and run.get("too_few_seeds"):
+        assert row["seeds_to_decide"] == 9
+
+
+def test_a_not_judged_verdict_never_reproduces_a_judged_one(two_seeds, tmp_path):
+    run = formats.read_summary(two_seeds)
     ref = _reference_dir(tmp_path, run)
     saturated = json.loads(json.dumps(run))
     for v in saturated["verdicts"]:
@@ -369,8 +409,11 @@ def test_a_not_judged_verdict_never_reproduces_a_judged_one(runs, tmp_path):
     formats.write_summary(d / "summary.json", saturated)
     ok, rows, _ = compare.compare_verdicts(d, ref)
     assert not ok
-    assert rows[1]["differences"] == ["verdict not judged, the reference's unresolved",
-                                      "no point (emulator saturated: ...)"]
+    for row in rows:
+        want = f"verdict not judged, the reference's {row['reference']['verdict']}"
+        assert row["differences"][0] == want and row["status"] == compare.DIFFERS
+        if row["reference"]["interval"]:
+            assert row["differences"][1] == "no point (emulator saturated: ...)"
 
 
 def test_a_committed_reference_reproduces_itself():
@@ -391,7 +434,7 @@ def test_reference_directory_mistakes_are_one_line_exit_2(runs, tmp_path):
 
 @pytest.mark.parametrize("mutate,needle", [
     (lambda o: o.pop("kind"), "kind None is not one of"),
-    (lambda o: o.update(schema=99), "schema 99 is not 1"),
+    (lambda o: o.update(schema=99), f"schema 99 is not {formats.ANSWER_SCHEMA}"),
     (lambda o: o.update(ok="yes"), "field 'ok' must be bool"),
     (lambda o: o["figures"][0].update(guarded=1), "figures[0]: field 'guarded' must be bool"),
     (lambda o: o.update(extra=1), "undeclared field(s) extra"),

@@ -189,7 +189,8 @@ def _v3_summary(tmp_path) -> dict:
     from test_analysis import make_run
 
     from testbed.analysis.pipeline import build_outputs
-    return build_outputs(make_run(tmp_path / "run"), figures=False)
+    # Two seeds: every figure with one value per seed has an interval (issue 55).
+    return build_outputs(make_run(tmp_path / "run", seeds=(1, 2)), figures=False)
 
 
 def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
@@ -202,7 +203,7 @@ def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
         "t_s_median"]
     fig = s["intervals"]["dblp_vs_static"]["figures"]["train_time_cut"]
     assert set(fig["interval"]) == {f.name for f in formats.INTERVAL_FIELDS}
-    assert s["time_to_target"]["per_arm"]["dblp"]["reached"] == 1
+    assert s["time_to_target"]["per_arm"]["dblp"]["reached"] == 2
     assert formats.read_summary(tmp_path / "run")["verdicts"] == s["verdicts"]
 
 

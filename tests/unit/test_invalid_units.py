@@ -124,7 +124,10 @@ def test_per_arm_figures_pool_only_the_valid_units(two_seeds, tmp_path):
         assert s["arms"]["static"][key] == one["arms"]["static"][key], key
     assert s["arms"]["dblp"]["rounds"] == 20     # both of dblp's seeds are valid
     v = _by_pair(s, "train_time_cut")["dblp_vs_static"]
-    assert v["interval"]["n_seeds"] == 1 and v["left_out"][0]["seed"] == 2
+    # One seed left: the cut has one value and no interval (the seed is the unit).
+    assert v["interval"] is None and v["left_out"][0]["seed"] == 2
+    assert v["reason"].startswith("too few seeds (1)")
+    assert v["too_few_seeds"]["seeds"] == 1
 
 
 def test_the_report_and_the_answer_name_the_invalid_unit(two_seeds):
