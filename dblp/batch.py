@@ -585,22 +585,28 @@ def batching_supported() -> bool:
 
 # -- dispatch: runs of DATA as arrays, everything else through Engine.handle ----------------
 def _fast_rows(eng: ReceiveLink, ring: RecvRing, hb: np.ndarray, h: np.ndarray, lo: int, m: int,
-               keep: np.ndarray) -> np.ndarray:
-    """Rows (of ``lo..m-1``) ``Engine.handle`` would pass straight to a receiver's ``on_data``.
+               keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (of ``lo..m-1``) ``Engine.handle`` would pass straight to a receiver's ``on_data``,
+    and the rows whose tags were checked here and failed.
 
     Its checks, for all rows: a valid header for DATA, the MAC (with a secret),
     this session, a known sender (from its pinned address without a secret),
-    this round. A row failing any of them takes ``handle`` itself.
+    this round. A row failing any of them takes ``handle`` itself, except one
+    whose tag failed here: it takes ``Engine.failed_tag``, so no datagram is
+    verified twice (a forged one used to be, three times with the C core).
     """
+    failed = np.zeros(m - lo, bool)
     if eng.round < 0:
-        return np.zeros(m - lo, bool)
+        return failed.copy(), failed
     lens = ring.lens[lo:m]
     fast = keep & data_rows(hb, h, lens, eng.chunk_bytes, ring.fixed(eng.session, eng.round))
     fast &= ring.known_senders(lo, m, h["src"], eng.peers.addrs, pinned=eng.sealer.key is None)
     if eng.sealer.key is not None:
         rows = np.flatnonzero(fast)
-        fast[rows] = _tags_hold(eng, ring, lo + rows, h["src"][rows])
-    return fast
+        ok = _tags_hold(eng, ring, lo + rows, h["src"][rows])
+        fast[rows] = ok
+        failed[rows[~ok]] = True
+    return fast, failed
 
 
 def _tags_hold(eng: ReceiveLink, ring: RecvRing, rows: np.ndarray, srcs: np.ndarray) -> np.ndarray:
@@ -683,21 +689,52 @@ def _native_runs(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> int:
         j, new, dups, bad, aux = NATIVE.take_run(
             data, ring.stride, ring.lens, ring.names, i, m, fixed, src, part, kind, addr,
             eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room, mac)
+        if mac is not None and j < m and new < room \
+                and _run_row(ring, j, fixed, src, part, kind, eng.chunk_bytes):
+            # The core stopped at a row of this run's stream with room left: its tag
+            # failed there. Counted now, so it is never verified again further down.
+            _took(eng, r, new, dups, bad, aux, src, now)
+            eng.failed_tag(ring.view(j), int(ring.lens[j]), ring.addr(j), now)
+            i = j + 1
+            continue
         if j == i:
             break
+        _took(eng, r, new, dups, bad, aux, src, now)
+        i = j
+    return i
+
+
+def _took(eng: ReceiveLink, r, new: int, dups: int, bad: int, aux: int, src: int,
+          now: float) -> None:
+    """What one ``take_run`` call did, in the engine's and the receiver's books."""
+    if new or dups or bad:
         if eng.finals.pending:
             eng.finals.implicit_ack(src, eng.round)
         eng.seen_round = True
-        eng.counters.malformed += bad
-        eng.counters.duplicates += dups
-        if new:
-            if not r.n_have:
-                r.t_first = now
-            r.n_have += new
-            if aux > r.max_pass:
-                r.max_pass = aux
-        i = j
-    return i
+    eng.counters.malformed += bad
+    eng.counters.duplicates += dups
+    if new:
+        if not r.n_have:
+            r.t_first = now
+        r.n_have += new
+        if aux > r.max_pass:
+            r.max_pass = aux
+
+
+_RUN_COLS = np.array([_SRC_OFF, _SRC_OFF + 1, _PART_OFF, _PART_OFF + 1])
+
+
+def _run_row(ring: RecvRing, j: int, fixed: bytes, src: int, part: int, kind: int,
+             chunk_bytes: int) -> bool:
+    """Whether slot ``j`` passes every check ``take_run`` makes before the tag (DATA of
+    this round and of the run's stream): then only its tag can have stopped the core."""
+    hb = ring.header_bytes(j, j + 1)
+    h = hb.view(HEADER_DTYPE).ravel()
+    if not data_rows(hb, h, ring.lens[j:j + 1], chunk_bytes,
+                     np.frombuffer(fixed, np.uint8))[0]:
+        return False
+    want = np.array([src >> 8, src & 0xFF, part >> 8, part & 0xFF], np.uint8)
+    return bool((hb[0, _RUN_COLS] == want).all()) and int(hb[0, _FLAGS_OFF]) & _PULL == kind
 
 
 def deliver(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> None:
@@ -733,7 +770,7 @@ def deliver(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> None:
         keep = eng._fault_rng.random(n) >= eng.fault_rx_drop  # one draw per datagram, as before
     hb = ring.header_bytes(lo, m)
     h = hb.view(HEADER_DTYPE).ravel()
-    fast = _fast_rows(eng, ring, hb, h, lo, m, keep)
+    fast, failed = _fast_rows(eng, ring, hb, h, lo, m, keep)
     kind = hb[:, _FLAGS_OFF] & _PULL
     if fast.all() and (kind == kind[0]).all() and (hb[:, _STREAM_COLS] == hb[0, _STREAM_COLS]).all():
         spans = [(0, n)]  # the common case: one stream's run fills the ring
@@ -754,10 +791,18 @@ def deliver(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> None:
                 continue
         for i in range(a, b):
             if keep[i]:
-                eng.handle(ring.view(lo + i), int(ring.lens[lo + i]), ring.addr(lo + i), None, now)
+                _alone(eng, ring, lo + i, bool(failed[i]), now)
         if (eng.round, eng.session, len(eng.peers.addrs)) != state:
             for i in range(b, n):
                 if keep[i]:
-                    eng.handle(ring.view(lo + i), int(ring.lens[lo + i]), ring.addr(lo + i),
-                               None, now)
+                    _alone(eng, ring, lo + i, bool(failed[i]), now)
             return
+
+
+def _alone(eng: ReceiveLink, ring: RecvRing, i: int, failed: bool, now: float) -> None:
+    """Slot ``i`` through the per-datagram path; one whose tag already failed here (its
+    verdict depends only on its own bytes) is counted as such, not verified again."""
+    if failed:
+        eng.failed_tag(ring.view(i), int(ring.lens[i]), ring.addr(i), now)
+    else:
+        eng.handle(ring.view(i), int(ring.lens[i]), ring.addr(i), None, now)

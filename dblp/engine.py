@@ -21,7 +21,11 @@ which stays for ``batched_io=False``, for fragmented chunks and where GSO is
 refused.
 
 Hostile input: with a job secret every message must carry a valid MAC
-(``wire.Sealer``), checked before anything is parsed; without one, a message
+(``wire.Sealer``), checked before anything is parsed but the session and the
+claimed sender (a message that could not be this job's costs no MAC and no
+key: ``worth_verifying``), once per message; a failed tag is never acted on
+beyond a global budget (``BadSources``), and no address is blocked for a few
+of them (they prove nothing about their source); without one, a message
 claiming a rank must come from that rank's address, pinned at join. Anything
 that does not belong to the current round of this session is counted and
 dropped (``Counters``); messages of the next round are kept in a buffer capped
@@ -70,6 +74,10 @@ __all__ = ["Engine", "TcpControl", "InTransfer", "OutTransfer", "PUSH", "PULL", 
            "PROBING", "DONE", "copies_for_loss", "pack_bitmap", "unpack_bitmap", "stream_order"]
 
 _DATA = int(MsgType.DATA)
+_TYPE_OFF = wire.FIELD_OFFSETS["type"][0]
+_SRC_OFF = wire.FIELD_OFFSETS["src"][0]
+_SESSION_OFF = wire.FIELD_OFFSETS["session"][0]
+_JOIN_TYPES = frozenset((int(MsgType.HELLO), int(MsgType.WELCOME), int(MsgType.CHALLENGE)))
 _INDEX = struct.Struct("!I")
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
 #: A stock Linux kernel's default socket buffer (net.core.wmem_default, rmem_default): the
@@ -472,12 +480,11 @@ class Engine:
         if addr is not None and self.bad.blocked and self.bad.is_blocked(addr, now):
             self.counters.unauthenticated += 1  # a source of bad tags: not even verified
             return
+        if self.sealer.key is not None and n >= HEADER_SIZE and not self.worth_verifying(buf):
+            self.counters.foreign += 1  # another session, or no member: no MAC, no key
+            return
         if not self.sealer.verify(buf, n, self.rank):
-            self.counters.unauthenticated += 1
-            if addr is not None:
-                self.bad.failed(addr, now, self.peers.addrs)
-            if self.joining.on_bad_tag is not None:
-                self.joining.on_bad_tag(buf, n, addr, now)
+            self.failed_tag(buf, n, addr, now)
             return
         try:
             h = wire.unpack_header(buf, n, self.chunk_bytes)
@@ -542,6 +549,30 @@ class Engine:
                 self.counters.duplicates += 1
             elif entry.backoff == 1.0:  # FINAL sent once: an unambiguous RTT sample
                 self.peers.rtt_sample(h.src, now - entry.sent_at)
+
+    def worth_verifying(self, buf) -> bool:
+        """Whether a keyed message could be this job's at all, from its header before the MAC.
+
+        Everything after the join carries the job's session and comes from a
+        member; a join message must be one the installed join handler takes
+        (``Joining.admit``). Anything else is dropped before a MAC or a key
+        derivation costs anything (a forged session would otherwise cost a
+        derivation each), and never reaches a failed-tag diagnosis.
+        """
+        t = buf[_TYPE_OFF]
+        src = int.from_bytes(buf[_SRC_OFF:_SRC_OFF + 2], "big")
+        session = int.from_bytes(buf[_SESSION_OFF:_SESSION_OFF + 8], "big")
+        if t in _JOIN_TYPES:
+            admit = self.joining.admit
+            return admit is not None and admit(t, src, session)
+        return session == self.session and src in self.peers.addrs
+
+    def failed_tag(self, buf, n: int, addr, now: float) -> None:
+        """A message whose tag failed: counted; acted on (the join's refusal and diagnosis)
+        only while the global budget for failed tags allows (``BadSources``)."""
+        self.counters.unauthenticated += 1
+        if self.bad.failed(addr, now, self.peers.addrs) and self.joining.on_bad_tag is not None:
+            self.joining.on_bad_tag(buf, n, addr, now)
 
     def _handle_stale(self, h: wire.Header, buf, n: int, now: float) -> None:
         t = h.type
@@ -680,6 +711,12 @@ class Engine:
         every RTT sample short by the time spent waiting, hence RTOs too small
         and probe timers firing before the reply could arrive.
         """
+        if self.bad.blocked or self.kernel_blocked:
+            # Blocks end on their timer, not at the next read: a blocked source's datagrams
+            # never reach a read (the socket's filter drops them), so a read may never come.
+            before = time.monotonic()
+            self._filter_blocked(before)
+            timeout = min(timeout, self.bad.expire(before) - before)
         # A ring cut short may hold coalesced datagrams the socket no longer signals.
         held = self.ring is not None and self.ring.held()
         events = self.sel.select(0.0 if held else max(0.0, timeout))

@@ -8,6 +8,7 @@ keeps one role's fields and those rules; `dblp.engine.Engine` composes them
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -183,6 +184,8 @@ class Joining:
         "current_conn",
         # f(buf, n, addr, now) for a message whose tag failed (wrong-secret diagnosis)
         "on_bad_tag",
+        # f(type, src, session): whether a join message is worth verifying at all
+        "admit",
     )
 
     def __init__(self, hello_timeout: float):
@@ -192,34 +195,69 @@ class Joining:
         self.hello_timeout = hello_timeout
         self.current_conn: TcpControl | None = None
         self.on_bad_tag: Callable[[Any, int, Any, float], None] | None = None
+        #: Which join messages (by type, claimed sender and session, read before the MAC)
+        #: the installed handler could take: anything else is dropped unverified.
+        self.admit: Callable[[int, int, int], bool] | None = None
 
 
 class BadSources:
-    """Sources that keep sending messages whose tags fail: dropped before verification.
+    """Failed tags: a global budget for the work spent on them, and blocks only under a flood.
 
-    A MAC is the most expensive check a datagram meets, so a flood of forged
-    datagrams would otherwise make the receiver spend its CPU verifying them.
-    A source (address) with more than ``LIMIT`` failed tags within ``WINDOW``
-    seconds is blocked for ``BLOCK`` seconds: its datagrams are counted as
-    unauthenticated and dropped on its address alone. The address of a known
-    peer (pinned at join) is never blocked, so forging a peer's address
-    cannot cut that peer off; it only keeps costing verifications.
+    WireGuard's and QUIC's rule: an unauthenticated datagram is dropped
+    silently and never acted on. A failed tag proves nothing about the source
+    address it arrived from (anyone can forge that address), so a handful of
+    them must never cut off the address of a rank that is about to join
+    (a sniffer that spoofed 65 bad tags from a joining member's address used
+    to lock it out of its job).
+
+    * The work a failed tag may cause beyond its verification (a refusal, a
+      log line, the join's diagnosis) is bounded for all sources together by
+      a token bucket of ``RATE`` failed tags a second (burst ``BURST``):
+      `failed` says whether this one may have it.
+    * Only while that bucket is empty, i.e. under a flood of more failed tags a
+      second than any number of misconfigured members sends, does a source
+      that sends more than ``LIMIT`` of them within ``WINDOW`` seconds get
+      blocked for ``BLOCK`` seconds (its later datagrams are dropped on their
+      address alone, by the socket's kernel filter where there is one), so a
+      single flooding source stops costing verifications. A pinned peer's
+      address and a candidate's (an address a HELLO with a valid tag came
+      from: `trust`) are never blocked.
+    * Blocks expire on a timer (`expire`, which the engine's poll consults),
+      never only inside a socket read that the filter itself would prevent;
+      the tables are bounded (``MAX_SOURCES``, ``MAX_BLOCKED``, ``MAX_TRUSTED``).
     """
 
-    __slots__ = ("windows", "blocked", "keys")
+    __slots__ = ("tokens", "stamp", "windows", "blocked", "keys", "trusted")
 
+    RATE = 10_000.0  # failed tags a second acted on, all sources together
+    BURST = 10_000.0
     LIMIT = 64
     WINDOW = 1.0
     BLOCK = 5.0
-    MAX_SOURCES = 4096  # sources tracked at once (a spoofing flood cannot grow it further)
+    MAX_SOURCES = 4096  # sources counted at once (a spoofing flood cannot grow it further)
+    MAX_BLOCKED = 256  # sources blocked at once (the kernel filter lists each one)
+    MAX_TRUSTED = 4096  # candidate addresses kept (least recently proved forgotten first)
 
     def __init__(self) -> None:
+        self.tokens = self.BURST
+        self.stamp: float | None = None
         self.windows: dict[tuple, list[float]] = {}  # addr -> [window start, failures]
         self.blocked: dict[tuple, float] = {}  # addr -> blocked until
         self.keys: bytes | None = None  # ``blocked`` as dblp.batch.blocked_keys packs them
+        self.trusted: dict[tuple, None] = {}  # addresses a valid HELLO came from, oldest first
 
-    def failed(self, addr, now: float, peers: dict) -> None:
-        """Count one failed tag from ``addr``; block it past the limit (unless it is a peer's)."""
+    def failed(self, addr, now: float, peers: dict) -> bool:
+        """Count one failed tag from ``addr`` (None: a TCP frame); True if the budget allows
+        acting on it (a refusal, a diagnosis), False under a flood, where a source past the
+        limit may be blocked (never a peer's or a candidate's address)."""
+        if self.stamp is not None:
+            self.tokens = min(self.BURST, self.tokens + (now - self.stamp) * self.RATE)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        if addr is None:
+            return False
         addr = (addr[0], addr[1])
         w = self.windows.get(addr)
         if w is None or now - w[0] > self.WINDOW:
@@ -227,10 +265,12 @@ class BadSources:
                 self.windows.clear()
             w = self.windows[addr] = [now, 0.0]
         w[1] += 1
-        if w[1] > self.LIMIT and addr not in peers.values():
+        if w[1] > self.LIMIT and len(self.blocked) < self.MAX_BLOCKED \
+                and addr not in self.trusted and addr not in peers.values():
             self.blocked[addr] = now + self.BLOCK
             del self.windows[addr]
             self.keys = None
+        return False
 
     def is_blocked(self, addr, now: float) -> bool:
         until = self.blocked.get((addr[0], addr[1]))
@@ -241,6 +281,25 @@ class BadSources:
         del self.blocked[(addr[0], addr[1])]
         self.keys = None
         return False
+
+    def expire(self, now: float) -> float:
+        """Lift the blocks that are over; when the next one is (inf: none left)."""
+        for addr, until in list(self.blocked.items()):
+            if now >= until:
+                del self.blocked[addr]
+                self.keys = None
+        return min(self.blocked.values(), default=math.inf)
+
+    def trust(self, addr) -> None:
+        """A HELLO with a valid tag came from ``addr``: a candidate address of a rank, never
+        blocked (a replay from a forged address can make one too, which costs only
+        verifications; the table keeps the most recent ``MAX_TRUSTED``)."""
+        addr = (addr[0], addr[1])
+        self.trusted.pop(addr, None)
+        self.trusted[addr] = None
+        if len(self.trusted) > self.MAX_TRUSTED:
+            del self.trusted[next(iter(self.trusted))]
+        self.forgive(addr)
 
     def forgive(self, addr) -> None:
         """``addr`` proved itself (a rank joined from it): never blocked while it is a peer's."""

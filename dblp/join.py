@@ -27,10 +27,17 @@ nonce of the rank's current join, once per join.
 Without a secret nothing proves who speaks: the challenge still proves the
 address (an off-path sender cannot answer it), and the first pin is final.
 
-A wrong secret is named: an aggregator answers a HELLO whose tag fails with a
-refusal (rate-limited, never larger than the HELLO), and a member that hears
-its aggregator only in tags that fail raises ``TransportError`` within
-``WRONG_SECRET_S`` saying the secrets differ (never what they are).
+A wrong secret is named, but only where nothing unauthenticated can be
+made to act on it (WireGuard's and QUIC's rule: an unauthenticated message is
+dropped and never acted on). An aggregator answers a HELLO whose tag fails
+with a refusal (rate-limited, never larger than the HELLO, within the
+engine's global budget for failed tags); a member that hears its
+aggregator's address only in tags that fail says so once (logger ``dblp``,
+WARNING) and keeps trying: one forged CHALLENGE from that address used to
+abort a join a second later. Either side names the failed tags, as
+context, in its join timeout's error (the secrets differ, unless someone
+forged them), never what the secrets are, and never blames an address for
+them otherwise.
 Payloads are parsed strictly (JSON objects of ints and strings, nothing
 else); anything off is counted and dropped, never raised.
 """
@@ -54,9 +61,6 @@ from .wire import Flag, MsgType
 log = logging.getLogger("dblp")
 
 MAX_NONCES = 64  # joins remembered per rank (replay protection); older ones are forgotten
-#: A member that hears its aggregator only in messages whose tags fail raises this long
-#: after the first of them: the secrets differ (the issue's bound is 2 s).
-WRONG_SECRET_S = 1.0
 #: Refusals (answers to HELLOs whose tags fail) an aggregator sends per second, at most.
 REFUSALS_PER_S = 20
 
@@ -224,6 +228,7 @@ class Rendezvous:
         self.listen = listen
         eng.joining.handler = self.on_join
         eng.joining.on_bad_tag = self.on_bad_tag
+        eng.joining.admit = self.admit
         if listen is not None:
             listen.setblocking(False)
             eng.sel.register(listen, 1, "listen")
@@ -258,6 +263,12 @@ class Rendezvous:
             w["peers"] = {str(r): list(a) for r, a in self.addrs.items()}
         return w
 
+    def admit(self, type_: int, src: int, session: int) -> bool:
+        """Whether a join message is worth a MAC: a HELLO claiming an expected rank (not ours)
+        with this job's session, or none where the launcher did not set one."""
+        return type_ == MsgType.HELLO and src in self.expected and src != self.eng.rank \
+            and (session == self.eng.session or (session == 0 and not self.require_session))
+
     def on_bad_tag(self, buf, n: int, addr, now: float) -> None:
         """A message whose tag failed: if it is a HELLO, refuse it (so its sender learns that the
         secrets differ), at most ``REFUSALS_PER_S`` a second and never larger than the HELLO."""
@@ -278,8 +289,9 @@ class Rendezvous:
         self._refusals[1] += 1
         addr = (addr[0], addr[1])
         if addr not in self.bad_hellos:
-            log.warning("rank %d: a HELLO for rank %d from %s:%d failed authentication: that "
-                        "process has another secret (or none)", eng.rank, h.src, *addr)
+            log.warning("rank %d: a HELLO for rank %d from %s:%d failed authentication: a "
+                        "process with another secret (or none), or a forgery", eng.rank, h.src,
+                        *addr)
             if len(self.bad_hellos) < 64:
                 self.bad_hellos.add(addr)
         refusal = _msg(MsgType.CHALLENGE, {"refused": "tag"}, src=eng.rank, session=0)
@@ -310,6 +322,7 @@ class Rendezvous:
             eng.counters.foreign += 1  # a TCP HELLO belongs on its connection
             return
         addr = (addr[0], addr[1])
+        eng.bad.trust(addr)  # a candidate address of the rank: never blocked
         cookie = self.cookies.make(addr, rank, nonce)
         if answer is None:
             # Not yet proof of anything (it may be a replay): challenge the address it came from.
@@ -387,8 +400,10 @@ class Rendezvous:
             text = f"join: ranks {missing()} did not say HELLO within {timeout} s" \
                 + (" (or did not open TCP control)" if self.want_tcp else "")
             if self.bad_hellos:
+                # Context, not a verdict: anyone can send a bad tag from any address.
                 where = ", ".join(f"{a}:{p}" for a, p in sorted(self.bad_hellos))
-                text += f"; HELLOs from {where} failed authentication: the secrets differ"
+                text += (f"; HELLOs from {where} failed authentication (unauthenticated, so "
+                         "possibly forged): if those are the missing ranks, the secrets differ")
             return text
         self.eng.run_until(self.complete, time.monotonic() + timeout, describe)
 
@@ -406,21 +421,36 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
     is an error only after ``timeout``; but after ``quiet_after`` seconds of it
     the member says so once (logger ``dblp``, WARNING) naming the address it
     is trying, so a missing aggregator is not a silent two-minute hang.
-    ``hint`` says what to check. An aggregator heard only in tags that fail
-    (or that refuses ours) is another secret: TransportError at once, naming it.
+    ``hint`` says what to check. An aggregator's address heard only in tags that
+    fail (or refusing ours) is probably another secret, but a forger can send
+    those too: the member warns once and keeps trying, and its timeout's
+    error names it as context; an authentic CHALLENGE or WELCOME rules it out.
     """
     eng.peers.addrs[server_rank] = server_addr
     got: dict = {}
     hello = dict(hello)
     nonce = hello["nonce"]
     where = f"{server_addr[0]}:{server_addr[1]}"
-    mismatch: list = []  # [first failed answer's time, why], once one arrived
+    suspect: list[str] = []  # why the secrets may differ, from unauthenticated evidence
+    authentic: list[bool] = []  # [True] once an authentic answer came: the secrets match
     keyed = eng.sealer.key is not None
     first_sent: list[float] = []  # when the first HELLO left (its CHALLENGE seeds the RTT)
 
     def send_hello() -> None:
         eng.send_raw(_msg(MsgType.HELLO, hello, src=eng.rank, session=session or 0),
                      server_addr, server_rank)
+
+    def admit(type_: int, src: int, hdr_session: int) -> bool:
+        return type_ != MsgType.HELLO and src == server_rank \
+            and (not session or hdr_session in (0, session))
+
+    def suspect_secrets(why: str) -> None:
+        if suspect or authentic:
+            return
+        suspect.append(why)
+        log.warning("rank %d: messages from the aggregator's address %s fail authentication: "
+                    "%s, or they are forged; still trying until join_timeout=%s s",
+                    eng.rank, where, why, timeout)
 
     def on_join(h, payload, addr, tcp_peer):
         if h.type not in (MsgType.WELCOME, MsgType.CHALLENGE) or h.src != server_rank \
@@ -435,8 +465,11 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
                     if keyed:  # a keyed member's HELLOs verify; a refusal for it is a replay
                         eng.counters.foreign += 1
                     else:
-                        mismatch[:] = [0.0, "the aggregator has a secret and this rank has none"]
+                        suspect_secrets("the aggregator has a secret and this rank has none")
                     return
+                if keyed:
+                    authentic[:] = [True]
+                    suspect.clear()
                 if hello.get("answer") != challenge:
                     if "answer" not in hello and len(first_sent) == 1:  # an unambiguous sample
                         eng.peers.rtt_sample(server_rank, time.monotonic() - first_sent[0])
@@ -453,7 +486,7 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
         got.update(w)
 
     def on_bad_tag(buf, n, addr, now):
-        if addr is None or (addr[0], addr[1]) != server_addr or mismatch:
+        if addr is None or (addr[0], addr[1]) != server_addr or suspect or authentic:
             return
         try:
             h = wire.unpack_header(buf, n, eng.chunk_bytes)
@@ -461,24 +494,25 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
             return
         if h.type in (MsgType.CHALLENGE, MsgType.WELCOME) and h.src == server_rank:
             zero = bytes(buf[n - wire.TAG_SIZE:n]) == wire.ZERO_TAG
-            mismatch[:] = [now, "the aggregator has no secret and this rank has one" if zero
-                           else "the secret differs between this rank and the aggregator"]
-            log.error("rank %d: the aggregator at %s answers, but its messages fail "
-                      "authentication: %s", eng.rank, where, mismatch[1])
+            suspect_secrets("the aggregator has no secret and this rank has one" if zero
+                            else "the secret differs between this rank and the aggregator")
 
     eng.joining.handler = on_join
     eng.joining.on_bad_tag = on_bad_tag
+    eng.joining.admit = admit
     t_start = time.monotonic()
     deadline = t_start + timeout
     warned = quiet_after is None or quiet_after >= timeout
     try:
         while not got:
             now = time.monotonic()
-            if mismatch and now - mismatch[0] >= WRONG_SECRET_S:
-                raise TransportError(f"rank {eng.rank}: the aggregator at {where} cannot "
-                                     f"authenticate this rank: {mismatch[1]} (give every rank "
-                                     "the same DBLP_SECRET / transport config secret)")
             if now >= deadline:
+                if suspect:
+                    raise TransportError(
+                        f"rank {eng.rank}: no WELCOME from the aggregator at {where} (UDP) "
+                        f"within {timeout} s, and its address was heard only in messages that "
+                        f"failed authentication: {suspect[0]}, unless they were forged (give "
+                        "every rank the same DBLP_SECRET / transport config secret)")
                 raise TransportError(f"rank {eng.rank}: no WELCOME from the aggregator at "
                                      f"{where} (UDP) within {timeout} s ({hint})")
             if not warned and quiet_after is not None and now - t_start >= quiet_after:
@@ -492,4 +526,5 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
             eng.poll(0.02)
     finally:
         eng.joining.on_bad_tag = None
+        eng.joining.admit = None  # joined (or given up): join messages now cost no MAC
     return got

@@ -1,6 +1,6 @@
 """Blocked sources dropped by the kernel: a classic BPF filter on the engine's UDP socket.
 
-Why: `dblp.engine_state.BadSources` blocks a source that keeps sending bad
+Why: under a flood `dblp.engine_state.BadSources` blocks a source that keeps sending bad
 tags, and the engine then drops its datagrams by address before verifying
 them. Dropping them in user space still costs the receiver a copy and a turn
 of its receive loop per datagram, and a flood fills the socket's buffer, so

@@ -2,7 +2,8 @@
 
 One Python process sends forged DATA of the running round (the session and
 round as a sniffer sees them, tags it cannot make) to the aggregator as fast
-as it can. The aggregator verifies a source's first bad tags, then drops the
+as it can. The aggregator verifies bad tags within its global budget for
+them; past it (a flood, not a few forgeries) it drops the flooding source's
 rest by address alone (``dblp.engine_state.BadSources``): every round still
 completes with the exact mean.
 """

@@ -1,9 +1,11 @@
-"""A wrong or missing secret is named, quickly, and a job without one says so at start.
+"""A wrong or missing secret is named, and a job without one says so at start.
 
-A member with another secret (or none) used to learn it 6-10 s later as "no
-WELCOME" or "ranks [1] did not say HELLO"; now the member raises within 2 s
-naming the cause (never the secret), and the aggregator's own timeout names
-the addresses whose HELLOs failed authentication.
+A member with another secret (or none) used to learn it only as "no WELCOME"
+or "ranks [1] did not say HELLO". The cause is named (never the secret) in
+the join timeout's error on both sides, as context: messages that fail
+authentication prove nothing about who sent them, so a member no longer
+gives up on them early (one forged CHALLENGE would abort a join; issue 60).
+A member with a short join timeout therefore learns it within that timeout.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def _member_error(server_secret, member_secret, mode="ps"):
     th.start()
     try:
         g = dblp.TransportGroup(*member, "127.0.0.1", port, mode=mode, secret=member_secret,
-                                join_timeout=6)
+                                join_timeout=1.5)
         t0 = time.monotonic()
         with pytest.raises(dblp.TransportError) as err:
             g.allreduce_(np.ones(10, np.float32))
@@ -52,7 +54,7 @@ def _member_error(server_secret, member_secret, mode="ps"):
 
 
 @pytest.mark.parametrize("mode", ["ps", "sharded"])
-def test_a_member_with_another_secret_says_so_within_two_seconds(mode):
+def test_a_member_with_another_secret_says_so_within_its_join_timeout(mode):
     ours, theirs = secrets.token_hex(32), secrets.token_hex(32)
     text, took = _member_error(ours, theirs, mode)
     assert took < 2.0, took
@@ -60,12 +62,12 @@ def test_a_member_with_another_secret_says_so_within_two_seconds(mode):
     assert ours not in text and theirs not in text
 
 
-def test_a_member_without_the_jobs_secret_says_so_within_two_seconds():
+def test_a_member_without_the_jobs_secret_says_so_within_its_join_timeout():
     text, took = _member_error(secrets.token_hex(32), None)
     assert took < 2.0 and "has a secret and this rank has none" in text, (took, text)
 
 
-def test_a_member_with_a_secret_the_aggregator_lacks_says_so_within_two_seconds():
+def test_a_member_with_a_secret_the_aggregator_lacks_says_so_within_its_join_timeout():
     text, took = _member_error(None, secrets.token_hex(32))
     assert took < 2.0 and "has no secret and this rank has one" in text, (took, text)
 
@@ -79,7 +81,7 @@ def test_the_aggregator_names_the_hellos_that_failed_authentication():
                                                        g.allreduce_, np.ones(10, np.float32)))
     th.start()
     try:
-        with pytest.raises(dblp.TransportError, match="failed authentication: the secrets "
+        with pytest.raises(dblp.TransportError, match="failed authentication .*the secrets "
                                                       "differ"):
             srv.serve(1)
     finally:
