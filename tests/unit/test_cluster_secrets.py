@@ -134,7 +134,7 @@ def test_the_env_file_is_root_only_and_sourced_back_exactly_then_removed(tmp_pat
     left = agent.envfile({"env": {"DBLP_SECRET": value}})["path"]
     monkeypatch.setattr(cleanup, "clean", lambda only_state: {"files": []})
     monkeypatch.setattr(cleanup, "release_machine", lambda lock: None)
-    monkeypatch.setattr(agent_mod, "_shells", lambda state=None: [])
+    monkeypatch.setattr(agent_mod, "_shells", lambda state: [])
     monkeypatch.setattr(agent_mod, "_kill_in_hosts", lambda shells: None)
     agent.state.setdefault("processes", [])
     agent.stop()

@@ -16,8 +16,17 @@ from testbed.emulation.cluster.placement import (
     top_tier,
 )
 from testbed.emulation.cluster.preflight import ClusterError, ServerProblem, check_server, preflight
-from testbed.emulation.cluster.servers import LOCAL, Server, ServerError, parse_server, parse_servers
+from testbed.emulation.cluster.servers import (
+    LOCAL,
+    Server,
+    ServerError,
+    SshOptionError,
+    check_ssh_options,
+    parse_server,
+    parse_servers,
+)
 
-__all__ = ["LOCAL", "Server", "ServerError", "parse_server", "parse_servers", "PlacementError",
+__all__ = ["LOCAL", "Server", "ServerError", "SshOptionError", "check_ssh_options", "parse_server",
+           "parse_servers", "PlacementError",
            "place_pods", "pods", "top_tier", "crossing_links", "mininet_placer", "ClusterError",
            "ServerProblem", "check_server", "preflight"]

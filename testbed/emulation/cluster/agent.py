@@ -10,8 +10,9 @@ the fabric's whole life. The agent
   as the owner in the state file, so that machine's own ``dblp-testbed
   clean`` knows the fabric is live while the agent runs and dead after;
 - adds what the fabric makes there to that state (its bridges and tunnel
-  ends by name, its host and switch shells by PID, found as the ssh
-  sessions' children tagged ``mininet:<node>``);
+  ends by name, its host and switch shells by PID, found as the children of
+  the agent's own ssh connection tagged ``mininet:<node>`` with a node the
+  fabric placed there);
 - runs root-namespace commands the fabric sends it (``tc``, ``nft``, ``ip``)
   without a new ssh connection each;
 - when its stdin ends, whether the fabric stopped or its ssh connection died
@@ -67,29 +68,41 @@ def env_file_text(env: dict) -> str:
     return "".join(lines)
 
 
-def _shells() -> list[tuple[int, str]]:
-    """Mininet shells on this machine tagged ``mininet:<node>`` whose parent is an sshd session.
+def _shells(state: dict) -> list[tuple[int, str]]:
+    """This fabric's Mininet shells here: tagged ``mininet:<node>`` for a node it placed on this
+    machine, and started over the agent's own ssh connection.
 
-    Why by parent: the cluster edition starts each node's shell through its
-    own ssh session, so they are not the agent's children; another user's
-    Mininet (started from a terminal, not by ssh) is never taken.
+    Why both: the cluster edition starts each node's shell through an ssh
+    session, so they are not the agent's children; but every session of one
+    fabric to this server shares one multiplexed connection
+    (``nodes.SshPlan``: ``ControlMaster``), whose sshd process on this machine
+    is the parent of each session's command, the agent's included. Another
+    fabric's or another user's Mininet, over ssh or not, hangs under another
+    sshd process (or none), and the node names alone (a fat-tree's are the
+    same in every run) could not tell them apart.
     """
+    ours = _sshd_of(os.getpid())
+    if ours is None:
+        return []
+    nodes = set(state.get("bridges", [])) | set(state.get("hosts", []))
     out = []
     for pid, cl in cleanup.all_processes():
         tag = cl.rsplit(" ", 1)[-1]
-        if tag.startswith("mininet:") and "bash" in cl and _from_sshd(pid):
+        if tag.startswith("mininet:") and tag[len("mininet:"):] in nodes and "bash" in cl \
+                and _sshd_of(pid) == ours:
             out.append((pid, tag))
     return out
 
 
-def _from_sshd(pid: int) -> bool:
+def _sshd_of(pid: int) -> int | None:
+    """The nearest sshd process above ``pid`` (its ssh connection's, on this machine), if any."""
     for _ in range(4):
         pid = cleanup.parent(pid)
         if pid <= 1:
-            return False
+            return None
         if cleanup.cmdline(pid).startswith("sshd"):
-            return True
-    return False
+            return pid
+    return None
 
 
 def _netns(pid: int) -> str:
@@ -137,7 +150,7 @@ class Agent:
             state[key] = sorted(set(state[key]) | set(req.get(key, [])))
         if req.get("shells"):
             known = {r["pid"] for r in state["processes"]}
-            state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells()
+            state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells(state)
                                    if pid not in known]
         cleanup.write_state(state["id"], state)
         return {"shells": len(state["processes"])}
@@ -186,7 +199,7 @@ class Agent:
         if self.state is None:
             return {"removed": {}}
         state, self.state = self.state, None
-        state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells()
+        state["processes"] += [cleanup.record(pid, tag) for pid, tag in _shells(state)
                                if pid not in {r["pid"] for r in state["processes"]}]
         _kill_in_hosts(state["processes"])
         try:

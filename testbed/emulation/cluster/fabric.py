@@ -42,7 +42,7 @@ from testbed.emulation.cluster.agent import ENV_WRAPPER
 from testbed.emulation.cluster.nodes import VXLAN_OVERHEAD, SshPlan, node_classes
 from testbed.emulation.cluster.placement import crossing_links, mininet_placer, place_pods
 from testbed.emulation.cluster.preflight import CONNECT_TIMEOUT_S, local_address_towards, preflight
-from testbed.emulation.cluster.servers import LOCAL, Server
+from testbed.emulation.cluster.servers import LOCAL, Server, check_ssh_options
 from testbed.emulation.fabric import Fabric, _mininet_topo
 from testbed.errors import MachineError
 from topologies import TopoGraph
@@ -174,6 +174,7 @@ class ClusterFabric(Fabric):
         from testbed import REPO_ROOT
 
         self.server_names = list(servers)
+        check_ssh_options(ssh_options)
         self.ssh_options = list(ssh_options)
         self.connect_timeout_s = connect_timeout_s
         self.project_dir = project_dir or str(REPO_ROOT)
@@ -323,8 +324,12 @@ class ClusterFabric(Fabric):
         self.timings["agents_s"] = time.monotonic() - t0
         self.clocks = {name: clock_offset(agent) for name, agent in self.agents.items()}
         super().start()
-        for agent in self.agents.values():
-            agent.call({"op": "record", "shells": True})
+        for name, agent in self.agents.items():
+            found = agent.call({"op": "record", "shells": True})["shells"]
+            placed = sum(1 for where in self.placement.values() if where == name)
+            if found < placed:  # what the agent did not adopt, it would not remove
+                raise MachineError(f"cluster server {name!r}: its agent found {found} of the {placed} "
+                                   f"node shells this fabric started there over its ssh connection")
 
     def _new_net(self):
         from functools import partial

@@ -129,17 +129,26 @@ class Docker:
             return False
 
     def start(self, timeout_s: float = 60) -> None:
+        """The daemon up, its socket root's alone.
+
+        Why: whoever reaches a Docker socket is root on the machine (a
+        container with the host's root mounted). dockerd gives its socket to
+        the ``docker`` group by default; here the socket's group is root's
+        (``--group root``) and its folder is 0700, which also closes a daemon
+        an older checkout started with the default.
+        """
+        os.makedirs(DOCKER_RUN, mode=0o700, exist_ok=True)
+        os.chmod(DOCKER_RUN, 0o700)
         if self.up():
             return
         if shutil.which("dockerd") is None:
             raise MachineError("dockerd is not installed: run ./setup.sh rehearsal")
-        os.makedirs(DOCKER_ROOT, exist_ok=True)
-        os.makedirs(DOCKER_RUN, exist_ok=True)
+        os.makedirs(DOCKER_ROOT, mode=0o700, exist_ok=True)
         self.log("starting the project's Docker daemon")
         log = open(os.path.join(DOCKER_RUN, "dockerd.log"), "ab")
         self.proc = subprocess.Popen(
             ["dockerd", "--data-root", DOCKER_ROOT, "--exec-root", f"{DOCKER_RUN}/exec",
-             "-H", f"unix://{DOCKER_SOCKET}", "--pidfile", f"{DOCKER_RUN}/dockerd.pid",
+             "-H", f"unix://{DOCKER_SOCKET}", "--group", "root", "--pidfile", f"{DOCKER_RUN}/dockerd.pid",
              "--iptables=false", "--ip6tables=false", "--bridge=none"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()

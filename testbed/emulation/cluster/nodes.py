@@ -55,13 +55,13 @@ class SshPlan:
 
     def argv(self, server: str, tty: bool = False) -> list[str]:
         """ssh to ``server``, ending with ``--`` and the destination (the command comes next)."""
-        opts = list(self.options)
+        own = []
         if self.control_dir:
-            opts += ["-o", f"ControlPath={self.control_dir}/%C", "-o", "ControlMaster=auto",
-                     "-o", "ControlPersist=30"]
+            own += ["-o", f"ControlPath={self.control_dir}/%C", "-o", "ControlMaster=auto",
+                    "-o", "ControlPersist=30"]
         if tty:
-            opts.append("-tt")
-        return self.servers[server].ssh_argv(self.connect_timeout_s, opts)
+            own.append("-tt")
+        return self.servers[server].ssh_argv(self.connect_timeout_s, self.options, own)
 
     def command(self, server: str, words: Sequence[str], root: bool = True, tty: bool = False) -> list[str]:
         """The local argv that runs ``words`` on ``server`` (as root when ``root``)."""

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from testbed import REPO_ROOT
 from testbed.emulation.capabilities import ovs_running
-from testbed.emulation.cluster.servers import Server, parse_servers
+from testbed.emulation.cluster.servers import Server, check_ssh_options, parse_servers
 from testbed.errors import MachineError
 
 #: Seconds ssh may take to connect (and finish its handshake) to one server.
@@ -247,6 +247,7 @@ def preflight(servers: Sequence[str], project_dir: str = str(REPO_ROOT),
     ``sessions``: server name -> ssh sessions the fabric will open to it.
     """
     parsed = parse_servers(servers)
+    check_ssh_options(ssh_options)
     revision = local_revision(project_dir)
     need = sessions or {}
     with ThreadPoolExecutor(max_workers=min(16, len(parsed))) as pool:

@@ -4,7 +4,12 @@ Declared once here and read by the spec, the placement and the preflight.
 Why so strict: a server name becomes an argument of ``ssh``; a name that
 starts with ``-`` would be read as an option (``-oProxyCommand=...``) and a
 shell character would reach the remote shell, so only plain user names,
-host names, IPv4 addresses and port numbers pass.
+host names, IPv4 addresses and port numbers pass. The spec's ssh options
+(``[cluster] ssh_options``) are allow-listed for the same reason
+(`check_ssh_options`): ``-oProxyCommand``, ``LocalCommand``, ``-F`` (a
+config file that may hold them), forwardings and the like run commands or
+open channels as root, so only options that choose how to authenticate,
+verify the host and keep the connection pass.
 """
 from __future__ import annotations
 
@@ -23,7 +28,60 @@ USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                      r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 SSH_PORT = 22
+#: ssh flags the spec may give, alone.
+SSH_FLAGS = frozenset({"-4", "-6", "-C", "-q", "-v", "-vv", "-vvv"})
+#: ssh flags the spec may give with a value (``-i KEY`` or ``-iKEY``): a key, ciphers, MACs, an option.
+SSH_FLAGS_WITH_VALUE = frozenset({"-i", "-c", "-m", "-o"})
+#: ``-o`` options the spec may set (ssh_config(5) names, case-insensitive): how to authenticate,
+#: how to check the host's key, how to keep the connection. None runs a command or opens a channel.
+SSH_OPTIONS = frozenset(o.lower() for o in (
+    "IdentityFile", "IdentitiesOnly", "CertificateFile", "PubkeyAuthentication",
+    "PubkeyAcceptedAlgorithms", "PubkeyAcceptedKeyTypes", "PreferredAuthentications",
+    "PasswordAuthentication", "KbdInteractiveAuthentication", "GSSAPIAuthentication", "BatchMode",
+    "UserKnownHostsFile", "GlobalKnownHostsFile", "StrictHostKeyChecking", "HostKeyAlias",
+    "HostKeyAlgorithms", "CheckHostIP", "UpdateHostKeys", "ConnectTimeout", "ConnectionAttempts",
+    "ServerAliveInterval", "ServerAliveCountMax", "TCPKeepAlive", "Ciphers", "MACs", "KexAlgorithms",
+    "Compression", "AddressFamily", "IPQoS", "LogLevel", "RekeyLimit"))
 FORM = '"local" first, then "[user@]host[:port]" per further machine, e.g. "root@lab2:22"'
+
+
+class SshOptionError(InputError):
+    """An ssh option the cluster refuses; ``option`` is the word as given."""
+
+    def __init__(self, option: str, problem: str):
+        self.option, self.problem = option, problem
+        self.fix = "use only -i KEY, -o with an authentication, host-key or keep-alive option, -c, -m, " \
+                   "-4, -6, -C, -q or -v"
+        super().__init__(f"ssh option {option!r}: {problem}; {self.fix}")
+
+
+def check_ssh_options(options: Sequence[str]) -> None:
+    """Refuse any ssh option outside the allow-list (`SshOptionError` naming it), one word at a time."""
+    words = list(options)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not isinstance(word, str) or not word or "\n" in word:
+            raise SshOptionError(str(word), "not a one-line string")
+        if word in SSH_FLAGS:
+            i += 1
+            continue
+        flag, value = word[:2], word[2:]
+        if flag not in SSH_FLAGS_WITH_VALUE:
+            raise SshOptionError(word, "not an option the cluster lets reach ssh (it may run a command, "
+                                       "read another config or forward a channel)")
+        if not value:
+            if i + 1 >= len(words):
+                raise SshOptionError(word, "its value is missing")
+            i += 1
+            value = words[i]
+        if flag == "-o":
+            key = re.split(r"[=\s]", value.strip(), maxsplit=1)[0]
+            if key.lower() not in SSH_OPTIONS:
+                raise SshOptionError(f"-o{value}" if word == "-o" else word,
+                                     f"{key} is not an ssh_config option the cluster allows "
+                                     "(it may run a command, read another config or forward a channel)")
+        i += 1
 
 
 class ServerError(InputError):
@@ -52,20 +110,23 @@ class Server:
         """``user@host`` (or ``host``): ssh's destination argument."""
         return f"{self.user}@{self.host}" if self.user else self.host
 
-    def ssh_argv(self, connect_timeout_s: float, options: Sequence[str] = ()) -> list[str]:
+    def ssh_argv(self, connect_timeout_s: float, options: Sequence[str] = (),
+                 own: Sequence[str] = ()) -> list[str]:
         """ssh to this server: never a prompt (BatchMode), a bounded connect, no host-key question.
 
         Why ``StrictHostKeyChecking=accept-new``: a first contact with a lab
         machine must not stop at a yes/no prompt nobody answers, while a
         *changed* key (another machine behind the name) still refuses.
         ``options``: more of ssh's own options, before the destination
-        (``-i KEY``, ``-o UserKnownHostsFile=...``).
+        (``-i KEY``, ``-o UserKnownHostsFile=...``), allow-listed (`check_ssh_options`);
+        ``own``: the project's own (``nodes.SshPlan``: multiplexing, a terminal).
         """
         if self.is_local:
             raise ValueError("the local server is reached without ssh")
+        check_ssh_options(options)
         return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout_s))}",
                 "-o", "StrictHostKeyChecking=accept-new", "-o", "LogLevel=ERROR",
-                "-p", str(self.port), *options, "--", self.destination]
+                "-p", str(self.port), *options, *own, "--", self.destination]
 
     def __str__(self) -> str:
         return self.name
