@@ -63,6 +63,10 @@ class RawRun:
         return max(gb) if gb else None
 
 
+#: The longest log line read; an event is a few hundred bytes (issue 60: a hostile line is skipped).
+MAX_LINE = 1 << 20
+
+
 def _read_jsonl(path: pathlib.Path, arm: str, seed: int | None, problems: list[str]) -> list[dict]:
     """The events of one unit's log, each given its unit's ``seed``; a line that is not
     one of `EVENTS`, or names another arm or seed, is skipped and said.
@@ -74,13 +78,18 @@ def _read_jsonl(path: pathlib.Path, arm: str, seed: int | None, problems: list[s
     rel = path.relative_to(path.parents[1 if seed is None else 2]).as_posix()
     rel = f"raw/{rel}"
     with open(path, encoding="utf-8", errors="replace") as fh:
-        for n, line in enumerate(fh, 1):
+        for n, line in enumerate(iter(lambda: fh.readline(MAX_LINE + 1), ""), 1):
+            if len(line) > MAX_LINE:  # skip the rest of it unread into memory at once
+                while line and not line.endswith("\n"):
+                    line = fh.readline(MAX_LINE + 1)
+                problems.append(f"{rel}:{n}: a line over {MAX_LINE} bytes, skipped")
+                continue
             line = line.strip()
             if not line:
                 continue
             try:
                 obj = check_event(json.loads(line))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the parser's depth
                 # A crashed process can leave a truncated last line: keep the rest.
                 problems.append(f"{rel}:{n}: not a JSON line, skipped")
                 continue
