@@ -39,6 +39,7 @@ from testbed.bench.transport_doc import (
     format_row,
     format_table,
 )
+from testbed.cli.options import rate_option
 from testbed.cpustat import CpuTally
 from testbed.emulation.netns import DEFAULT_RATE, NetnsPair
 from testbed.errors import ExperimentFailed
@@ -263,10 +264,12 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config, befo
 @click.option("--reps", type=int, default=5, show_default=True, help="Round trips per row (median).")
 @click.option("--losses", default=",".join(f"{x:g}" for x in DEFAULT_LOSSES), show_default=True,
               help="Comma-separated loss fractions.")
-@click.option("--rate-mbit", type=float, default=100.0, show_default=True)
+@rate_option("rate_mbit", 100.0, "Shaped rate of the veth pair (HTB).", old_names=("--rate-mbit",))
 @click.option("--mbytes", type=float, default=4.0, show_default=True, help="Gradient size (MiB).")
-@click.option("--controls", default="udp,tcp", show_default=True)
-@click.option("--bounds", default="0,0.008,0.408", show_default=True)
+@click.option("--controls", default="udp,tcp", show_default=True,
+              help="Control paths of the DBLP rows, comma-separated: udp and/or tcp.")
+@click.option("--bounds", default="0,0.008,0.408", show_default=True,
+              help="Loss bounds of the DBLP rows (0: reliable), comma-separated fractions in [0, 1).")
 @click.option("--no-gloo", is_flag=True, help="Skip the torch.distributed gloo rows.")
 @click.option("--no-sharded", is_flag=True, help="Skip the DBLP sharded-mode rows.")
 @click.option("--auth", type=click.Choice(["both", "on", "off"]), default="both",

@@ -9,6 +9,7 @@ broke an emulator invariant, `testbed.errors.InvalidUnits`).
 """
 import signal
 import sys
+import warnings
 
 import click
 
@@ -45,13 +46,24 @@ def fail(message: str, code: int = 2):
 
 
 class _Main(LazyGroup):
-    """The one place where a `TestbedError` becomes a line and an exit code."""
+    """The one place where a `TestbedError` becomes a line and an exit code, and where the
+    libraries' warnings are kept off the terminal."""
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except TestbedError as exc:
-            fail(str(exc), exc.exit_code)
+        # A library's warning (matplotlib's UserWarning on an empty plot, a
+        # deprecation) says nothing a user of the command can act on, and it
+        # buried the one line that mattered; -v still shows each, on one line.
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_as_detail
+            try:
+                return super().invoke(ctx)
+            except TestbedError as exc:
+                fail(str(exc), exc.exit_code)
+
+
+def _warning_as_detail(message, category, filename, lineno, file=None, line=None):
+    """`warnings.showwarning` for the command line: the warning at -v only (`output.detail`)."""
+    output.detail(f"{category.__name__}: {message} ({filename}:{lineno})")
 
 
 class _ArmList(click.ParamType):
@@ -71,8 +83,57 @@ class _ArmList(click.ParamType):
         return value
 
 
+def version_lines() -> list[str]:
+    """What `--version` prints: the distribution's version, the commit, whether the C core loaded.
+
+    Why more than the version: 0.1.0 names every commit of this project, and
+    a run's timings move with the C core (`testbed.emulation.capabilities.c_core`),
+    so a bug report or a comparison needs all three. The commit is the one of
+    the checkout the ``testbed`` package was imported from, and only when that
+    is a git checkout: an installed copy has none and says so.
+    """
+    import importlib.metadata
+    import subprocess
+
+    from testbed import REPO_ROOT
+    from testbed.emulation.capabilities import c_core
+
+    try:
+        version = importlib.metadata.version("dblp-testbed")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (the package is not installed)"
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
+                                 text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    rev = git("rev-parse", "HEAD") if (REPO_ROOT / ".git").exists() else None
+    if rev is None:
+        commit = "commit: unknown (not run from a git checkout)"
+    else:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        commit = f"commit: {rev}" + (" (with uncommitted changes)" if dirty else "")
+    core = c_core()
+    loaded = (f"C core: loaded (keyed jobs' tags: {core['mac'] or 'in Python'})" if core["loaded"]
+              else f"C core: NOT loaded ({core['error']}); the transport runs its pure-Python path")
+    return [f"dblp-testbed, version {version}", commit, loaded]
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    for line in version_lines():
+        click.echo(line)
+    ctx.exit()
+
+
 @click.group(cls=_Main, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dblp-testbed", prog_name="dblp-testbed")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version, the git commit and whether dblp's C core loaded, then exit.")
 @click.option("-q", "--quiet", "quiet", count=True, help="Less progress on stderr (results and errors stay).")
 @click.option("-v", "--verbose", "verbose", count=True, help="More progress on stderr (fabric steps).")
 def main(quiet, verbose):
@@ -92,7 +153,8 @@ def main(quiet, verbose):
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default=None,
               help="Base preset (default: 'default'); SPEC_FILE fields override it.")
 @click.option("--out", type=click.Path(), default=None,
-              help="Run directory (must not exist or be empty). Default: results/NAME-TIME.")
+              help="Run directory (must not exist or be empty). Default: results/NAME-TIME "
+                   "under the working directory.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.FIELD=VALUE",
               help="Override any spec field, e.g. --set training.rounds=50 (repeatable).")
 @click.option("--arms", type=_ArmList(), default=None,
@@ -147,13 +209,14 @@ def run(spec_file, preset, out, overrides, arms, rounds, seed, seeds, dry_run, j
               help="Output directory: sweep.csv, sweep.json, report.md.")
 @click.option("--model", default="digits_cnn", show_default=True, help="Model registry name.")
 @click.option("--workers", type=int, default=3, show_default=True, help="Simulated workers.")
-@click.option("--rounds", type=int, default=300, show_default=True)
+@click.option("--rounds", type=int, default=300, show_default=True, help="Training rounds per run.")
 @click.option("--fractions", default="0,0.2,0.4,0.6,0.8", show_default=True,
               help="Forced gradient drop fractions.")
-@click.option("--phases", default="early,middle,late", show_default=True)
+@click.option("--phases", default="early,middle,late", show_default=True,
+              help="Training phases the drop window is placed in, comma-separated.")
 @click.option("--window", type=float, default=0.25, show_default=True,
               help="Share of the rounds one phase window spans.")
-@click.option("--seeds", default="0,1,2", show_default=True)
+@click.option("--seeds", default="0,1,2", show_default=True, help="Seeds, comma-separated.")
 @click.option("--order", type=click.Choice(["random", "tail"]), default="random", show_default=True,
               help="Which chunks go missing: a seeded random subset, or always the tail.")
 def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):

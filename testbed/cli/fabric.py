@@ -17,6 +17,8 @@ import click
 from controllers.bursts import KINDS
 from testbed import output
 from testbed.cli.choices import RegistryChoice
+from testbed.cli.lazy import LazyGroup
+from testbed.cli.options import rate_option
 from testbed.errors import ExperimentFailed, InputError
 from testbed.output import json_option, results
 from topologies import TOPOLOGIES
@@ -58,8 +60,7 @@ topo_option = click.option("--topo", type=RegistryChoice(TOPOLOGIES, sorted), de
                            show_default=True, help="Topology from the registry.")
 k_option = click.option("--k", type=int, default=4, show_default=True,
                         help="Fat-tree arity (even, 4..8).")
-bw_option = click.option("--bw", type=float, default=20.0, show_default=True, metavar="MBIT",
-                         help="Shaped rate of every link (HTB), Mbit/s.")
+bw_option = rate_option("bw", 20.0, "Shaped rate of every link (HTB).", old_names=("--bw",))
 queue_option = click.option("--queue", type=int, default=100, show_default=True, metavar="PKTS",
                             help="Bounded drop-tail queue per port (pfifo limit).")
 
@@ -93,7 +94,7 @@ def doctor(json_out):
     sys.exit(0 if rep["ok"] else 1)
 
 
-@click.group()
+@click.group(cls=LazyGroup)
 def net():
     """Build the routed fabric and check or explore it."""
 
@@ -124,7 +125,7 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, json_out):
     res = {"topology": graph.name, "hosts": len(graph.hosts()), "switches": len(graph.switches()),
            "shaped_mbps": bw, "queue_pkts": queue, "run_dir": run_dir}
     with Fabric(graph, run_dir=run_dir, bw_mbps=bw, queue_pkts=queue,
-                log=output.detail if json_out == "-" else None) as fab:
+                log=output.detail if json_out == output.JSON_STDOUT else None) as fab:
         res["startup_s"] = round(time.monotonic() - t_process, 2)
         res["fabric_startup_s"] = round(fab.startup_s, 2)
         res["datapath"] = fab.datapath
@@ -165,7 +166,9 @@ def net_check(topo, k, bw, queue, goodput_s, flows, out, json_out):
 @k_option
 @bw_option
 @queue_option
-@click.option("--out", type=click.Path(file_okay=False), default=None)
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Run directory for the fabric's logs and control socket "
+                   "(default: a fresh temporary one).")
 def net_cli(topo, k, bw, queue, out):
     """Open Mininet's CLI on the routed fabric (exit it to tear down)."""
     from mininet.cli import CLI
@@ -218,10 +221,12 @@ def clean(dry_run, force, json_out):
               help="Control socket (default: $DBLP_CONTROL_SOCKET, or RUN/control.sock with --run).")
 @click.option("--run", "run_dir", default=None, type=click.Path(file_okay=False),
               help="Run directory of the running experiment.")
-@click.option("--kind", type=RegistryChoice(KINDS), default="loss", show_default=True)
+@click.option("--kind", type=RegistryChoice(KINDS), default="loss", show_default=True,
+              help="Burst kind from the registry (controllers.bursts.KINDS).")
 @click.option("--target", default="server-downlink", show_default=True,
               help="server-downlink, server-uplink, workerN-downlink, core-uplinks, SWITCH:NEIGHBOUR")
-@click.option("--duration-ms", type=float, default=500.0, show_default=True)
+@click.option("--duration-ms", type=float, default=500.0, show_default=True,
+              help="How long the burst lasts, in milliseconds.")
 @click.option("--p", type=float, default=None,
               help=f"loss: drop probability (default {KINDS['loss'].params['p'].default}).")
 @click.option("--rate-mbps", type=float, default=None, help="police: meter rate; congest: cross rate.")
@@ -270,7 +275,8 @@ def burst(sock, run_dir, kind, target, duration_ms, p, rate_mbps, knobs, status)
 @queue_option
 @click.option("--tries", type=int, default=20, show_default=True, help="Round-trigger tries.")
 @json_option
-@click.option("--out", type=click.Path(file_okay=False), default=None)
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Run directory for the fabric's logs (default: a fresh temporary one).")
 def bench_bursts(k, bw, queue, tries, json_out, out):
     """Requested vs measured burst loss and timing on the fat-tree (paced UDP through the target)."""
     from testbed.bench.bursts import run_bench

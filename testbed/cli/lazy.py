@@ -8,6 +8,11 @@ invoked (or its own ``--help`` is asked for). The group's help lists each
 command's first docstring line read from its module's source, so the help
 screen imports none of them either; the command's docstring stays the one
 place its help lives.
+
+Every group of the command line is one (a group without ``lazy`` commands
+too), because resolving a command is also where the old ``--json FILE``
+spelling is rewritten before the command parses its words
+(`testbed.output.legacy_json_args`).
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import importlib.util
 from functools import cache
 
 import click
+
+from testbed.output import has_json_option, legacy_json_args
 
 
 @cache
@@ -57,6 +64,13 @@ class LazyGroup(click.Group):
                 raise RuntimeError(f"{self.lazy[name]} is the command {cmd.name!r}, registered as {name!r}")
             self.add_command(cmd, name)
         return self.commands.get(name)
+
+    def resolve_command(self, ctx, args):
+        """click's lookup; a command with ``--json`` gets its old spelling rewritten first."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not isinstance(cmd, click.Group) and has_json_option(cmd):
+            rest = legacy_json_args(rest)
+        return name, cmd, rest
 
     def listed_help(self, name: str, limit: int = 45) -> str:
         """A command's line in the group's help: for one not loaded yet, from its source.

@@ -9,7 +9,8 @@ so `run` and `report` derive the same files the same way. `dblp-testbed run`,
 
 A failed analysis never costs the run: raw/ stays, the manifest records
 why (``report_error``) and the status is the run's own. A failed run still
-gets its partial outputs: the analysis runs on whatever raw/ holds.
+gets its partial outputs: the analysis runs on whatever raw/ holds, unless
+no unit started (`refused`): then there is nothing to analyse.
 
 The experiment ends with its answer on stdout (`testbed.analysis.answer`):
 the verdict on each claim and pair, then the units that broke an emulator
@@ -38,7 +39,36 @@ def run_and_report(spec: Spec, out: str | None, json_out: str | None = None) -> 
     from testbed.run import runner  # looked up at the call: tests replace run_experiment
 
     finished = runner.run_experiment(spec, out)
+    if finished.status != "ok" and not any_unit_started(finished.run_dir):
+        return refused(finished.status, finished.run_dir, json_out)
     return finish(finished.status, report_kept(finished.run_dir), finished.run_dir, json_out)
+
+
+def any_unit_started(run_dir: pathlib.Path) -> bool:
+    """Whether the manifest has a unit past "pending"/"skipped"; True when it cannot be read,
+    so a doubt leads to the full analysis rather than to silence."""
+    from testbed.rundir import ManifestError, read_manifest
+
+    try:
+        units = read_manifest(run_dir)["units"]
+    except ManifestError:
+        return True
+    return any(u["status"] not in ("pending", "skipped") for u in units)
+
+
+def refused(status: str, run_dir: pathlib.Path, json_out: str | None = None) -> str:
+    """End a run that stopped before its first unit: no analysis, no verdict table.
+
+    Why: analysed, an empty raw/ gave a table of "unresolved (no rounds)"
+    rows and the plots' warnings around the one line that said why the run
+    stopped (the runner's, e.g. a cluster server that cannot be reached).
+    That line and the run directory were already said; only ``--json`` gets
+    its object, so a script still reads one. The status is the run's own.
+    """
+    from testbed.analysis import answer
+
+    output.results(answer.as_json(None, run_dir, status), json_out, lambda: None)
+    return status
 
 
 def finish(status: str, summary: dict | None, run_dir: pathlib.Path,

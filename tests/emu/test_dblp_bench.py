@@ -102,7 +102,7 @@ def test_a_bench_that_fails_part_way_keeps_its_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(transport, "default_configs", lambda *a, **k: [good, bad])
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(transport.transport_cmd,
-                             ["--losses", "0", "--mbytes", "0.25", "--reps", "1", "--json", str(out)])
+                             ["--losses", "0", "--mbytes", "0.25", "--reps", "1", "--json-file", str(out)])
     assert isinstance(res.exception, ExperimentFailed), res.output
     doc = json.loads(out.read_text())
     assert [(r["policy"], r["loss"]) for r in doc["rows"]] == [("reliable", 0.0)]

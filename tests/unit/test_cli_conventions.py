@@ -24,7 +24,8 @@ RESULT_COMMANDS = [("doctor",), ("net", "check"), ("clean",), ("bench", "bursts"
 def test_version_is_the_installed_distribution_version():
     out = subprocess.run(CLI + ["--version"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0
-    assert out.stdout.strip() == f"dblp-testbed, version {importlib.metadata.version('dblp-testbed')}"
+    first = out.stdout.splitlines()[0]
+    assert first == f"dblp-testbed, version {importlib.metadata.version('dblp-testbed')}"
 
 
 @pytest.mark.parametrize("path", RESULT_COMMANDS, ids=" ".join)
@@ -35,8 +36,9 @@ def test_every_result_command_takes_one_json_option(path):
         cmd = cmd.get_command(click.Context(cmd), name)
     opts = [p for p in cmd.params if "--json" in getattr(p, "opts", ())]
     assert len(opts) == 1, path
-    opt = opts[0]
-    assert opt.name == "json_out" and opt.flag_value == "-" and not opt.is_flag
+    assert opts[0].name == "json_stdout" and opts[0].is_flag  # a flag: it takes no word
+    files = [p for p in cmd.params if "--json-file" in getattr(p, "opts", ())]
+    assert len(files) == 1 and not files[0].is_flag, path
 
 
 def test_results_go_to_stdout_as_json_or_text_and_to_a_file(tmp_path, capsys):

@@ -52,7 +52,9 @@ COVERED = {
     "dblp-testbed bench transport": "tests/emu/test_dblp_bench.py",
     "dblp-testbed bench bursts": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",
-    "dblp-testbed --version": "tests/unit/test_cli_conventions.py",
+    "dblp-testbed --version": "tests/unit/test_cli_conventions.py, tests/unit/test_cli_traps.py",
+    'eval "$(_DBLP_TESTBED_COMPLETE=bash_source dblp-testbed)"': "tests/unit/test_cli_traps.py "
+                                                                  "(the script and a completion)",
     "dblp-testbed clean": "tests/emu/test_fabric_cleanup.py",
     "python -m workloads.loopback": "test_loopback_command (below)",
     ".venv/bin/torchrun": "test_torchrun_ddp_command (below); the comparison with gloo: "
