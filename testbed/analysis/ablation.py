@@ -44,14 +44,25 @@ def _label(arm: str, setting: str, value) -> str:
     return f"{arm}@{setting.rsplit('.', 1)[-1]}={value}"
 
 
-def join(out: pathlib.Path, plan: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every finished run's rounds and evals in one pair of frames, points' arms relabelled."""
+def _kept(run_dir: pathlib.Path, name: str) -> pd.DataFrame:
+    """A run's table, or, where only a committed reference's CSV is kept beside the summary
+    (no Parquet), that CSV."""
+    if not (run_dir / f"{name}.parquet").exists() and (run_dir / f"{name}.csv").exists():
+        return pd.read_csv(run_dir / f"{name}.csv")
+    return _read(run_dir, name)
+
+
+def join(out: pathlib.Path, plan: dict, read=_read) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every finished run's rounds and evals in one pair of frames, points' arms relabelled.
+
+    ``read(run_dir, name)``: the run's Parquet tables, or `_kept` for a reference's CSVs.
+    """
     rounds, evals = [], []
     for name, run in plan["runs"].items():
         if run["status"] != "ok":
             continue
         d = out / name
-        r, e = _read(d, "rounds"), _read(d, "evals")
+        r, e = read(d, "rounds"), read(d, "evals")
         if run["setting"] is not None:
             lab = _label(plan["arm"], run["setting"], run["value"])
             r = r[r["arm"] == plan["arm"]].assign(arm=lab)
@@ -325,14 +336,16 @@ def _accuracy_figure(finals: dict, base_finals: dict) -> dict:
 
 
 def rejudge(out: pathlib.Path) -> dict:
-    """The ablation's accuracy intervals computed again from the per-seed final accuracies
-    its summary keeps, with today's estimator; summary, points.csv and report rewritten.
+    """The ablation's intervals computed again with today's estimators; summary, points.csv
+    and report rewritten. Returns the new summary.
 
-    Why only accuracy: the reference keeps the summary, not the runs' rounds,
-    so the figures of rounds (training-time cut, time to target, burst
-    rounds) stay as the ablation computed them; the accuracy difference
-    needs only each seed's final accuracy, which the summary has for every
-    point and baseline. Returns the new summary.
+    Every figure comes again from the rounds and evaluations each run keeps
+    beside the summary (``<run>/rounds.csv``, ``evals.csv``: `join`), against
+    the summary's own target, so a change to how an interval is computed (the
+    seed as the unit) reaches the ablation without running it again. Where the
+    runs' tables are not kept, only the accuracy difference can be computed
+    again: it needs each seed's final accuracy, which the summary has for
+    every point and baseline; the figures of rounds then stay as they were.
     """
     out = pathlib.Path(out)
     doc = read_summary(out)
@@ -341,9 +354,24 @@ def rejudge(out: pathlib.Path) -> dict:
     finals = {b: by_seed(p) for b, p in doc["baseline_points"].items()}
     points = [*doc["baseline_points"].values(),
               *(p for axis in doc["axes"] for p in axis["points"] if not p.get("missing"))]
+    try:
+        # The plan the run side wrote (testbed.run.ablation, PLAN_SCHEMA 1): its runs and arm.
+        plan = json.loads((out / "ablation.json").read_text())
+        rounds, evals = join(out, plan, read=_kept)
+        frames = iv.RunFrames(rounds, evals, doc["target"]["value"])
+    except (InputError, OSError, KeyError, ValueError):
+        frames = None
     for p in points:
         for base, figs in p["against"].items():
-            figs["accuracy_delta"] = _accuracy_figure(by_seed(p), finals[base])
+            if frames is None:
+                figs["accuracy_delta"] = _accuracy_figure(by_seed(p), finals[base])
+                continue
+            for name in FIGURES:
+                try:
+                    figs[name] = {"interval": iv.ESTIMATORS[name](frames, p["arm"], base)
+                                  .to_dict(), "reason": None}
+                except ValueError as exc:
+                    figs[name] = {"interval": None, "reason": str(exc)}
     (out / "ablation-summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     points_table(doc).to_csv(out / "points.csv", index=False)
     (out / "report.md").write_text(text(doc) + "\n")
@@ -366,7 +394,7 @@ def accuracy_verdicts(doc: dict) -> str:
                 continue
             fig = p["against"][first]["accuracy_delta"]
             got = iv.Interval(**fig["interval"]) if fig["interval"] else None
-            v, why = claims.verdict(got, claim.region, fig["reason"] or "")
+            v, why = claims.enough_seeds(got, claims.verdict(got, claim.region, fig["reason"] or ""))
             short = claims.too_few_seeds(got, claim.region, (v, why), None)
             label = v + (": too few seeds" if short else "")
             name = f"{axis['label']} {p['value']}" + (" (the preset's)" if p["base"] else "")

@@ -33,6 +33,11 @@ def point_interval(interval: dict | None, unit: str) -> str:
             f"[{fmt(interval['lo'], unit)}, {fmt(interval['hi'], unit)}]")
 
 
+def paper_cell(v: dict) -> str:
+    """The paper's figure and, where the verdict records it, where the figure comes from."""
+    return f"{v['paper']} ({v['source']})" if v.get("source") else v["paper"]
+
+
 def verdict_label(v: dict) -> str:
     """The verdict as a reader should see it: "not judged" says why in a word, and an
     unresolved verdict of too few seeds how many there were and about how many would do."""

@@ -16,7 +16,8 @@ The verdict rule, never read from a point estimate:
   (``Estimator.per_seed``: the training-time cut, time to target and the
   accuracy difference) that this many seeds
   cannot settle: one seed or seeds with no spread (no interval), or an
-  interval that straddles an edge. The verdict's ``too_few_seeds`` says how
+  interval that straddles an edge, or a decisive interval from fewer than
+  `MIN_DECISIVE_SEEDS` seeds. The verdict's ``too_few_seeds`` says how
   many seeds there were and about how many would let an interval around the
   same point clear the nearest edge (`intervals.seeds_to_clear`, an
   estimate from the observed sd and Student's t);
@@ -82,6 +83,14 @@ TARGET_FRACTION = 0.5
 # The spec field (section, name) that sets the target; 0 or absent: derive it.
 TARGET_FIELD = ("training", "target_accuracy")
 
+#: The fewest seeds a figure with one value per seed is decided on. Why: at two seeds the
+#: interval's width rests on one degree of freedom, so a narrow one is mostly luck. Student's
+#: t covers 95 % on average at any count, but the narrowest tenth of two-seed intervals covers
+#: 52 % of the time (three seeds: 62 %, with the interval about half as variable), in a
+#: simulation of 200,000 normal pairs; and the coverage tests (test_intervals) check three
+#: and five seeds. Fewer seeds than this: "unresolved: too few seeds", however narrow.
+MIN_DECISIVE_SEEDS = 3
+
 DEFINITIONS = {
     "interval": "the seed is the unit: the training-time cut (one cut per seed), time to "
                 "target (one ratio per seed, on the log scale) and the accuracy difference (one "
@@ -94,10 +103,14 @@ DEFINITIONS = {
     "verdict": "reproduced: the whole 95 % interval inside the claim's region; refuted: the whole "
                "interval outside it; unresolved: otherwise, or no interval (the reason says why); "
                "unresolved, too few seeds: a figure with one value per seed that these seeds "
-               "cannot settle (too_few_seeds: the seeds, and an estimate of how many would); "
+               f"cannot settle, or settle on fewer than {MIN_DECISIVE_SEEDS} seeds "
+               "(too_few_seeds: the seeds, and an estimate of how many would); "
                f"not judged ({NOT_JUDGED_CAUSE}): every seed of the pair has an invalid unit",
     "left_out": "the pair's invalid units (summary invalid_units), left out of its intervals and "
                 "verdicts: a seed takes part only when both of its units are valid",
+    "source": "where each of the paper's figures in a verdict comes from: abstract, the abstract "
+              "of arXiv 2605.01989v1; full text, a reading of the paper's full text, whose "
+              "versions differ slightly (one gives 5.97x and 24.8 %)",
     "time_to_target": "wall time from an (arm, seed)'s first round start to the end of the first "
                       "evaluated round whose test accuracy reaches the target",
     "target": f"spec {'.'.join(TARGET_FIELD)}; unset: {TARGET_FRACTION:.0%} of the way from the "
@@ -186,6 +199,8 @@ class Claim:
     estimator: str
     region: Region
     region_why: str
+    #: Where each figure in ``paper`` comes from (``DEFINITIONS["source"]``).
+    source: str = ""
 
 
 CLAIMS: dict[str, Claim] = {c.name: c for c in (
@@ -194,20 +209,23 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           "baseline's by 4.0-5.9x across models (up to 5.88x)",
           "4.0-5.88x", "paper", "burst_speedup", Region(4.0),
           "at least the smallest speedup the paper reports for any model; a larger one does "
-          "not contradict it"),
+          "not contradict it",
+          source="5.88x: abstract; 4.0-5.9x: full text"),
     Claim("train_time_cut",
           "DBLP cuts end-to-end training time against the baseline by 24.4 % on average (up to "
           "33.9 %; about 17 % without bursts)",
           "24.4 % mean, 33.9 % max, ~17 % without bursts", "paper", "train_time_cut",
           Region(17.0, 34.0),
           "from the cut the paper reports without bursts (its least) to its largest, 33.9 % "
-          "rounded up: a cut outside it, either way, is a different result"),
+          "rounded up: a cut outside it, either way, is a different result",
+          source="24.4 %, 33.9 %: abstract; ~17 %: full text"),
     Claim("accuracy",
           "DBLP's final accuracy stays within about 0.5 points of the baseline's (worst case "
           "1.55 points, under 70 % bursts)",
           "within ~0.5 points (worst 1.55)", "paper", "accuracy_delta", Region(-0.5),
           "the claim is about what dropping gradients costs: losing at most 0.5 points "
-          "reproduces it, a gain does not contradict it; the worst case, 1.55, is context"),
+          "reproduces it, a gain does not contradict it; the worst case, 1.55, is context",
+          source="\"comparable\": abstract; 0.5, 1.55: full text"),
 )}
 
 
@@ -225,6 +243,19 @@ def verdict(interval: iv.Interval | None, region: Region, why_none: str = "") ->
         return REFUTED, f"the whole {span} lies outside the region{caveat}"
     edge = region.lo if lo < region.lo <= hi else region.hi
     return UNRESOLVED, f"the {span} straddles the region's edge at {edge:g}{caveat}"
+
+
+
+
+def enough_seeds(interval: iv.Interval | None, verdict_reason: tuple[str, str]) -> tuple[str, str]:
+    """A decisive verdict of a figure with one value per seed on fewer than
+    `MIN_DECISIVE_SEEDS` seeds, turned unresolved (`too_few_seeds` then says how many)."""
+    v, why = verdict_reason
+    if v in (REPRODUCED, REFUTED) and interval is not None \
+            and interval.n_seeds < MIN_DECISIVE_SEEDS:
+        return UNRESOLVED, (f"{why}, but on {interval.n_seeds} seeds, fewer than the "
+                            f"{MIN_DECISIVE_SEEDS} a decisive verdict needs")
+    return v, why
 
 
 def nearest_edge(point: float, region: Region) -> float | None:
@@ -254,6 +285,8 @@ def too_few_seeds(interval: iv.Interval | None, region: Region, verdict_reason: 
     if edge is None or interval.method not in iv.T_METHODS:   # a bootstrap's width is not a t's
         return None
     need = iv.seeds_to_clear(interval, edge)
+    if need is not None:
+        need = max(need, MIN_DECISIVE_SEEDS)
     n, sd = interval.n_seeds, iv.differences_sd(interval)
     scale = " (log scale)" if iv.T_METHODS[interval.method] else ""
     how = (f"about {need} seeds would let an interval around {interval.point:.3g} clear the "
@@ -398,6 +431,7 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
     verdicts = []
     for claim in CLAIMS.values():
         head = {"claim": claim.name, "what": claim.what, "paper": claim.paper,
+                "source": claim.source,
                 "comparison": claim.comparison, "estimator": claim.estimator,
                 "unit": iv.ESTIMATORS[claim.estimator].unit, "region": claim.region.to_list(),
                 "region_why": claim.region_why}
@@ -410,6 +444,7 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
             if pair["judged"]:
                 v, why = verdict(got, claim.region, fig["reason"] or "")
                 if iv.ESTIMATORS[claim.estimator].per_seed:
+                    v, why = enough_seeds(got, (v, why))
                     short = too_few_seeds(got, claim.region, (v, why), fig["_short"])
                     if short:
                         why = short[0]

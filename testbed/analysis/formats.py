@@ -144,6 +144,8 @@ SUMMARY_FIGURE_FIELDS = (
 SUMMARY_VERDICT_FIELDS = (
     Field("claim", "str", doc="claims.CLAIMS name"),
     Field("what", "str", doc="the claim"), Field("paper", "str", doc="the paper's figure"),
+    Field("source", "str", required=False,
+          doc="where each of the paper's figures comes from (the abstract or the full text)"),
     Field("comparison", "str"), Field("estimator", "str"), Field("unit", "str"),
     Field("region", "list", doc="[lo, hi] of the estimator that reproduces it; null: unbounded"),
     Field("region_why", "str"),

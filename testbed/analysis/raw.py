@@ -63,7 +63,7 @@ class RawRun:
         return max(gb) if gb else None
 
 
-#: The longest log line read; an event is a few hundred bytes (issue 60: a hostile line is skipped).
+#: The longest log line read; an event is a few hundred bytes, so a longer (hostile) line is skipped.
 MAX_LINE = 1 << 20
 
 

@@ -146,14 +146,14 @@ def verdicts_table(summary: dict) -> str:
     A verdict "not judged" says its cause (every seed of the pair had an
     invalid unit); the units themselves follow the table, one line each.
     """
-    from testbed.analysis.answer import invalid_lines, verdict_label
+    from testbed.analysis.answer import invalid_lines, paper_cell, verdict_label
     rows = ["| claim | arm vs baseline | paper | measured, point [95 % interval] | seeds | verdict |",
             "|---|---|---|---|---|---|"]
     for v in summary.get("verdicts", []):
         iv = v.get("interval") or {}
         pair = f"{v['arm']} vs {v['baseline']}" if v.get("pair") else "(did not run)"
         seeds = iv.get("n_seeds", (v.get("too_few_seeds") or {}).get("seeds", "–"))
-        rows.append(f"| {v['claim']} | {pair} | {v['paper']} | {_figure(v)} "
+        rows.append(f"| {v['claim']} | {pair} | {paper_cell(v)} | {_figure(v)} "
                     f"| {seeds} | {verdict_label(v)} |")
     bad = invalid_lines(summary)
     if bad:

@@ -82,10 +82,11 @@ def _verdict_cell(v: dict) -> str:
 
 def _verdict_section(s: dict) -> dict:
     """The paper's claims, each judged from its interval (claims.py): the report's first answer."""
+    from testbed.analysis.answer import paper_cell
     rows = []
     for v in s.get("verdicts", []):
         iv = v["interval"]
-        rows.append([v["claim"], v["pair"] or "–", v["paper"], _region(v["region"], v["unit"]),
+        rows.append([v["claim"], v["pair"] or "–", paper_cell(v), _region(v["region"], v["unit"]),
                      _iv(iv, v["unit"]), str(iv["n_seeds"]) if iv else "–",
                      _verdict_cell(v), v["reason"]])
     claims = {v["claim"]: v for v in s.get("verdicts", [])}

@@ -49,7 +49,8 @@ the paper's "a burst hits about one round", and never cut short by a cap
 measures the cap).
 """
 
-# The paper's network: 3 workers + 1 server on one switch, 20 Mbit/s links.
+# The paper's topology: 3 workers + 1 server on one switch. The paper states no link rate:
+# 20 Mbit/s is this machine's, where the shaped link, not the emulator, is the bottleneck.
 PAPER_STAR = {"topology": {"kind": "star", "bw_mbps": 20.0, "queue_pkts": 100},
               "placement": {"workers": 3}}
 # The default fabric: k=4 fat-tree, server and workers in different pods.
@@ -169,7 +170,8 @@ PRESETS = {
     },
     "star": {
         "name": "star",
-        "description": "accuracy check: the paper's star (3 workers + 1 server, 20 Mbit/s), "
+        "description": "accuracy check: the paper's star (3 workers + 1 server; 20 Mbit/s, this "
+                       "machine's rate: the paper states none), "
                        "no bursts, every transport arm, trained to convergence",
         "arms": ["gloo", "reliable", "static", "dblp"],
         **PAPER_STAR,

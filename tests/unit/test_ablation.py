@@ -153,7 +153,7 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
     assert "| **0.408** |" in report
     assert (tmp_path / "plots" / "ablation-p_high.png").stat().st_size > 10_000
     assert analysis.read_summary(tmp_path)["schema"] == analysis.SCHEMA
-    # Judged again from the per-seed finals the summary keeps: the same accuracy intervals.
+    # Judged again from the tables the runs keep: the same intervals.
     assert analysis.rejudge(tmp_path) == json.loads(json.dumps(doc))
     verdicts = analysis.accuracy_verdicts(doc)
     assert "- **reproduced**: P_high 0.208, " in verdicts

@@ -57,7 +57,8 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     assert "| static | 400.00 | 400.00 | 30.00 | 2.00 | 0.9600 | 4.00x | – | 25.0 % | – |" in md
     # The verdicts come first, one row per claim and pair, each from its interval.
     assert md.split("\n## ")[1].startswith("Verdicts on the paper's claims")
-    assert ("| burst_speedup | dblp_vs_static | 4.0-5.88x | >= 4.00x | – | – | unresolved | "
+    assert ("| burst_speedup | dblp_vs_static | 4.0-5.88x (5.88x: abstract; 4.0-5.9x: full text) | "
+            ">= 4.00x | – | – | unresolved | "
             "only 2 burst rounds on one side (fewer than 3): no interval |") in md
     assert "| train_time_cut | dblp_vs_static |" in md and "unresolved: too few seeds (1)" in md
     assert "up to 5.88x" in md and "24.4 %" in md
