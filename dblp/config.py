@@ -283,6 +283,10 @@ class TransportConfig:
     # -- identity of the job -----------------------------------------------------------
     session_id: int | None = _setting(None, "int", "64-bit job id (None = the aggregator "
                                       "draws one)", lo=1, hi=2**64 - 1, optional=True)
+    stream: int = _setting(0, "int", "which of the jobs sharing one session and secret this is "
+                           "(e.g. the torch backend's one stream per bucket size): part of "
+                           "every MAC key, so no stream's datagram verifies in another",
+                           lo=0, hi=2**32 - 1)
     secret: str | None = _setting(None, "hex", "per-job key (hex) that authenticates every "
                                   "message; None = unauthenticated", optional=True, repr=False)
 
@@ -310,7 +314,8 @@ class TransportConfig:
                 "hello_timeout": self.hello_timeout, "chunk_bytes": self.chunk_bytes,
                 "chunk_order": self.chunk_order, "probe_wait": self.probe_wait,
                 "nagle": self.nagle, "bucket_s": self.bucket_s,
-                "no_progress_probes": self.no_progress_probes, "batched_io": self.batched_io}
+                "no_progress_probes": self.no_progress_probes, "batched_io": self.batched_io,
+                "stream": self.stream}
 
     @property
     def key(self) -> bytes | None:

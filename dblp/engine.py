@@ -144,6 +144,7 @@ class Engine:
                  max_copies: int = 16, initial_rto: float = 0.02, min_rto: float = 0.002,
                  max_rto: float = 1.0, stop_repeat_s: float = 0.0005, early_cap: int = 65536,
                  early_bytes: int = default_of("early_bytes"), key: bytes | None = None,
+                 stream: int = default_of("stream"),
                  hello_timeout: float = default_of("hello_timeout"),
                  chunk_bytes: int = default_of("chunk_bytes"),
                  chunk_order: str = default_of("chunk_order"),
@@ -173,7 +174,7 @@ class Engine:
         self.rank = rank
         self.session = session
         self.control = control
-        self.sealer = wire.Sealer(key)
+        self.sealer = wire.Sealer(key, stream)
         # chunking and control timing
         self.chunk_bytes = chunk_bytes
         self.max_datagram = wire.datagram_size(chunk_bytes)

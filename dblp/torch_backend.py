@@ -332,7 +332,14 @@ class DblpProcessGroup(_ProcessGroup):
         name = f"{_KEY}/{kind}/{numel}"
         store, rank, size = self._store, self._rank, self._size
         if rank == 0:
+            # Every stream of the group shares its session and secret and counts rounds
+            # from 0: its own number in the key derivation (wire version 5) keeps one
+            # stream's datagram from verifying in another. Rank 0 numbers them as it
+            # makes them and publishes the number before the address the others wait for.
+            stream = len(self._streams) + 1
+            cfg = dataclasses.replace(cfg, stream=stream)
             g = TransportGroup(0, size, self._host, 0, config=cfg)
+            store.set(f"{name}/stream", str(stream))
             store.set(f"{name}/addr", f"{self._host}:{g.master_port}")
         arrived = store.add(f"{name}/arrived", 1)
         if arrived == size:
@@ -355,6 +362,7 @@ class DblpProcessGroup(_ProcessGroup):
                 f"(did a rank not call the same collective?): {exc}") from exc
         if rank != 0:
             host, port = store.get(f"{name}/addr").decode().rsplit(":", 1)
+            cfg = dataclasses.replace(cfg, stream=int(store.get(f"{name}/stream")))
             g = TransportGroup(rank, size, host, int(port), config=cfg)
         assert g is not None
         self._streams[key] = g

@@ -10,13 +10,18 @@ generated from them, and the tests check one against the other.
 The trailer is an AES-128-GMAC tag (AES-GCM with header and payload as
 associated data and nothing encrypted, as QUIC and WireGuard authenticate;
 ``Sealer``) under a key derived from the job's secret for one (session,
-sender, destination) triple; a job without a secret sends zeros there and
+sender, destination, stream); a job without a secret sends zeros there and
 checks nothing. The secret itself never travels. GMAC is a nonce-based MAC:
 two different messages under one key and one nonce would give away the key's
 hash subkey, so every message carries its nonce in the header (``seq``: a
 random 62-bit start per sender, then one more per message sealed), and keys
-are per session, sender and destination, so only restarts of the same rank
-in the same job share a key, each from its own random start. A receiver with
+are per session, sender, destination and stream, so only restarts of the
+same rank in the same stream of the same job share a key, each from its own
+random start. The stream (``TransportConfig.stream``) tells apart the jobs a
+launcher runs under one session and one secret, such as the torch backend's
+one ``TransportGroup`` per bucket size: each counts rounds from 0 with parts
+laid out alike, so without it a datagram of one stream verified in another
+and replaced its values (wire version 5). A receiver with
 a secret drops (and counts) every message whose tag does not verify, before
 parsing it. A key per destination means a message sealed for one rank never
 verifies at another (a STOP for one member re-sent to a member pushing the
@@ -74,8 +79,9 @@ import struct
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MAGIC = 0xDB1B
-VERSION = 4  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins;
-#             4: GMAC under per-(session, sender, destination) keys, the seq nonce
+VERSION = 5  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins;
+#             4: GMAC under per-(session, sender, destination) keys, the seq nonce;
+#             5: the stream in the key derivation (one stream's datagram fails in another)
 MTU = 1500  # the Ethernet MTU every datagram is sized for
 IP_HEADER = 20
 UDP_HEADER = 8
@@ -128,8 +134,8 @@ HEADER_FIELDS: tuple[tuple[str, str, str], ...] = (
 
 # (name, bytes, description) -- THE declaration of what follows the payload.
 TRAILER_FIELDS: tuple[tuple[str, int, str], ...] = (
-    ("tag", 16, "AES-128-GMAC of header + payload under the (session, src, destination) key "
-     "derived from the job's secret, nonce ``seq``; zeros without a secret"),
+    ("tag", 16, "AES-128-GMAC of header + payload under the (session, src, destination, "
+     "stream) key derived from the job's secret, nonce ``seq``; zeros without a secret"),
 )
 
 HEADER_FORMAT = "!" + "".join(code for _, code, _ in HEADER_FIELDS)
@@ -241,10 +247,12 @@ def pack(type: int, payload: bytes = b"", *, key: bytes | None = None, dst: int 
     return Sealer(key).seal(pack_body(type, payload, **fields), dst)
 
 
-#: What a pair key is derived from besides the secret: (session, sender, destination).
-_PAIR = struct.Struct("!QHH")
+#: What a pair key is derived from besides the secret: (session, sender, destination, stream).
+_PAIR = struct.Struct("!QHHI")
 #: BLAKE2b's personalisation of the derivation: keys for nothing but this use.
-_KDF_PERSON = b"dblp4 gmac key"
+_KDF_PERSON = b"dblp5 gmac key"
+#: The largest stream identifier (``TransportConfig.stream``): 32 bits in the derivation.
+MAX_STREAM = 2**32 - 1
 PAIR_KEY_SIZE = 16  # AES-128
 _SEQ = struct.Struct("!Q")
 SEQ_OFFSET = FIELD_OFFSETS["seq"][0]
@@ -273,31 +281,38 @@ class Sealer:
       predecessor's numbers, and only grows: every message sealed, in Python
       (`stamp`, `seal`) or by the C core (``dblp.batch``, which takes numbers
       with `take_seq`), gets a number of its own. Zero without a key.
-    * pair keys: one AES-128 key per (session, sender, destination), derived
-      from the secret (`pair_key`) and kept for the job's own pairs (``_aead``
-      here, ``native``: the C core's contexts, ``dblp.batch.native_mac``).
+    * ``stream``: which of the streams sharing this secret and session this
+      sealer's job is (0 unless a launcher sets one); part of every key.
+    * pair keys: one AES-128 key per (session, sender, destination) of the
+      stream, derived from the secret (`pair_key`) and kept for the job's own
+      pairs (``_aead`` here, ``native``: the C core's contexts,
+      ``dblp.batch.native_mac``).
 
     A tag covers header and payload and is made under the key of the rank the
     message is for: a receiver verifies under the key of (the header's
     session, the header's sender, itself), so a message sealed for another
-    rank, or for another session, fails here.
+    rank, or for another session or stream, fails here.
     """
 
-    __slots__ = ("key", "seq", "_aead", "native")
+    __slots__ = ("key", "stream", "seq", "_aead", "native")
 
-    def __init__(self, key: bytes | None):
+    def __init__(self, key: bytes | None, stream: int = 0):
         if key is not None and not 16 <= len(key) <= 64:
             raise ValueError(f"key must be 16 to 64 bytes, got {len(key)}")
+        if not 0 <= stream <= MAX_STREAM:
+            raise ValueError(f"stream must be in [0, {MAX_STREAM}], got {stream}")
         self.key = key
+        self.stream = stream
         self.seq = secrets.randbits(62) if key is not None else 0
         self._aead: dict[tuple[int, int, int], AESGCM] = {}
         #: The C core's keyed context per pair (``dblp.batch.native_mac``).
         self.native: dict[tuple[int, int, int], object] = {}
 
     def pair_key(self, session: int, src: int, dst: int) -> bytes:
-        """The AES-128 key of messages from rank ``src`` to rank ``dst`` in ``session``."""
+        """The AES-128 key of messages from rank ``src`` to rank ``dst`` in ``session`` (of
+        this sealer's stream)."""
         assert self.key is not None
-        return hashlib.blake2b(_PAIR.pack(session, src, dst), key=self.key,
+        return hashlib.blake2b(_PAIR.pack(session, src, dst, self.stream), key=self.key,
                                digest_size=PAIR_KEY_SIZE, person=_KDF_PERSON).digest()
 
     def _gmac(self, session: int, src: int, dst: int) -> AESGCM:

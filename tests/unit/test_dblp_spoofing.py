@@ -42,6 +42,22 @@ class _Spoofed(Engine):
         return super().poll(min(timeout, 0.005))
 
 
+#: engine id -> f(message bytes): what a ``_Tapped`` engine shows a sniffer.
+_TAPS: dict[int, object] = {}
+
+
+class _Tapped(Engine):
+    """An engine whose every received message is shown to a tap first (a sniffer's view)."""
+
+    __slots__ = ()
+
+    def handle(self, buf, n, addr, tcp_peer, now):
+        tap = _TAPS.get(id(self))
+        if tap is not None:
+            tap(bytes(buf[:n]))  # type: ignore[operator]
+        return super().handle(buf, n, addr, tcp_peer, now)
+
+
 def _spoof(eng: Engine, fn) -> None:
     _INJECT[id(eng)] = fn
     eng.__class__ = _Spoofed
@@ -285,3 +301,130 @@ def test_the_c_core_verifies_a_forged_data_datagram_once(monkeypatch):
     finally:
         eng.close()
         tx.close()
+
+
+def _sealed_data(sealer: wire.Sealer, session: int, src: int, dst: int) -> bytes:
+    body = wire.pack_body(MsgType.DATA, np.ones(100, np.float32).tobytes(), src=src,
+                          session=session, round=0, index=0, count=1)
+    return sealer.seal(body, dst)
+
+
+def test_a_datagram_of_one_stream_never_verifies_in_another():
+    """Two streams with one secret and one session (what a unit's streams are): keys differ
+    by stream, so one stream's datagram is unauthenticated in the other (it used to verify
+    and replace the other's values in the same round)."""
+    key = secrets.token_bytes(32)
+    msg = _sealed_data(wire.Sealer(key, stream=1), 0x77, 1, 0)
+    assert wire.Sealer(key, stream=1).verify(msg, len(msg), 0)
+    assert not wire.Sealer(key, stream=2).verify(msg, len(msg), 0)
+    assert not wire.Sealer(key).verify(msg, len(msg), 0)
+    rx = Engine(0, bind=("127.0.0.1", 0), session=0x77, key=key, stream=2)
+    try:
+        rx.peers.addrs[1] = ("127.0.0.1", 9)
+        rx.handle(memoryview(msg), len(msg), ("127.0.0.1", 9), None, time.monotonic())
+        assert rx.counters.unauthenticated == 1
+    finally:
+        rx.close()
+
+
+def test_two_jobs_sharing_secret_and_session_keep_their_own_aggregates():
+    """Job B's aggregator is fed job A's sniffed round data (same secret, same session, other
+    stream): B's rounds stay exact and A's datagrams are unauthenticated there."""
+    secret = secrets.token_hex(32)
+    common = dict(secret=secret, session_id=0x5E55, round_timeout=5, join_timeout=5)
+    port_b = free_port()
+    srv_b = dblp.ParameterServer("127.0.0.1", port_b, 1, "reliable", stream=2, **common)
+    # A reads one datagram per call, so its tap sees every DATA datagram; B reads batches.
+    srv_a = dblp.ParameterServer("127.0.0.1", 0, 1, "reliable", stream=1, batched_io=False,
+                                 **common)
+    to_b = _attacker_socket()
+
+    def relay(msg: bytes) -> None:
+        # A sniffer at A's aggregator re-sends each DATA datagram to B's at once.
+        if len(msg) > wire.HEADER_SIZE and msg[wire.FIELD_OFFSETS["type"][0]] == MsgType.DATA:
+            to_b.sendto(msg, ("127.0.0.1", port_b))
+    _TAPS[id(srv_a.engine)] = relay
+    srv_a.engine.__class__ = _Tapped
+    errors: list = []
+    results: dict = {}
+
+    def serve(srv):
+        try:
+            srv.serve(3)
+        except Exception as exc:
+            errors.append(exc)
+
+    def work(name, port, value, stream):
+        try:
+            with dblp.TransportGroup(0, 1, "127.0.0.1", port, policy="reliable", stream=stream,
+                                     **common) as g:
+                for r in range(3):
+                    t = np.full(20_000, value, np.float32)
+                    g.allreduce_(t)
+                    results[(name, r)] = t
+                    if name == "b":
+                        time.sleep(0.1)  # A's rounds, relayed, land inside B's
+        except Exception as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=serve, args=(s,)) for s in (srv_a, srv_b)] + [
+        threading.Thread(target=work, args=("a", srv_a.port, 5.0, 1)),
+        threading.Thread(target=work, args=("b", port_b, 7.0, 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    to_b.close()
+    srv_a.close()
+    srv_b.close()
+    assert not errors, errors
+    for r in range(3):
+        assert np.all(results[("a", r)] == 5.0) and np.all(results[("b", r)] == 7.0), r
+    assert srv_b.engine.counters.unauthenticated > 0
+
+
+def _attacker_socket():
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def test_the_torch_backends_streams_have_keys_of_their_own():
+    """One process group, two bucket sizes: two streams with one session and one secret, each
+    with its own number in the key derivation, the same on every rank."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    tb = pytest.importorskip("dblp.torch_backend")
+    import datetime
+    store = dist.HashStore()
+    config = tb.options(secret=secrets.token_hex(32), session_id=0xAB)
+    out: dict = {}
+    errors: list = []
+
+    def one(rank):
+        pg = tb.DblpProcessGroup(store, rank, 2, datetime.timedelta(seconds=30), config,
+                                 "127.0.0.1")
+        try:
+            for numel in (1000, 3000):
+                o = dist.AllreduceOptions()
+                o.reduceOp = dist.ReduceOp.SUM
+                pg.allreduce([torch.ones(numel)], o).wait()
+            out[rank] = {k: g.engine.sealer for k, g in pg._streams.items()}
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            pg.shutdown()
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    keys = sorted(out[0])
+    assert len(keys) == 2 and sorted(out[1]) == keys
+    streams = [out[0][k].stream for k in keys]
+    assert len(set(streams)) == 2 and [out[1][k].stream for k in keys] == streams
+    a, b = keys
+    msg = _sealed_data(out[1][a], 0xAB, 1, 0)
+    assert out[0][a].verify(msg, len(msg), 0)
+    assert not out[0][b].verify(msg, len(msg), 0)

@@ -162,6 +162,7 @@ def test_unreachable_aggregator_fails_within_seconds_naming_the_address():
     """Rank 0 published an address where nothing answers: rank 1 says so, fast."""
     store = dist.HashStore()
     port = free_port()
+    store.set("dblp/grad/5/stream", "1")  # as rank 0 publishes it, before the address
     store.set("dblp/grad/5/addr", f"127.0.0.1:{port}")
     store.set("dblp/grad/5/ready", "1")
     pg = tb.DblpProcessGroup(store, 1, 2, TIMEOUT, tb.options(), "127.0.0.1")
