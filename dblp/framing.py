@@ -4,7 +4,8 @@ A frame carries exactly what a UDP datagram would (header, payload, MAC
 trailer), so one dispatcher (``Engine.handle``) serves both paths. Reading is
 bounded: a declared frame length outside one message's possible sizes is a
 protocol error that closes the connection, so a connection never buffers
-more than one partial frame.
+more than one partial frame. Sending has a deadline (``SEND_TIMEOUT_S``): a
+peer that stops reading cannot hold the sender in ``sendall`` for ever.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from .wire import HEADER_SIZE, MAX_DATAGRAM, TAG_SIZE
 
 _FRAME = struct.Struct("!H")
 _MIN_FRAME = HEADER_SIZE + TAG_SIZE
+#: Seconds one frame may take to leave: control frames are a few dozen bytes, so a peer
+#: whose receive window stays shut this long has stopped reading (or never meant to).
+SEND_TIMEOUT_S = 5.0
 
 
 class TcpControl:
@@ -27,13 +31,21 @@ class TcpControl:
     algorithm on, as the authors' prototype did (``TransportConfig.nagle``):
     a message written while an earlier one is unacknowledged waits for its
     ACK, which the peer may delay by up to its delayed-ACK timeout.
+
+    ``nonce``: on the aggregator's side, the fresh value it sent this
+    connection when it accepted it; only a HELLO carrying it, under the
+    member's MAC, binds the connection (``dblp.join``), so a HELLO sniffed on
+    one connection binds no other.
     """
 
     def __init__(self, sock: socket.socket, peer: int | None = None, *, nagle: bool = False):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0 if nagle else 1)
-        sock.setblocking(True)
+        # Blocking with a deadline: reads only happen when the selector says the socket is
+        # readable, and a send gives up after SEND_TIMEOUT_S (socket.timeout, an OSError).
+        sock.settimeout(SEND_TIMEOUT_S)
         self.sock = sock
         self.peer = peer
+        self.nonce: int | None = None
         self.rx = bytearray()
         self.closed = False
         self.malformed = False  # closed for a frame no peer of ours would send
@@ -48,7 +60,7 @@ class TcpControl:
     def read_frames(self) -> list[bytes]:
         try:
             data = self.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, TimeoutError):
             return []
         except OSError:
             data = b""

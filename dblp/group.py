@@ -18,12 +18,17 @@ from . import wire
 from .config import TransportConfig, merge, warn_unauthenticated
 from .engine import Engine
 from .errors import TransportError
-from .framing import TcpControl
-from .join import Rendezvous, _msg, join_aggregator, new_nonce, new_session_id, welcome_extras
+from .join import (
+    Rendezvous,
+    bind_control,
+    join_aggregator,
+    new_nonce,
+    new_session_id,
+    welcome_extras,
+)
 from .rounds import grad_norm, make_layout, max_passes, run_round
 from .server import DEFAULT_PORT, _mean_srtt, policy_phase
 from .stats import RoundStats
-from .wire import MsgType
 
 
 def _int_knob(name: str, value, lo: int, hi: int) -> int:
@@ -171,13 +176,9 @@ class TransportGroup:
                     eng.peers.addrs[r] = a
             eng.peers.addrs[0] = master
         if self.control == "tcp":
-            sock = socket.create_connection(master, timeout=self.join_timeout)
-            conn = TcpControl(sock, peer=self.server_rank, nagle=eng.nagle)
-            # Marked TCP under the MAC and carrying the session: a sniffed UDP HELLO cannot
-            # bind a connection in its place (dblp.join).
-            conn.send(eng.sealer.seal(_msg(MsgType.HELLO, hello, src=self.rank,
-                                           session=eng.session, flags=wire.Flag.TCP),
-                                      self.server_rank))
+            # Proved on this connection alone (its nonce under our MAC): a sniffed HELLO
+            # binds no other connection in its place (dblp.join).
+            conn = bind_control(eng, master, self.server_rank, hello, self.join_timeout)
             eng.peers.tcp[self.server_rank] = conn
             eng.register_tcp(conn)
         self.numel = numel

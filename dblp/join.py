@@ -21,8 +21,14 @@ WELCOME echoes the member's nonce, so a member never adopts the session of a
 WELCOME sent to an earlier join. A launcher-set session must be in every
 HELLO (a HELLO of another job is refused at once). A TCP control connection
 is bound to a rank only by a HELLO marked TCP (``Flag.TCP``, under the MAC:
-a UDP HELLO cannot pass for one) that carries the job's session and the
-nonce of the rank's current join, once per join.
+a UDP HELLO cannot pass for one) that carries the job's session, the nonce
+of the rank's current join and the fresh value the aggregator sent that
+very connection when it accepted it (``TcpControl.nonce``): a HELLO sniffed
+on one connection binds no other, so it cannot take a rank's control
+messages. The aggregator confirms a binding with a frame sealed for the
+rank; a member whose connection is closed before that (unbound connections
+are capped, so a burst of connects evicts the oldest) connects again until
+its join timeout (``bind_control``).
 
 Without a secret nothing proves who speaks: the challenge still proves the
 address (an off-path sender cannot answer it), and the first pin is final.
@@ -54,8 +60,8 @@ from typing import Any
 
 from . import wire
 from .engine import Engine
-from .errors import TransportError
-from .framing import TcpControl
+from .errors import PeerClosed, TransportError
+from .framing import SEND_TIMEOUT_S, TcpControl
 from .wire import Flag, MsgType
 
 log = logging.getLogger("dblp")
@@ -74,10 +80,13 @@ def new_nonce() -> int:
     return secrets.randbits(62) | 1
 
 
+def _json(payload: dict) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 def _msg(type_, payload: dict, *, src: int, session: int, flags: int = 0) -> bytes:
     """A join message body (header + JSON payload); the engine seals it when sending."""
-    return wire.pack_body(type_, json.dumps(payload, separators=(",", ":")).encode(), src=src,
-                          session=session, flags=flags)
+    return wire.pack_body(type_, _json(payload), src=src, session=session, flags=flags)
 
 
 class Refused(ValueError):
@@ -245,7 +254,12 @@ class Rendezvous:
                 return
             try:
                 conn = TcpControl(sock, nagle=self.eng.nagle)
-            except OSError:  # reset between accept and setsockopt
+                # A fresh value for this connection alone, which its HELLO must carry under
+                # the member's MAC. Unauthenticated itself: it only has to be new.
+                conn.nonce = new_nonce()
+                conn.send(wire.pack(MsgType.CHALLENGE, _json({"conn": conn.nonce}),
+                                    src=self.eng.rank, session=self.eng.session))
+            except (OSError, PeerClosed):  # reset between accept and now
                 sock.close()
                 continue
             self.eng.register_tcp(conn, max_unbound=len(self.expected) + 8)
@@ -316,7 +330,12 @@ class Rendezvous:
             return
         conn = eng.joining.current_conn
         if conn is not None:
-            self._bind_tcp(conn, h, rank, nonce)
+            try:
+                conn_nonce = get_int(parse_object(payload), "conn", 1, 2**62)
+            except Refused:
+                eng.counters.foreign += 1  # no connection nonce: not a TCP HELLO of ours
+                return
+            self._bind_tcp(conn, h, rank, nonce, conn_nonce)
             return
         if addr is None or h.flags & Flag.TCP:
             eng.counters.foreign += 1  # a TCP HELLO belongs on its connection
@@ -362,20 +381,27 @@ class Rendezvous:
         else:
             eng.send_raw(_msg(MsgType.WELCOME, w, src=eng.rank, session=eng.session), addr, rank)
 
-    def _bind_tcp(self, conn: TcpControl, h: wire.Header, rank: int, nonce: int) -> None:
-        """Bind a TCP control connection to ``rank``: once per join, never by a replay.
+    def _bind_tcp(self, conn: TcpControl, h: wire.Header, rank: int, nonce: int,
+                  conn_nonce: int) -> None:
+        """Bind a TCP control connection to ``rank``, never by a replay, and confirm it.
 
-        Only a HELLO marked TCP that carries the job's session and the nonce of the
-        rank's current join does: a UDP HELLO (sniffed before the session was
-        known, or after) cannot, being unmarked under the MAC.
+        Only a HELLO marked TCP that carries the job's session, the nonce of the
+        rank's current join and this connection's own nonce does: a UDP HELLO
+        (sniffed before the session was known, or after) cannot, being unmarked
+        under the MAC, and a TCP HELLO sniffed on another connection carries
+        that connection's nonce. With a secret, a rank's new connection so
+        proved replaces its old one (the member connected again); without
+        one, the first connection of a join stays.
         """
         eng = self.eng
-        if h.session != eng.session or not h.flags & Flag.TCP \
-                or nonce != self.pin_nonce.get(rank) or self.tcp_nonce.get(rank) == nonce:
+        keyed = eng.sealer.key is not None
+        if h.session != eng.session or not h.flags & Flag.TCP or conn_nonce != conn.nonce \
+                or nonce != self.pin_nonce.get(rank) \
+                or (not keyed and self.tcp_nonce.get(rank) == nonce):
             eng.counters.foreign += 1  # no UDP join yet, an old join, a UDP HELLO, or a replay
             return
         old = eng.peers.tcp.get(rank)
-        if eng.sealer.key is None:
+        if not keyed:
             # No secret: the connection must come from the rank's pinned host, and the
             # first one stays (nothing could tell a legitimate replacement apart).
             try:
@@ -385,6 +411,11 @@ class Rendezvous:
             if host != self.addrs[rank][0] or (old is not None and not old.closed):
                 eng.counters.foreign += 1
                 return
+        try:
+            conn.send(eng.sealer.seal(_msg(MsgType.WELCOME, {"conn": conn_nonce}, src=eng.rank,
+                                           session=eng.session), rank))
+        except PeerClosed:
+            return  # gone already: the member connects again
         conn.peer = rank
         self.tcp_nonce[rank] = nonce
         if old is not None and old is not conn:
@@ -528,3 +559,97 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
         eng.joining.on_bad_tag = None
         eng.joining.admit = None  # joined (or given up): join messages now cost no MAC
     return got
+
+
+def _read_frame(conn: TcpControl, deadline: float) -> bytes | None:
+    """The next frame of ``conn`` by ``deadline`` (later frames stay buffered); None if the
+    connection closed or the time ran out."""
+    while True:
+        frames = _split_frame(conn)
+        if frames is not None:
+            return frames
+        left = deadline - time.monotonic()
+        if left <= 0 or conn.closed:
+            return None
+        try:
+            conn.sock.settimeout(left)
+            data = conn.sock.recv(65536)
+        except OSError:
+            data = b""
+        finally:
+            if not conn.closed:
+                conn.sock.settimeout(SEND_TIMEOUT_S)
+        if not data:
+            conn.close()
+            return None
+        conn.rx += data
+
+
+def _split_frame(conn: TcpControl) -> bytes | None:
+    if len(conn.rx) < 2:
+        return None
+    n = int.from_bytes(conn.rx[:2], "big")
+    if not wire.HEADER_SIZE + wire.TAG_SIZE <= n <= wire.MAX_DATAGRAM:
+        conn.close()
+        return None
+    if len(conn.rx) < 2 + n:
+        return None
+    frame = bytes(conn.rx[2:2 + n])
+    del conn.rx[:2 + n]
+    return frame
+
+
+def bind_control(eng: Engine, server_addr: tuple[str, int], server_rank: int, hello: dict,
+                 timeout: float) -> TcpControl:
+    """Member side of TCP control: connect, prove this connection, until the aggregator says so.
+
+    The aggregator's first frame on a new connection carries that connection's
+    nonce; the member's HELLO (marked TCP, the session, its join's nonce)
+    carries it back under the MAC, and the aggregator answers with a frame
+    sealed for this rank that echoes it. A connection closed before that
+    answer (evicted by a burst of unauthenticated connects, say) is replaced
+    by a new one until ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    where = f"{server_addr[0]}:{server_addr[1]}"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TransportError(f"rank {eng.rank}: no TCP control connection to the aggregator "
+                                 f"at {where} within {timeout} s")
+        try:
+            sock = socket.create_connection(server_addr, timeout=left)
+            conn = TcpControl(sock, peer=server_rank, nagle=eng.nagle)
+        except OSError:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            continue
+        if _prove_control(eng, conn, server_rank, hello, deadline):
+            return conn
+        conn.close()
+        time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+
+def _prove_control(eng: Engine, conn: TcpControl, server_rank: int, hello: dict,
+                   deadline: float) -> bool:
+    """One try of `bind_control` on ``conn``: True once the aggregator confirmed it."""
+    frame = _read_frame(conn, deadline)
+    try:
+        if frame is None:
+            return False
+        h = wire.unpack_header(frame)
+        if h.type != MsgType.CHALLENGE or h.src != server_rank:
+            return False
+        conn_nonce = get_int(parse_object(frame[wire.HEADER_SIZE:wire.HEADER_SIZE + h.length]),
+                             "conn", 1, 2**62)
+        conn.send(eng.sealer.seal(_msg(MsgType.HELLO, dict(hello, conn=conn_nonce), src=eng.rank,
+                                       session=eng.session, flags=Flag.TCP), server_rank))
+        frame = _read_frame(conn, deadline)
+        if frame is None or not eng.sealer.verify(frame, len(frame), eng.rank):
+            return False
+        h = wire.unpack_header(frame)
+        if h.type != MsgType.WELCOME or h.src != server_rank or h.session != eng.session:
+            return False
+        body = frame[wire.HEADER_SIZE:wire.HEADER_SIZE + h.length]
+        return get_int(parse_object(body), "conn", 1, 2**62) == conn_nonce
+    except (wire.MalformedDatagram, Refused, PeerClosed):
+        return False

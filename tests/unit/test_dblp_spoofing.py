@@ -428,3 +428,121 @@ def test_the_torch_backends_streams_have_keys_of_their_own():
     msg = _sealed_data(out[1][a], 0xAB, 1, 0)
     assert out[0][a].verify(msg, len(msg), 0)
     assert not out[0][b].verify(msg, len(msg), 0)
+
+
+def _tcp_job(rounds: int = 3):
+    """A keyed PS job with TCP control: one server, one member (not started)."""
+    secret = secrets.token_hex(32)
+    srv = dblp.ParameterServer("127.0.0.1", 0, 1, "reliable", secret=secret, control="tcp",
+                               join_timeout=8, round_timeout=5)
+    g = dblp.TransportGroup(0, 1, "127.0.0.1", srv.port, policy="reliable", secret=secret,
+                            control="tcp", join_timeout=8, round_timeout=5)
+    return srv, g
+
+
+def _run_tcp_job(srv, g, rounds: int = 3) -> list:
+    errors: list = []
+    out: list = []
+
+    def serve():
+        try:
+            srv.serve(rounds)
+        except Exception as exc:
+            errors.append(exc)
+
+    def work():
+        try:
+            for r in range(rounds):
+                t = np.full(5_000, float(r + 1), np.float32)
+                g.allreduce_(t)
+                out.append(t)
+        except Exception as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=serve), threading.Thread(target=work)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(out) == rounds and all(np.all(t == r + 1) for r, t in enumerate(out))
+    return out
+
+
+def test_a_sniffed_tcp_hello_replayed_on_an_earlier_connection_binds_nothing():
+    """The member's TCP HELLO, sniffed and re-sent on a connection the attacker opened
+    earlier, reaches the aggregator first. That connection used to be bound to the rank (and
+    took its control messages) and the member's own refused as a replay; now the HELLO
+    carries its own connection's nonce, so only the member's connection is bound."""
+    srv, g = _tcp_job()
+    import socket
+    att = socket.create_connection(("127.0.0.1", srv.port))
+    att.settimeout(5)
+    replayed: list = []
+
+    def sniff(msg: bytes) -> None:
+        conn = srv.engine.joining.current_conn
+        h = _kind(msg)
+        if conn is None or h is None or h.type != MsgType.HELLO or replayed:
+            return
+        # The attacker's copy, on its own earlier connection, handled before the original.
+        others = [c for c in srv.engine.joining.unbound if c is not conn and not c.closed]
+        assert others, "the attacker's connection was not accepted"
+        replayed.append(others[0])
+        srv.engine.joining.current_conn = others[0]
+        Engine.handle(srv.engine, memoryview(msg), len(msg), None, None, time.monotonic())
+        srv.engine.joining.current_conn = conn
+    _TAPS[id(srv.engine)] = sniff
+    srv.engine.__class__ = _Tapped
+    try:
+        _run_tcp_job(srv, g)
+        assert replayed and replayed[0].peer is None
+        assert srv.engine.peers.tcp[0] is not replayed[0]
+        got = b""
+        try:
+            while chunk := att.recv(65536):
+                got += chunk
+        except OSError:
+            pass
+        assert len(got) < 200, len(got)  # its nonce frame, and no control message of rank 0
+    finally:
+        att.close()
+        g.close()
+        srv.close()
+
+
+def test_a_burst_of_connects_at_the_welcome_does_not_cost_the_member_its_control(monkeypatch):
+    """400 connects fired the moment the member opens its TCP control connection (as a
+    sniffer that saw its WELCOME would), before its HELLO: the burst evicts the member's
+    connection from the capped unbound set (it used to end the job); now the member connects
+    again until the aggregator confirms it, and every round completes exact."""
+    import socket
+    srv, g = _tcp_job()
+    burst: list = []
+    real = socket.create_connection
+
+    def connect_then_burst(addr, *args, **kwargs):
+        sock = real(addr, *args, **kwargs)
+        if addr[1] == srv.port and not burst:
+            for _ in range(400):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", srv.port))
+                burst.append(s)
+            time.sleep(0.05)  # all of them queued before the member's next byte
+        return sock
+    monkeypatch.setattr(socket, "create_connection", connect_then_burst)
+    try:
+        _run_tcp_job(srv, g)
+        assert len(burst) == 400
+    finally:
+        for s in burst:
+            s.close()
+        g.close()
+        srv.close()
+
+
+def _kind(msg: bytes):
+    try:
+        return wire.unpack_header(msg)
+    except wire.MalformedDatagram:
+        return None
