@@ -8,10 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+# dataset-fashion-mnist: the paper-regime workload's images, pinned by SHA-256 (workloads/data.py).
 # gcc, libc6-dev and python3-dev build the transport's one C file (dblp/_fastpath.c);
 # libssl-dev gives it libcrypto, with which it tags and checks keyed jobs' datagrams.
 DEB_PACKAGES=(python3-venv mininet openvswitch-switch tcpdump iperf3 ethtool nftables iproute2 iputils-ping procps
-              gcc libc6-dev python3-dev libssl-dev)
+              gcc libc6-dev python3-dev libssl-dev
+              dataset-fashion-mnist)
 # On x86-64, Intel's Multi-Buffer Crypto library computes those tags four times faster
 # (AES-GMAC with VAES/AVX-512 where the CPU has them; docs/transport.md, Authentication).
 if [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ]; then

@@ -194,6 +194,10 @@ def register(ref: Reference) -> Reference:
 register(RunReference("default", "default",
                       "what `dblp-testbed run` does with no argument: the like-for-like arms, "
                       "seeds and bursts of the default preset"))
+register(RunReference("paper-regime", "paper-regime",
+                      "the paper's training regime: a model trained to its plateau, the phase "
+                      "checked per epoch with DBLP relaxed for most of training, bursts at the "
+                      "paper's density, the paper's arms and the sharded ones, five seeds"))
 register(RunReference("paper", "paper",
                       "the paper's star with the parameter server, both control paths, "
                       "five bursts at each of 60/70/80/90 %"))

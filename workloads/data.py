@@ -1,4 +1,5 @@
-"""Bundled real data sets (no downloads): scikit-learn digits and a Python-source LM corpus.
+"""Real data sets installed by packages (no downloads): Fashion-MNIST, scikit-learn's digits,
+and a Python-source LM corpus.
 
 Every arm must see the same examples in the same order, so splits, shards
 and batch orders are pure functions of (seed, rank, world_size, step) and
@@ -6,6 +7,8 @@ never depend on process start order or the global RNG.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 import sysconfig
 import zipfile
@@ -92,6 +95,98 @@ def _keep(path: str, arrays: dict) -> None:
             os.unlink(tmp)
         except OSError:
             pass
+
+
+# --------------------------------------------------------------------------
+# Fashion-MNIST: Debian's dataset-fashion-mnist package (setup.sh installs it).
+
+#: Where Debian's package puts the four files (Zalando's IDX format, gzip'd).
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+#: Each file's SHA-256, as Debian's package 0.0~git20200523.55506a9-1 ships it (the same
+#: bytes as Zalando's release): the data are fixed, and a machine whose files differ is
+#: refused by name rather than trained on something else.
+FMNIST_FILES = {
+    "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+    "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+    "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+    "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+}
+#: Training examples kept, 10 % of each class (a fixed draw, `FMNIST_SPLIT_SEED`). Why a
+#: subset: the phase detector checks once per epoch, as the paper does, and the paper's
+#: regime has DBLP relaxed for most of training, so a run must span tens of epochs on two
+#: cores and an emulated network. 6,000 examples are 20 epochs of 100 rounds at three
+#: workers of 32 (`testbed.config.presets`); the whole 10,000-example test set scores
+#: every evaluation, one example 0.01 points.
+FMNIST_TRAIN_EXAMPLES = 6000
+FMNIST_SPLIT_SEED = 2605
+
+
+class DataError(RuntimeError):
+    """A data set is missing or not the one the project pins: one line naming the fix."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fmnist_digest() -> str:
+    """One SHA-256 for the data set: of its four files' names and digests, in order.
+
+    What a run records (`workloads.tasks.Task.data_sha256`), so a summary and
+    `compare` can say which data made a figure.
+    """
+    text = "".join(f"{name} {digest}\n" for name, digest in sorted(FMNIST_FILES.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_idx(path: str) -> np.ndarray:
+    """An IDX file (big-endian magic: 0x0000, type 0x08 = uint8, ndim; then the dims)."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]
+    if raw[:3] != b"\x00\x00\x08" or not 1 <= ndim <= 3:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes")
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load_fmnist_split(root: str = FMNIST_DIR) -> tuple[ArrayDataset, ArrayDataset]:
+    """Fashion-MNIST's fixed training subset and its whole test set, scaled to [0, 1].
+
+    Every file is checked against `FMNIST_FILES` before it is read: a missing
+    package or other bytes stop the worker with one line naming the fix.
+    """
+    for name, digest in FMNIST_FILES.items():
+        path = os.path.join(root, name)
+        if not os.path.isfile(path):
+            raise DataError(f"{path} not found: install Debian's dataset-fashion-mnist "
+                            "(./setup.sh does)")
+        got = _sha256(path)
+        if got != digest:
+            raise DataError(f"{path}: SHA-256 {got}, not the pinned {digest} "
+                            "(another release of dataset-fashion-mnist?)")
+    x_tr = _read_idx(os.path.join(root, "train-images-idx3-ubyte.gz"))
+    y_tr = _read_idx(os.path.join(root, "train-labels-idx1-ubyte.gz")).astype(np.int64)
+    x_te = _read_idx(os.path.join(root, "t10k-images-idx3-ubyte.gz"))
+    y_te = _read_idx(os.path.join(root, "t10k-labels-idx1-ubyte.gz")).astype(np.int64)
+    keep = _per_class(y_tr, FMNIST_TRAIN_EXAMPLES, FMNIST_SPLIT_SEED)
+
+    def images(x):
+        return torch.from_numpy((x.astype(np.float32) / 255.0)[:, None, :, :])
+    return (ArrayDataset(images(x_tr[keep]), torch.from_numpy(y_tr[keep])),
+            ArrayDataset(images(x_te), torch.from_numpy(y_te)))
+
+
+def _per_class(y: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` indices of ``y``, the same number of each class, drawn once with ``seed``, sorted."""
+    classes = np.unique(y)
+    rng = np.random.default_rng(seed)
+    picks = [rng.choice(np.flatnonzero(y == c), n // len(classes), replace=False) for c in classes]
+    return np.sort(np.concatenate(picks))
 
 
 def shard_indices(n: int, rank: int, world_size: int, seed: int) -> np.ndarray:

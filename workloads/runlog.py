@@ -23,6 +23,9 @@ with a version it does not know. History:
 * 5: ``start`` gains ``pid`` (optional): the process that writes the log. A
   fork server (``workloads.forkserver``) starts workers and servers, so their
   command lines no longer say which is which; the log does.
+* 6: a worker's ``start`` gains ``data_sha256`` (optional, nullable): the
+  pinned digest of the data set it trained on (`workloads.data`), so a
+  summary says which data made its figures.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ import math
 import os
 import sys
 
-SCHEMA_VERSION = 5
-KNOWN_VERSIONS = frozenset({1, 2, 3, 4, 5})
+SCHEMA_VERSION = 6
+KNOWN_VERSIONS = frozenset({1, 2, 3, 4, 5, 6})
 
 #: The directory of one unit's logs under RUN/raw/<arm>/: ``seed-<seed>``.
 SEED_DIR_PREFIX = "seed-"
@@ -106,6 +109,8 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("lr", "num", "initial learning rate", required=False),
         _f("lr_schedule", "str", "constant | cosine", required=False),
         _f("batch_size", "int", "per-worker batch", required=False),
+        _f("data_sha256", "str", "the data set's pinned SHA-256 (workloads.data); null: "
+           "not pinned", required=False, nullable=True),
         # server only
         _f("port", "int", "UDP (and TCP) port the server listens on", required=False),
         _f("policy", "str", "loss-bound policy name", required=False),

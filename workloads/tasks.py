@@ -18,6 +18,9 @@ class Task:
     batches: object                 # ShardBatches | TokenWindows: .batch(step), .epoch_of(step)
     loss_fn: Callable
     evaluate: Callable              # model -> (accuracy, loss)
+    #: What the data are, pinned: the SHA-256 a worker logs at its start (None: a data
+    #: set this code does not pin, the interpreter's own sources or a package's bundled set).
+    data_sha256: str | None = None
 
 
 def _classification_loss(out, y):
@@ -57,6 +60,14 @@ def make_task(spec: ModelSpec, rank: int, world_size: int, batch_size: int, seed
         batches = data.ShardBatches(train, rank, world_size, batch_size, seed)
         return Task(batches, _classification_loss,
                     lambda m: _eval_on(m, test.x, test.y, _classification_loss))
+    if spec.task == "fmnist":
+        if "fmnist" not in _CACHE:
+            _CACHE["fmnist"] = data.load_fmnist_split()
+        train, test = _CACHE["fmnist"]
+        batches = data.ShardBatches(train, rank, world_size, batch_size, seed)
+        return Task(batches, _classification_loss,
+                    lambda m: _eval_on(m, test.x, test.y, _classification_loss, batch=2000),
+                    data_sha256=data.fmnist_digest())
     if spec.task == "lm":
         if "lm" not in _CACHE:
             _CACHE["lm"] = data.load_python_corpus()

@@ -150,7 +150,7 @@ def train(args, log: RunLog) -> dict:
     log.write("start", pid=os.getpid(), model=args.model, params=num_params(model), grad_bytes=gbytes,
               world_size=args.world_size, seed=args.seed, t_ns=time.time_ns(),
               rounds=args.rounds, lr=opt.param_groups[0]["lr"], lr_schedule=args.lr_schedule,
-              batch_size=args.batch_size)
+              batch_size=args.batch_size, data_sha256=task.data_sha256)
     # Arms without a server announce rounds from worker rank 0.
     serverless = args.transport is None or args.transport.mode == "sharded"
     announcer = (RoundAnnouncer(ex.arm_label(args), seed=args.seed)

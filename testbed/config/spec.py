@@ -27,11 +27,13 @@ from topologies import TOPOLOGIES  # pure graphs: no side effects
 # torch (pinned against workloads.models and workloads.data by unit tests):
 # model name -> (task, its per-worker batch size when training.batch_size is 0).
 MODELS = {"digits_cnn": ("digits", 32), "digits_resnet": ("digits", 32),
-          "transformer_lm": ("lm", 16), "byte_lm": ("lm", 16)}
+          "transformer_lm": ("lm", 16), "byte_lm": ("lm", 16), "fmnist_mlp": ("fmnist", 32)}
 LR_SCHEDULES = ("constant", "cosine")
 #: Training examples of the digits task (1,797 minus the 20 % test split);
 #: a worker's shard is this divided by the workers, rounded down.
 DIGITS_TRAIN_EXAMPLES = 1437
+#: Training examples of the Fashion-MNIST task (workloads.data.FMNIST_TRAIN_EXAMPLES).
+FMNIST_TRAIN_EXAMPLES = 6000
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: A link must drain its full drop-tail queue within this long. dblp's
 #: retransmission timer never waits longer than 1 s (its maximum RTO) and
@@ -500,11 +502,20 @@ def validate(data: dict) -> Spec:
                         "use fewer workers or a larger topology")
     task, default_batch = MODELS[train["model"]]
     batch = train["batch_size"] or default_batch
-    if task == "digits" and batch > DIGITS_TRAIN_EXAMPLES // place["workers"]:
-        shard = DIGITS_TRAIN_EXAMPLES // place["workers"]
+    examples = {"digits": DIGITS_TRAIN_EXAMPLES, "fmnist": FMNIST_TRAIN_EXAMPLES}.get(task)
+    if examples and batch > examples // place["workers"]:
+        shard = examples // place["workers"]
         raise SpecError("training.batch_size", f"a batch of {batch} is larger than a worker's "
-                        f"shard ({DIGITS_TRAIN_EXAMPLES} examples / {place['workers']} workers = "
+                        f"shard ({examples} examples / {place['workers']} workers = "
                         f"{shard})", f"use a batch of at most {shard} or fewer workers")
+    tr = data["transport"]
+    if tr["check_every"] == "epoch" and examples and tr["rounds_per_epoch"]:
+        steps = examples // place["workers"] // batch
+        if tr["rounds_per_epoch"] != steps:
+            raise SpecError("transport.rounds_per_epoch", f"{tr['rounds_per_epoch']} is not the "
+                            f"workload's epoch ({examples} examples / {place['workers']} workers "
+                            f"/ batch {batch} = {steps} rounds)",
+                            f"set transport.rounds_per_epoch = {steps}")
     # The transport's cross-field rules (p_high >= p_low) are the policy's own.
     transport_config(data["transport"], ARMS["dblp"])
 
