@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import secrets
 import socket
 import struct
@@ -69,6 +70,9 @@ log = logging.getLogger("dblp")
 MAX_NONCES = 64  # joins remembered per rank (replay protection); older ones are forgotten
 #: Refusals (answers to HELLOs whose tags fail) an aggregator sends per second, at most.
 REFUSALS_PER_S = 20
+#: Least time between two WELCOMEs to one rank for the same join (its answered HELLO
+#: repeated: a lost WELCOME, or a replay); a member repeats its HELLO every 20 ms.
+WELCOME_REPEAT_S = 0.05
 
 
 def new_session_id() -> int:
@@ -234,6 +238,7 @@ class Rendezvous:
         self.cookies = Cookies()
         self.bad_hellos: set[tuple[str, int]] = set()  # sources of HELLOs whose tags failed
         self._refusals = [0.0, 0]  # [second, refusals sent in it]
+        self._welcomed: dict[int, float] = {}  # per rank: when its WELCOME last left
         self.listen = listen
         eng.joining.handler = self.on_join
         eng.joining.on_bad_tag = self.on_bad_tag
@@ -360,6 +365,12 @@ class Rendezvous:
             if eng.sealer.key is None or nonce in seen:
                 eng.counters.foreign += 1
                 return
+        if pinned == addr and self.pin_nonce.get(rank) == nonce:
+            # The same join again: the member's WELCOME was lost, or someone replays its
+            # answered HELLO. Nothing changes; the rank alone is answered, at most once
+            # every WELCOME_REPEAT_S (a replay cannot make rank 0 re-send the table to all).
+            self._welcome_again(rank, addr)
+            return
         if nonce not in seen:
             seen.append(nonce)
             del seen[:-MAX_NONCES]
@@ -372,6 +383,7 @@ class Rendezvous:
         w = self._welcome_payload(rank)
         if not w:
             return
+        self._welcomed[rank] = time.monotonic()
         if self.include_table:
             # everyone may have been waiting for the table: answer all
             for r, a in self.addrs.items():
@@ -380,6 +392,17 @@ class Rendezvous:
                                       session=eng.session), a, r)
         else:
             eng.send_raw(_msg(MsgType.WELCOME, w, src=eng.rank, session=eng.session), addr, rank)
+
+    def _welcome_again(self, rank: int, addr: tuple[str, int]) -> None:
+        now = time.monotonic()
+        if now - self._welcomed.get(rank, -math.inf) < WELCOME_REPEAT_S:
+            self.eng.counters.duplicates += 1
+            return
+        w = self._welcome_payload(rank)
+        if w:
+            self._welcomed[rank] = now
+            self.eng.send_raw(_msg(MsgType.WELCOME, w, src=self.eng.rank,
+                                   session=self.eng.session), addr, rank)
 
     def _bind_tcp(self, conn: TcpControl, h: wire.Header, rank: int, nonce: int,
                   conn_nonce: int) -> None:

@@ -546,3 +546,80 @@ def _kind(msg: bytes):
         return wire.unpack_header(msg)
     except wire.MalformedDatagram:
         return None
+
+
+#: engine id -> [answered HELLOs of rank 1 seen, WELCOMEs sent]: what ``_Counted`` records.
+_COUNTED: dict[int, list] = {}
+
+
+class _Counted(Engine):
+    """Rank 0 of a sharded job: keeps rank 1's answered HELLO, counts the WELCOMEs it sends."""
+
+    __slots__ = ()
+
+    def handle(self, buf, n, addr, tcp_peer, now):
+        rec = _COUNTED.get(id(self))
+        h = _kind(bytes(buf[:n]))
+        if rec is not None and h is not None and h.type == MsgType.HELLO and h.src == 1 \
+                and b'"answer"' in bytes(buf[:n]) and not rec[0]:
+            rec[0].append((bytes(buf[:n]), addr))
+        return super().handle(buf, n, addr, tcp_peer, now)
+
+    def send_raw(self, body, addr, dst):
+        rec = _COUNTED.get(id(self))
+        h = _kind(bytes(body) + bytes(wire.TAG_SIZE))
+        if rec is not None and h is not None and h.type == MsgType.WELCOME:
+            rec[1] += 1
+        return super().send_raw(body, addr, dst)
+
+
+def test_a_replayed_answered_hello_does_not_make_rank0_resend_the_table():
+    """Sharded, 4 ranks: rank 1's answered HELLO, replayed 200 times from its own address
+    after the join. Rank 0 used to send the whole address table to every rank per replay
+    (600 WELCOMEs); now the rank alone is answered, at most every ``WELCOME_REPEAT_S``."""
+    secret = secrets.token_hex(32)
+    world = 4
+    lead = dblp.TransportGroup(0, world, "127.0.0.1", 0, mode="sharded", secret=secret,
+                               join_timeout=8, round_timeout=5)
+    rec: list = [[], 0]
+    _COUNTED[id(lead.engine)] = rec
+    lead.engine.__class__ = _Counted
+    groups = [lead] + [dblp.TransportGroup(r, world, "127.0.0.1", lead.master_port,
+                                           mode="sharded", secret=secret, join_timeout=8,
+                                           round_timeout=5) for r in range(1, world)]
+    errors: list = []
+    out: dict = {}
+    joined = threading.Barrier(world)
+    replayed = threading.Event()
+
+    def work(r):
+        g = groups[r]
+        try:
+            for rnd in range(2):
+                t = np.full(4_000, float(r), np.float32)
+                g.allreduce_(t)
+                out[(r, rnd)] = t
+                if rnd == 0:
+                    joined.wait(10)
+                    if r == 0:
+                        msg, addr = rec[0][0]
+                        before = rec[1]
+                        for _ in range(200):
+                            g.engine.handle(memoryview(msg), len(msg), addr, None,
+                                            time.monotonic())
+                        rec.append(rec[1] - before)
+                        replayed.set()
+                    replayed.wait(10)
+        except Exception as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for g in groups:
+        g.close()
+    assert not errors, errors
+    mean = np.float32(sum(range(world)) / world)
+    assert all(np.all(t == mean) for t in out.values()) and len(out) == 2 * world
+    assert rec[2] <= 1, rec[2]  # WELCOMEs for 200 replays
