@@ -623,3 +623,66 @@ def test_a_replayed_answered_hello_does_not_make_rank0_resend_the_table():
     mean = np.float32(sum(range(world)) / world)
     assert all(np.all(t == mean) for t in out.values()) and len(out) == 2 * world
     assert rec[2] <= 1, rec[2]  # WELCOMEs for 200 replays
+
+
+def test_blocks_come_only_under_a_flood_spare_candidates_and_end_on_a_timer():
+    """``BadSources``: a few failed tags block nothing; past the global budget a flooding
+    source is blocked, a candidate's or a peer's address never; the table is bounded and a
+    block ends by the clock alone (an engine's poll lifts it with nothing read)."""
+    from dblp.engine_state import BadSources
+    bad = BadSources()
+    peers = {1: ("10.0.0.1", 5)}
+    bad.trust(("10.0.0.2", 6))
+    t = 100.0
+    for _ in range(int(BadSources.BURST)):  # a budget's worth: acted on, nothing blocked
+        assert bad.failed(("10.0.0.9", 7), t, peers)
+    assert not bad.blocked
+    for addr in (("10.0.0.9", 7), ("10.0.0.1", 5), ("10.0.0.2", 6)):
+        for _ in range(BadSources.LIMIT + 1):
+            assert not bad.failed(addr, t, peers)  # the budget is spent: not acted on
+    assert list(bad.blocked) == [("10.0.0.9", 7)]
+    for i in range(2 * BadSources.MAX_BLOCKED):
+        for _ in range(BadSources.LIMIT + 1):
+            bad.failed((f"10.1.{i // 250}.{i % 250}", 9), t, peers)
+    assert len(bad.blocked) == BadSources.MAX_BLOCKED
+    assert bad.expire(t + BadSources.BLOCK) == float("inf") and not bad.blocked
+
+    eng = Engine(0, bind=("127.0.0.1", 0), key=secrets.token_bytes(32))
+    try:
+        eng.bad.blocked[("127.0.0.9", 9)] = time.monotonic() + 0.1
+        eng.poll(0.3)  # nothing arrives; the block ends on its own
+        eng.poll(0.0)
+        assert not eng.bad.blocked and not eng.kernel_blocked
+    finally:
+        eng.close()
+
+
+def test_a_control_send_to_a_peer_that_stops_reading_gives_up(monkeypatch):
+    """A TCP control send has a deadline: a peer whose window stays shut costs the sender
+    ``SEND_TIMEOUT_S``, then PeerClosed (``sendall`` used to block for ever)."""
+    import socket
+
+    from dblp import framing
+    monkeypatch.setattr(framing, "SEND_TIMEOUT_S", 0.3)
+    lst = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lst.getsockname())
+    b, _ = lst.accept()  # never reads
+    conn = framing.TcpControl(a)
+    result: list = []
+
+    def fill():
+        t0 = time.monotonic()
+        try:
+            for _ in range(1_000_000):
+                conn.send(bytes(wire.MAX_DATAGRAM))
+        except dblp.errors.PeerClosed:
+            result.append(time.monotonic() - t0)
+    th = threading.Thread(target=fill, daemon=True)
+    th.start()
+    th.join(10)
+    try:
+        assert result and conn.closed, "the send blocked"
+    finally:
+        conn.close()
+        b.close()
+        lst.close()
