@@ -13,12 +13,14 @@ job's, or of an earlier job's that used the same secret), sent from any
 address. So no HELLO pins or moves a rank's address by itself. The
 aggregator answers a HELLO with a CHALLENGE to the address it came from: the
 member's fresh nonce echoed and a value only this aggregator can make, a MAC
-under a key it draws at start over that address, the rank and the nonce (a
-stateless cookie, as DTLS and WireGuard use). Only a member at that address
-that holds the secret can send the HELLO that carries the answer; that HELLO
-pins the rank to the address (or, once joined, moves it there), and the
-WELCOME echoes the member's nonce, so a member never adopts the session of a
-WELCOME sent to an earlier join. A launcher-set session must be in every
+under a key it draws (a new one every ``Cookies.EPOCH_S``) over that
+address, the rank and the nonce (a stateless cookie, as DTLS and WireGuard
+use). Only a member at that address that holds the secret can send the HELLO
+that carries the answer; that HELLO pins the rank to the address (or, once
+joined, moves it there), and the WELCOME echoes the member's nonce, so a
+member never adopts the session of a WELCOME sent to an earlier join. The
+same answered HELLO again (a lost WELCOME, or a replay) changes nothing and
+is answered to that rank alone, at most every ``WELCOME_REPEAT_S``. A launcher-set session must be in every
 HELLO (a HELLO of another job is refused at once). A TCP control connection
 is bound to a rank only by a HELLO marked TCP (``Flag.TCP``, under the MAC:
 a UDP HELLO cannot pass for one) that carries the job's session, the nonce
@@ -57,6 +59,7 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import wire
@@ -152,22 +155,51 @@ _COOKIE = struct.Struct("!QHQ")
 
 
 class Cookies:
-    """The aggregator's challenges: a MAC under a key drawn at start, so none is stored.
+    """The aggregator's challenges: a MAC under a key it draws, so none is stored.
 
     A challenge is bound to the address it was sent to, the rank and the
     member's nonce (and, through the key, to this aggregator process): an
     answer from any other address, or to an earlier aggregator, is refused.
+    The key has epochs, as WireGuard's cookie secret does: a new one every
+    ``EPOCH_S`` seconds, the one before still accepted (a challenge sent just
+    before the change is answered after it), so an answer is good for at most
+    two epochs, not for the aggregator's whole life.
     """
 
-    __slots__ = ("_mac",)
+    __slots__ = ("_macs", "_since", "_clock")
 
-    def __init__(self) -> None:
-        self._mac = hashlib.blake2b(key=secrets.token_bytes(32), digest_size=8)
+    EPOCH_S = 120.0
 
-    def make(self, addr: tuple[str, int], rank: int, nonce: int) -> int:
-        m = self._mac.copy()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._macs = [self._new_key()]
+        self._since = clock()
+
+    @staticmethod
+    def _new_key():
+        return hashlib.blake2b(key=secrets.token_bytes(32), digest_size=8)
+
+    def _epoch(self) -> None:
+        now = self._clock()
+        if now - self._since >= self.EPOCH_S:
+            self._macs = [self._new_key(), self._macs[0]]
+            self._since = now
+
+    @staticmethod
+    def _value(mac, addr: tuple[str, int], rank: int, nonce: int) -> int:
+        m = mac.copy()
         m.update(socket.inet_aton(addr[0]) + _COOKIE.pack(addr[1], rank, nonce))
         return int.from_bytes(m.digest(), "big") & (2**62 - 1) | 1
+
+    def make(self, addr: tuple[str, int], rank: int, nonce: int) -> int:
+        """The challenge for a HELLO of ``rank`` with ``nonce`` from ``addr``, this epoch."""
+        self._epoch()
+        return self._value(self._macs[0], addr, rank, nonce)
+
+    def check(self, answer: int, addr: tuple[str, int], rank: int, nonce: int) -> bool:
+        """Whether ``answer`` is a challenge of this epoch or the one before for them."""
+        self._epoch()
+        return any(answer == self._value(mac, addr, rank, nonce) for mac in self._macs)
 
 
 def welcome_extras(chunk_bytes: int) -> dict:
@@ -347,15 +379,17 @@ class Rendezvous:
             return
         addr = (addr[0], addr[1])
         eng.bad.trust(addr)  # a candidate address of the rank: never blocked
-        cookie = self.cookies.make(addr, rank, nonce)
+        if answer is not None and not self.cookies.check(answer, addr, rank, nonce):
+            # Answered from another address, to another aggregator, or epochs ago: no proof,
+            # but a member whose answer aged out needs a new challenge to go on.
+            eng.counters.foreign += 1
+            answer = None
         if answer is None:
             # Not yet proof of anything (it may be a replay): challenge the address it came from.
+            cookie = self.cookies.make(addr, rank, nonce)
             eng.send_raw(_msg(MsgType.CHALLENGE, {"rank": rank, "nonce": nonce,
                                                   "challenge": cookie},
                               src=eng.rank, session=eng.session), addr, rank)
-            return
-        if answer != cookie:
-            eng.counters.foreign += 1  # answered from another address, or to another aggregator
             return
         seen = self.nonces.setdefault(rank, [])
         pinned = self.addrs.get(rank)

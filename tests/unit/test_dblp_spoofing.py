@@ -686,3 +686,20 @@ def test_a_control_send_to_a_peer_that_stops_reading_gives_up(monkeypatch):
         conn.close()
         b.close()
         lst.close()
+
+
+def test_a_challenge_answer_is_good_for_two_cookie_epochs_at_most():
+    """The aggregator's cookie key has epochs: an answer of this epoch or the one before is
+    taken, an older one is not (it used to be good for the aggregator's whole life)."""
+    from dblp import join
+    clock = [1000.0]
+    cookies = join.Cookies(clock=lambda: clock[0])
+    addr = ("127.0.0.1", 4000)
+    answer = cookies.make(addr, 1, 77)
+    assert cookies.check(answer, addr, 1, 77)
+    assert not cookies.check(answer, ("127.0.0.1", 4001), 1, 77)
+    clock[0] += join.Cookies.EPOCH_S
+    assert cookies.check(answer, addr, 1, 77)  # the epoch before: still good
+    clock[0] += join.Cookies.EPOCH_S
+    assert not cookies.check(answer, addr, 1, 77)
+    assert cookies.check(cookies.make(addr, 1, 77), addr, 1, 77)
