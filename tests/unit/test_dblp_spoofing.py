@@ -703,3 +703,54 @@ def test_a_challenge_answer_is_good_for_two_cookie_epochs_at_most():
     clock[0] += join.Cookies.EPOCH_S
     assert not cookies.check(answer, addr, 1, 77)
     assert cookies.check(cookies.make(addr, 1, 77), addr, 1, 77)
+
+
+def test_one_spoofed_challenge_does_not_abort_a_sharded_member():
+    """Sharded mode: rank 1 waits for rank 0 (started late); one bad-tag CHALLENGE from rank
+    0's address arrives first. Rank 1 used to raise "the secret differs"; now both join."""
+    secret = secrets.token_hex(32)
+    port = free_port()
+    member = dblp.TransportGroup(1, 2, "127.0.0.1", port, mode="sharded", secret=secret,
+                                 join_timeout=8, round_timeout=5)
+    once = {"done": False}
+
+    def inject(eng, now):
+        if not once["done"]:
+            once["done"] = True
+            body = json.dumps({"rank": 1, "nonce": 1, "challenge": 5}).encode()
+            msg = _forged(MsgType.CHALLENGE, src=0, session=0, payload=body)
+            eng.handle(memoryview(msg), len(msg), ("127.0.0.1", port), None, now)
+    _spoof(member.engine, inject)
+    errors: list = []
+    out: dict = {}
+    groups = [member]
+
+    def lead():
+        try:
+            time.sleep(1.5)
+            g = dblp.TransportGroup(0, 2, "127.0.0.1", port, mode="sharded", secret=secret,
+                                    join_timeout=8, round_timeout=5)
+            groups.append(g)
+            t = np.full(1000, 1.0, np.float32)
+            g.allreduce_(t)
+            out[0] = t
+        except Exception as exc:
+            errors.append(exc)
+
+    def work():
+        try:
+            t = np.full(1000, 3.0, np.float32)
+            member.allreduce_(t)
+            out[1] = t
+        except Exception as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=lead), threading.Thread(target=work)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for g in groups:
+        g.close()
+    assert once["done"]
+    assert not errors, errors
+    assert np.all(out[0] == 2.0) and np.all(out[1] == 2.0)
