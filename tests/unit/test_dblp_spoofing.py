@@ -124,7 +124,7 @@ def test_a_member_joins_while_its_address_sends_a_thousand_bad_tags_a_second():
         srv.close()
     assert not errors, errors
     assert all(np.all(t == 2.0) for t in out)
-    assert joined_and_ran < 2.0, joined_and_ran
+    assert joined_and_ran < 3.0, joined_and_ran  # the join itself takes milliseconds
     assert srv.engine.counters.unauthenticated >= 200
     assert victim not in srv.engine.bad.blocked
 
