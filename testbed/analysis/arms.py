@@ -36,6 +36,13 @@ def is_command_arm(arm: str) -> bool:
     return ARMS[arm].command is not None
 
 
+def is_reliable_arm(arm: str) -> bool:
+    """An arm that delivers every gradient byte: gloo's all-reduce, or dblp's reliable policy
+    (what a target accuracy is taken from: the accuracy no drop has touched). A label no
+    registry knows (an ablation's point, ``dblp@p_high=0.208``) is not one."""
+    return arm in ARMS and arm_transport(arm) in ("gloo", "reliable")
+
+
 def paper_baselines(arms) -> list[str]:
     """The static-bound arms at the spec's p_static among ``arms``: the paper's baseline,
     whatever their control path and mode (a command arm is measured against each)."""

@@ -243,6 +243,29 @@ def _span(interval: dict, unit: str) -> str:
     return point_interval(interval, unit)
 
 
+def environment_differences(run: dict, ref: dict) -> list[str]:
+    """What could move a figure and differs between a run's summary and the reference's, one
+    line each: today the data set (its model and pinned digest, summary ``data``).
+
+    Said before the verdicts, never a verdict of its own: other data make other figures, and
+    a reader must know before reading a difference as the transport's. A summary from
+    before version 7 does not say which data it trained on, and that is said too.
+    """
+    mine, theirs = run.get("data"), ref.get("data")
+    if mine == theirs:
+        return []
+    if theirs is None or mine is None:
+        who = "the reference" if theirs is None else "the run"
+        return [f"data: {who} does not record which data it trained on (summary version "
+                f"{(ref if theirs is None else run).get('schema')}), so the data may differ"]
+    out = []
+    for key in ("model", "sha256"):
+        if mine.get(key) != theirs.get(key):
+            out.append(f"data {key}: the run's {mine.get(key)}, the reference's "
+                       f"{theirs.get(key)}")
+    return out
+
+
 def compare_verdicts(run, reference_dir) -> tuple[bool, list[dict], dict]:
     """(consistent, rows, run summary): each claim and pair of the reference against the run's.
 
@@ -291,12 +314,16 @@ def format_verdict_rows(rows: list[dict]) -> list[str]:
 
 def _compare_dir(run: str, reference: str, json_out: str | None) -> None:
     ok, rows, summary = compare_verdicts(run, reference)
+    env = environment_differences(summary, read_summary(reference))
     bad = summary.get("invalid_units", [])
     obj = check_answer({"kind": "compare-reproduce", "schema": ANSWER_SCHEMA, "run": run,
                         "reference": reference, "reproduces": ok and all(r["same"] for r in rows),
-                        "consistent": ok, "verdicts": rows, "invalid_units": bad})
+                        "consistent": ok, "environment": env, "verdicts": rows,
+                        "invalid_units": bad})
 
     def text():
+        for line in env:
+            click.echo(f"differs from the reference's set-up: {line}")
         for line in format_verdict_rows(rows):
             click.echo(line)
         if bad:

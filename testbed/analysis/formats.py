@@ -47,8 +47,13 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #      interval is Student's t over the paired seeds. Optional, so versions
 #      1-5 still read. A version 1-3 reference judged again from its kept
 #      tables (claims.rejudge) keeps its number and may carry too_few_seeds.
-SUMMARY_SCHEMA = 6
-KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6})
+#   7: the seed is the unit (the training-time cut and time to target are
+#      Student's t over per-seed values); data (the pinned digest of the data
+#      set the workers trained on); arms.<arm>.relaxed_share and comm_share
+#      (the design's figures a verdict stands beside); verdicts[].source.
+#      Optional, so versions 1-6 still read.
+SUMMARY_SCHEMA = 7
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -85,6 +90,9 @@ SUMMARY_FIELDS = (
           doc="SUMMARY_VERDICT_FIELDS, one per claim (claims.CLAIMS) and pair of arms that ran; "
               "one with pair null for a claim none of whose pairs ran"),
     Field("time_to_target", "dict", required=False, doc="SUMMARY_TIME_TO_TARGET_FIELDS"),
+    Field("data", "dict", required=False, nullable=True,
+          doc="the data set the workers trained on: {model, sha256} (workloads.data's pinned "
+              "digest; sha256 null: not pinned); null: no worker said. Version 7 on"),
 )
 SUMMARY_ARM_FIELDS = (
     Field("transport", "str"), Field("status", "str"),
@@ -104,6 +112,12 @@ SUMMARY_ARM_FIELDS = (
     Field("phase_switches", "int", required=False, nullable=True,
           doc="rounds whose phase differs from the round before (raw round events' phase); "
               "null: the arm has no phase (not a dblp policy)"),
+    Field("relaxed_share", "num", required=False, nullable=True,
+          doc="share of the arm's rounds its phase-aware bound ran relaxed; null: no phase. "
+              "Version 7 on"),
+    Field("comm_share", "num", required=False, nullable=True,
+          doc="share of a round's time spent exchanging the gradient (slowest worker's exchange "
+              "over the round's window, summed over rounds). Version 7 on"),
 )
 SUMMARY_SPEEDUP_FIELDS = (
     Field("arm", "str"), Field("baseline", "str"),
@@ -431,7 +445,8 @@ def write_reference(path, ref: dict) -> None:
 #   1: first declared version (the objects of before, plus kind and schema).
 #   2: compare-reproduce judges power: ``consistent`` (no contradiction),
 #      ``reproduces`` (every verdict the very same), each row's ``status``
-#      and ``seeds_to_decide``.
+#      and ``seeds_to_decide``; ``environment``, what differs from the
+#      reference's set-up (the data set).
 ANSWER_SCHEMA = 2
 #: ``kind`` -> the fields of that object.
 ANSWER_KINDS = ("run", "compare-guard", "compare-reproduce")
@@ -472,6 +487,8 @@ COMPARE_REPRODUCE_FIELDS = (
     Field("run", "str"), Field("reference", "str", doc="the reference directory"),
     Field("reproduces", "bool", doc="every verdict the very same as the reference's"),
     Field("consistent", "bool", doc="no verdict contradicts the reference's (compare.py)"),
+    Field("environment", "list", doc="what could move a figure and differs from the "
+          "reference's set-up, one line each (compare.environment_differences)"),
     Field("verdicts", "list", doc="COMPARE_VERDICT_FIELDS each"),
     Field("invalid_units", "list", doc="the run's SUMMARY_INVALID_UNIT_FIELDS"),
 )

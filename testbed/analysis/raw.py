@@ -62,6 +62,20 @@ class RawRun:
               if e["event"] == "start" and e["role"] == "worker"]
         return max(gb) if gb else None
 
+    @property
+    def data(self) -> dict | None:
+        """The model and data-set digest the workers said they trained on (raw-log schema 6's
+        ``data_sha256``); None when no worker said. Workers that disagree: every digest, sorted,
+        joined by commas, so the summary shows the disagreement instead of picking one."""
+        starts = [e for arm in self.arms for e in self.events[arm]
+                  if e["event"] == "start" and e["role"] == "worker"]
+        if not starts:
+            return None
+        models = sorted({e["model"] for e in starts})
+        digests = sorted({str(e.get("data_sha256")) for e in starts})
+        sha = None if digests == ["None"] else ",".join(digests)
+        return {"model": ",".join(models), "sha256": sha}
+
 
 #: The longest log line read; an event is a few hundred bytes, so a longer (hostile) line is skipped.
 MAX_LINE = 1 << 20

@@ -25,6 +25,7 @@ import re
 import statistics
 from collections.abc import Callable
 
+from testbed.analysis import design
 from testbed.cpustat import STEAL_FLAG
 
 BLOCK_RE = re.compile(r"(<!-- reference:(?P<ref>[\w.-]+) (?P<table>[\w.-]+) -->\n)(?P<body>.*?)"
@@ -1093,12 +1094,15 @@ TABLES: dict[str, Callable[[pathlib.Path], str]] = {
     "bursts": bursts_table,
     "wall-times": wall_times_table,
     "prototype-costs": prototype_costs_table,
+    "design": design.design_table,
+    "curves": design.curves_table,
+    "cut-vs-relaxed": design.cut_vs_relaxed_table,
     **_ablation_tables(),
     **_regime_tables(),
 }
 #: Tables that read several references at once, from the reference root: their
 #: blocks name `testbed.references.EVERY` ("all").
-EVERY_TABLES = ("wall-times", "prototype-costs")
+EVERY_TABLES = ("wall-times", "prototype-costs", "cut-vs-relaxed")
 
 
 def render(ref: str, table: str, reference_dir: pathlib.Path) -> str:

@@ -579,6 +579,7 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
             if "stats_bytes_sent" in r else math.nan,
             # summary.json declares an int: the mean over seeds, rounded.
             "phase_switches": int(round(switches)) if math.isfinite(switches) else None,
+            "relaxed_share": _relaxed_share(r), "comm_share": _comm_share(r),
         }
         if status != "ok":
             warnings.append(f"arm {arm}: status {status}")
@@ -686,8 +687,34 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "targets": _targets(arms, speedups, physics, partners),
         "warnings": warnings,
         "definitions": DEFINITIONS,
+        "data": raw.data,
     })
     return summary
+
+
+def _relaxed_share(r: pd.DataFrame) -> float | None:
+    """Share of the rounds a phase-aware bound ran relaxed; None for an arm without phases.
+
+    Why beside every verdict: a phase-aware bound can only save time in its
+    relaxed rounds, so the training-time cut is about this share times the
+    saving per relaxed round; a run that ends soon after the detector relaxes
+    measures its horizon, not the transport.
+    """
+    ph = r["phase"].dropna() if "phase" in r.columns else pd.Series(dtype=object)
+    ph = ph[ph.isin(["critical", "relaxed"])]
+    return float((ph == "relaxed").mean()) if len(ph) else None
+
+
+def _comm_share(r: pd.DataFrame) -> float | None:
+    """The rounds' exchange time over their windows (the slowest worker's), summed: how much
+    of training the transport can change at all."""
+    if "comm_ms_max" not in r.columns or not len(r):
+        return None
+    comm = pd.to_numeric(r["comm_ms_max"], errors="coerce")
+    dur = pd.to_numeric(r["duration_ms"], errors="coerce")
+    ok = comm.notna() & dur.notna()
+    total = float(dur[ok].sum())
+    return float(comm[ok].sum()) / total if total > 0 else None
 
 
 # The default run's acceptance figures.

@@ -208,6 +208,11 @@ def reproduce(refs: list[Reference], runs_root: pathlib.Path,
                 keep(out, reference_dir / ref.name, kept_files(ref), rec)
             except TestbedError as exc:
                 status = str(exc)
+            else:
+                if isinstance(ref, RunReference):
+                    # The per-seed curves its page shows, from the files it keeps.
+                    from testbed.analysis.design import draw_curves
+                    draw_curves(reference_dir / ref.name)
         done[ref.name] = {"run_dir": str(out), "status": status, "wall_s": wall}
         output.say(f"reproduce {ref.name}: {status} in {wall / 60:.1f} min")
     return done

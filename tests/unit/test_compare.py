@@ -279,7 +279,7 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
 def test_version_1_to_3_summaries_without_their_successors_fields_still_read(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run, figures=False)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 6
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 7
     # Version 3: fidelity flags, which decided nothing, instead of invalid units; nothing
     # left out of a verdict or an interval.
     s["schema"] = 3
@@ -445,3 +445,19 @@ def test_a_json_answer_off_its_declaration_is_refused(runs, reference, mutate, n
     mutate(obj)
     with pytest.raises(formats.FormatError, match=re.escape(needle)):
         formats.check_answer(obj)
+
+
+def test_compare_names_data_that_differ_before_its_verdicts(two_seeds, tmp_path):
+    """Issue 55: a run whose data differ from the reference's says so first."""
+    run = formats.read_summary(two_seeds)
+    ref = json.loads(json.dumps(run))
+    ref["data"] = {"model": run["data"]["model"], "sha256": "0" * 64}
+    d = _reference_dir(tmp_path, ref)
+    res = _cli("compare", two_seeds, "--reference", d)
+    first = res.stdout.splitlines()[0]
+    assert first == (f"differs from the reference's set-up: data sha256: the run's "
+                     f"{run['data']['sha256']}, the reference's {'0' * 64}")
+    assert compare.environment_differences(run, run) == []
+    old = dict(ref, schema=6)
+    del old["data"]
+    assert "does not record which data" in compare.environment_differences(run, old)[0]

@@ -195,7 +195,7 @@ def _v3_summary(tmp_path) -> dict:
 
 def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
     s = _v3_summary(tmp_path)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 6 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 7 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
     assert [(v["claim"], v["pair"]) for v in s["verdicts"]] == [
         ("burst_speedup", "dblp_vs_static"), ("train_time_cut", "dblp_vs_static"),
         ("accuracy", "dblp_vs_static")]

@@ -218,3 +218,15 @@ def test_every_detector_setting_reaches_the_transport_config(tmp_path):
 def test_readme_counts_the_bad_specs_this_file_checks():
     page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
     assert f"Bad input: {len({b[1] for b in BAD_SPECS})} distinct bad specs" in page
+
+
+def test_a_per_epoch_check_must_count_the_workloads_own_epoch():
+    """paper-regime checks its phase once per epoch of 31 rounds (6,000 images, 3 workers,
+    batches of 64): a rounds_per_epoch that is not the workload's is refused, naming it."""
+    spec = load(None, PRESETS["paper-regime"], [])
+    assert spec["transport"]["check_every"] == "epoch"
+    assert spec["transport"]["rounds_per_epoch"] == 31
+    with pytest.raises(SpecError, match=r"transport.rounds_per_epoch.*30 is not the workload's "
+                                        r"epoch \(6000 examples / 3 workers / batch 64 = 31 "
+                                        r"rounds\).*set transport.rounds_per_epoch = 31"):
+        load(None, PRESETS["paper-regime"], ["transport.rounds_per_epoch=30"])
