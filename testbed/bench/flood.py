@@ -25,6 +25,14 @@ bound: at most 2x) and control / quiet,
 the flood's datagrams per second, what the aggregator counted, and whether
 every round's aggregate was exact.
 
+A flood comes from one source, or from ``--sources N`` rotating ones (each
+datagram from the next of N loopback addresses, 127.1.0.0 on: the kernel
+lets a socket send from any local address through ``IP_PKTINFO``, so N
+sources cost one socket), and carries the job's session or, with
+``--sessions foreign``, sessions the job never had (one per datagram of
+the flood's cycle): the two floods that cost an aggregator most before it
+dropped what no one authenticated before any MAC or key derivation.
+
 The processes are this module run with a role (`python -m testbed.bench.flood
 server|member|flood ...`); the secret travels in ``DBLP_SECRET``, never on a
 command line.
@@ -46,7 +54,12 @@ from testbed import output
 from testbed.errors import ExperimentFailed
 from testbed.output import json_option, results
 
-SCHEMA = 2  # 2: control blocks (a flood of a sink, not the job)
+SCHEMA = 3  # 2: control blocks (a flood of a sink, not the job); 3: sources and sessions
+#: Where rotating sources start: 127.1.0.0, 127.1.0.1, ... (all of 127/8 is this machine's).
+SOURCES_BASE = (127 << 24) | (1 << 16)
+SESSIONS = ("job", "foreign")
+#: Linux's IP_PKTINFO (in.h), which Python's socket module does not export.
+IP_PKTINFO = getattr(__import__("socket"), "IP_PKTINFO", 8)
 N_MEMBERS = 2
 DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32, as `bench transport`
 #: Forged datagrams the flood cycles through: 16 chunks of every round of the job.
@@ -90,22 +103,42 @@ def _role_member(rank: int, port: int, rounds: int, numel: int, session: int) ->
                               "exact": bool(np.all(t == expected))}), flush=True)
 
 
-def _role_flood(port: int, session: int, rounds: int) -> None:
+def _role_flood(port: int, session: int, rounds: int, sources: int = 1,
+                foreign: int = 0) -> None:
+    import random
+    import socket
+    import struct
+
     from dblp import wire
 
     pay = bytes(wire.CHUNK_BYTES)
-    msgs = [wire.pack_header(wire.MsgType.DATA, src=0, session=session, round=r, index=i,
-                             count=FORGED_PER_ROUND * 10, length=len(pay), aux=1, seq=i)
+    rng = random.Random()
+    msgs = [wire.pack_header(wire.MsgType.DATA, src=0,
+                             session=(rng.getrandbits(63) | 1) if foreign else session,
+                             round=r, index=i, count=FORGED_PER_ROUND * 10, length=len(pay),
+                             aux=1, seq=i)
             + pay + os.urandom(wire.TAG_SIZE)
             for r in range(rounds) for i in range(FORGED_PER_ROUND)]
-    import socket
-
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    s.connect(("127.0.0.1", port))  # send() without an address: about 1.2x sendto's rate
-    send = s.send
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    if sources == 1:
+        s.bind(("127.0.0.1", 0))
+        s.connect(("127.0.0.1", port))  # send() without an address: about 1.2x sendto's rate
+        send = s.send
+    else:
+        # One socket, each datagram from the next source address (IP_PKTINFO's ipi_spec_dst).
+        s.bind(("0.0.0.0", 0))
+        anc = [[(socket.IPPROTO_IP, IP_PKTINFO,
+                 struct.pack("=I4s4s", 0, struct.pack("!I", SOURCES_BASE + k), bytes(4)))]
+               for k in range(sources)]
+        dst = ("127.0.0.1", port)
+        turn = [0]
+
+        def send(m):
+            k = turn[0]
+            turn[0] = (k + 1) % sources
+            return s.sendmsg([m], anc[k], 0, dst)
     print(json.dumps({"armed": True, "port": s.getsockname()[1]}), flush=True)
     sys.stdin.readline()  # armed (imports and messages made) until the driver says go
     n, first = 0, time.monotonic()
@@ -126,13 +159,13 @@ def _spawn(role: str, *args, env: dict, stdout=subprocess.PIPE, stdin=None) -> s
                             env=env)
 
 
-def armed_flood(port: int, session: int, rounds: int,
-                env: dict) -> tuple[subprocess.Popen, int]:
+def armed_flood(port: int, session: int, rounds: int, env: dict, sources: int = 1,
+                foreign: bool = False) -> tuple[subprocess.Popen, int]:
     """A flood process towards ``port`` with its imports done and its datagrams made,
     waiting for `go`, and the UDP port it sends from: started ahead, so a flood block
     begins within a millisecond of the driver's word, not after a Python start-up longer
     than a block of small rounds. `stop` ends it."""
-    return _spawn_with_port("flood", [port, session, rounds], env,
+    return _spawn_with_port("flood", [port, session, rounds, sources, int(foreign)], env,
                             "the flood process exited ({code}) before it was armed",
                             stdin=subprocess.PIPE)
 
@@ -177,7 +210,7 @@ def block_plan(blocks: int) -> list[str]:
 
 
 def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT_NUMEL,
-                    log=print) -> dict:
+                    log=print, sources: int = 1, sessions: str = "job") -> dict:
     """``blocks`` blocks of ``block_rounds`` rounds each, quiet, flooded and control in turn
     (`block_plan`, after two warm-up rounds); the bench's document.
 
@@ -209,7 +242,8 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
         # would take CPU from that block's rounds for its whole start-up (~0.3 s, a block).
         for k in plan:
             if k != "quiet":
-                armed.append(armed_flood(target[k], session, total, env)[0])
+                armed.append(armed_flood(target[k], session, total, env, sources,
+                                         sessions == "foreign")[0])
         procs += [_spawn("member", w, port, total, numel, session, env=env,
                          stdout=subprocess.PIPE if w == 0 else subprocess.DEVNULL)
                   for w in range(N_MEMBERS)]
@@ -253,7 +287,8 @@ def run_flood_bench(blocks: int = 8, block_rounds: int = 8, numel: int = DEFAULT
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return flood_doc(rounds[2:], floods, numel, counters)
+    doc = flood_doc(rounds[2:], floods, numel, counters)
+    return {**doc, "sources": sources, "sessions": sessions}
 
 
 def go(proc: subprocess.Popen) -> float:
@@ -314,8 +349,9 @@ def format_doc(doc: dict) -> str:
             f"median {ms(doc.get('control_s'))}\n"
             f"flood / quiet: {x(doc['ratio'])} (bound: 2x); "
             f"control / quiet: {x(doc.get('control_ratio'))}\n"
-            f"flood rate: {per_s(doc['flood_datagrams_per_s'])} datagrams/s from one process "
-            f"(control: {per_s(doc.get('control_datagrams_per_s'))})\n"
+            f"flood rate: {per_s(doc['flood_datagrams_per_s'])} datagrams/s from one process, "
+            f"{doc.get('sources', 1):,} source address(es), {doc.get('sessions', 'job')} "
+            f"sessions (control: {per_s(doc.get('control_datagrams_per_s'))})\n"
             f"aggregator: {agg.get('unauthenticated', '–')} unauthenticated datagrams dropped "
             f"after verifying or by address, {agg.get('socket_drops', '–')} by its socket "
             f"(its filter, or a full buffer); every aggregate exact: {'yes' if doc['all_exact'] else 'NO'}")
@@ -327,7 +363,12 @@ def format_doc(doc: dict) -> str:
               help="Blocks of rounds: quiet, flooded, quiet, control, ... in turn.")
 @click.option("--block-rounds", type=int, default=8, show_default=True, help="Rounds per block.")
 @click.option("--mbytes", type=float, default=4.0, show_default=True, help="Gradient size (MiB).")
-def flood_cmd(json_out, blocks, block_rounds, mbytes):
+@click.option("--sources", type=click.IntRange(1, 65_536), default=1, show_default=True,
+              help="Source addresses the flood rotates through (127.1.0.0 on), one per datagram.")
+@click.option("--sessions", type=click.Choice(SESSIONS), default="job", show_default=True,
+              help="job: the forged datagrams carry the job's session; foreign: sessions the "
+                   "job never had.")
+def flood_cmd(json_out, blocks, block_rounds, mbytes, sources, sessions):
     """Honest PS rounds on loopback with and without a flood of forged DATA from one process."""
     if blocks < 2:
         raise click.BadParameter("must be >= 2 (a quiet block and a flooded one)",
@@ -337,7 +378,8 @@ def flood_cmd(json_out, blocks, block_rounds, mbytes):
                                  param_hint="--block-rounds")
     if not mbytes > 0:
         raise click.BadParameter("must be positive", param_hint="--mbytes")
-    doc = run_flood_bench(blocks, block_rounds, int(mbytes * (1 << 20)) // 4, log=output.say)
+    doc = run_flood_bench(blocks, block_rounds, int(mbytes * (1 << 20)) // 4, log=output.say,
+                          sources=sources, sessions=sessions)
     results(doc, json_out, lambda: click.echo(format_doc(doc)))
     if not doc["all_exact"]:
         raise ExperimentFailed("bench flood: an aggregate was not the exact mean")

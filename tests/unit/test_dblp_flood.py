@@ -109,3 +109,14 @@ def test_a_round_is_a_flood_round_only_wholly_inside_a_flood():
 
 def test_blocks_go_quiet_flood_quiet_control():
     assert fb.block_plan(6) == ["quiet", "flood", "quiet", "control", "quiet", "flood"]
+
+
+@pytest.mark.parametrize("sources,sessions", [(4096, "job"), (64, "foreign")])
+def test_the_flood_bench_rotates_sources_and_forges_sessions(sources, sessions):
+    """Issue 60's floods: 4,096 rotating source addresses (one socket, IP_PKTINFO), and
+    sessions the job never had; the aggregator acts on none, every aggregate is exact."""
+    doc = fb.run_flood_bench(blocks=2, block_rounds=4, numel=1 << 16, log=lambda *_: None,
+                             sources=sources, sessions=sessions)
+    assert doc["all_exact"] and doc["sources"] == sources and doc["sessions"] == sessions
+    assert doc["flood_rounds"] > 0 and doc["flood_datagrams_per_s"] > 1000
+    assert f"{sources:,} source address(es), {sessions} sessions" in fb.format_doc(doc)
