@@ -56,7 +56,6 @@ def _target(field_name: str, target: Any) -> str:
 # What a user writes ([[bursts]], a manual burst); a schedule adds id and trigger.
 SPEC_KEYS = ("kind", "target", "params", "at_round", "at_s", "rounds", "duration_ms", "max_ms")
 ALL_KEYS = SPEC_KEYS + ("id", "trigger")
-TRIGGERS = ("round", "time", "manual")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import subprocess
 import threading
 
 NFT_PREFIX = "dtburst_"   # `dblp-testbed clean` removes netdev tables with this prefix
-SINK_PAIR = ("dtz0-eth0", "dtz0-eth1")  # where lost packets go (see loss_script)
 NUMGEN_MOD = 10000
 
 

@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from . import batch, sockfilter, wire
-from .config import check_setting, default_of
+from .config import CONTROLS, check_setting, default_of
 from .engine_state import BadSources, EarlyBuffer, FinalRetries, FinalRetry, Joining, PeerState
 from .errors import PeerClosed, PeerTimeout
 from .framing import TcpControl
@@ -154,8 +154,9 @@ class Engine:
                  no_progress_probes: int = default_of("no_progress_probes"),
                  batched_io: bool = default_of("batched_io"),
                  fault_rx_drop: float = 0.0, fault_seed: int | None = None):
-        if control not in ("udp", "tcp"):
-            raise ValueError(f"control must be 'udp' or 'tcp', got {control!r}")
+        if control not in CONTROLS:
+            raise ValueError(f"control must be one of {', '.join(map(repr, CONTROLS))}, "
+                             f"got {control!r}")
         # The ranges are TransportConfig's (one home); an Engine built directly checks them too.
         for name, value in (("chunk_bytes", chunk_bytes), ("chunk_order", chunk_order),
                             ("probe_wait", probe_wait), ("nagle", nagle),

@@ -455,10 +455,6 @@ class InTransfer:
             self.n_have = self.count
             self.stopped = True
 
-    @property
-    def satisfied(self) -> bool:
-        return self.stopped
-
     def _reply(self, type_: int, copies: int, probe_id: int = 0) -> None:
         eng = self.eng
         msg = wire.pack_header(type_, src=eng.rank, part=self.part, session=eng.session,
