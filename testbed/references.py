@@ -198,6 +198,13 @@ register(RunReference("paper-regime", "paper-regime",
                       "the paper's training regime: a model trained to its plateau, the phase "
                       "checked per epoch with DBLP relaxed for most of training, bursts at the "
                       "paper's density, the paper's arms and the sharded ones, five seeds"))
+# The same with the detector's drop-corrected norm: with the paper's zero-filled one, a
+# relaxed epoch's own drops lowered its norm past the threshold and sent DBLP back to
+# critical in four seeds of five (docs/results/paper-regime.md).
+register(RunReference("paper-regime-rescaled", "paper-regime",
+                      "paper-regime with the detector's drop-corrected norm, which a relaxed "
+                      "epoch's own drops cannot lower",
+                      ("transport.signal=rescaled",)))
 register(RunReference("paper", "paper",
                       "the paper's star with the parameter server, both control paths, "
                       "five bursts at each of 60/70/80/90 %"))
