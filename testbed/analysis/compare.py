@@ -248,16 +248,17 @@ def environment_differences(run: dict, ref: dict) -> list[str]:
     line each: today the data set (its model and pinned digest, summary ``data``).
 
     Said before the verdicts, never a verdict of its own: other data make other figures, and
-    a reader must know before reading a difference as the transport's. A summary from
-    before version 7 does not say which data it trained on, and that is said too.
+    a reader must know before reading a difference as the transport's. A summary made
+    before version 7 (a committed reference judged again keeps its runs' fields) does not
+    say which data it trained on, and that is said too.
     """
     mine, theirs = run.get("data"), ref.get("data")
     if mine == theirs:
         return []
     if theirs is None or mine is None:
         who = "the reference" if theirs is None else "the run"
-        return [f"data: {who} does not record which data it trained on (summary version "
-                f"{(ref if theirs is None else run).get('schema')}), so the data may differ"]
+        return [f"data: {who} does not record which data it trained on (no summary field "
+                "'data': made before version 7, or judged again since), so the data may differ"]
     out = []
     for key in ("model", "sha256"):
         if mine.get(key) != theirs.get(key):
