@@ -99,31 +99,39 @@ PAPER = {
 }
 
 
-#: The paper-regime reference's bursts: the paper's density (2-3 per 1,000 iterations) at
-#: two of its levels, each lasting about one loss-free round of the slowest arm (the
-#: parameter server's, ~0.25 s at 100 Mbit/s), in the middle and late relaxed phase.
-REGIME_BURSTS = [timed_burst(250, 0.7, ms=300.0), timed_burst(500, 0.9, ms=300.0)]
+#: The paper-regime reference's bursts: the paper's density (2-3 per 1,000 iterations: three
+#: in 1,240 rounds) at three of its levels, each lasting about one loss-free round of the
+#: slowest arm (the parameter server's, ~0.25 s at 100 Mbit/s), spread over the relaxed phase.
+REGIME_BURSTS = [timed_burst(250, 0.7, ms=300.0), timed_burst(500, 0.9, ms=300.0),
+                 timed_burst(1000, 0.8, ms=300.0)]
 
 
 PAPER_REGIME = {
     "name": "paper-regime",
     "description": "the paper's training regime: 3 workers + 1 server on one switch "
-                   "(100 Mbit/s), Fashion-MNIST perceptron trained to its plateau over 22 "
-                   "epochs (682 rounds, cosine rate), the phase checked once per epoch, two "
-                   "bursts at the paper's density; the paper's arms (parameter server: static "
-                   "at P_low, DBLP; gloo reliable) and the sharded ones; 5 seeds",
+                   "(100 Mbit/s), Fashion-MNIST perceptron trained to its plateau over 40 "
+                   "epochs (1,240 rounds, cosine rate), the phase checked once per epoch on "
+                   "the drop-corrected norm, three bursts at the paper's density; the paper's "
+                   "arms (parameter server: static at P_low, DBLP; gloo reliable) and the "
+                   "sharded ones; 5 seeds",
     "arms": ["gloo", "static", "dblp", "static-sharded", "dblp-sharded"],
     **PAPER_STAR_100,
-    # 22 epochs of 31 rounds (6,000 training images, 3 workers, batches of 64): the
+    # 40 epochs of 31 rounds (6,000 training images, 3 workers, batches of 64): the
     # detector checks once per epoch (the paper's rule) and can first relax at the end of
-    # the second epoch (its first check only records a norm), so 22 epochs leave DBLP
-    # relaxed for at most 91 % of its rounds, the paper's regime of mostly relaxed
-    # training. Evaluated once per epoch on all 10,000 test images.
-    "training": {"model": "fmnist_mlp", "batch_size": 64, "rounds": 682, "eval_every": 31,
+    # the second epoch (its first check only records a norm), so DBLP is relaxed for at
+    # most 95 % of its rounds. Each return to critical costs one or two epochs: at 22
+    # epochs (the paper-regime-rescaled reference) one return left 86 % and the sharded
+    # arms averaged 84 %, short of the paper's mostly relaxed training; 40 epochs leave
+    # 90 % after two lost epochs. Evaluated once per epoch on all 10,000 test images.
+    "training": {"model": "fmnist_mlp", "batch_size": 64, "rounds": 1240, "eval_every": 31,
                  "lr_schedule": "cosine"},
     "capture": {"enabled": False},
+    # The drop-corrected norm (``rescaled``), as the default preset: with the paper's
+    # zero-filled one a relaxed epoch's own drops halve its norm past the threshold and
+    # send DBLP back to critical (4 seeds of 5 in the paper-regime-delivered reference,
+    # 75 % of rounds relaxed), so the bound, not the training, would set the phase.
     "transport": {"p_static": 0.008, "p_low": 0.008, "p_high": 0.408,
-                  "check_every": "epoch", "rounds_per_epoch": 31},
+                  "check_every": "epoch", "rounds_per_epoch": 31, "signal": "rescaled"},
     "burst_every": {"enabled": False},
     "bursts": REGIME_BURSTS,
     "seeds": 5,
