@@ -594,10 +594,10 @@ done:
  *
  * ``mac`` (a mac_new capsule of the pair key (session, src, this receiver's rank),
  * or None without a secret): every row's tag is
- * verified before anything but the fixed header bytes is
- * read, and the first that fails stops the run (Python counts it and
- * rate-limits its source). With a key the sender is proved by its tag, not
- * by its address (``addr`` is then not compared), as in dblp.batch._fast_rows.
+ * verified before anything but the fixed header bytes and the sender's
+ * address is read, and the first that fails stops the run (Python counts it
+ * against the global budget for failed tags). The address is compared first,
+ * key or not, as in dblp.batch._fast_rows: a forged source costs no MAC.
  *
  * Rows start..stop-1 of the ring. ``fixed``: the shared header bytes of this
  * round (the two spans of set_layout, concatenated). ``addr``: the sender's
@@ -654,6 +654,8 @@ static PyObject *take_run(PyObject *self, PyObject *args) {
             break;
         if (be16(p + L.src) != src || be16(p + L.part) != part || (p[L.flags] & L.pull) != pull)
             break;
+        if (memcmp(nm + i * sizeof(struct sockaddr_in) + 2, pin, 6))  /* port, IPv4 */
+            break;  /* not the pinned address: no MAC spent on it */
         if (mac) {  /* the tag before anything costs more than a compare */
             uint8_t tag[TAG_BYTES];
             size_t row = (size_t)index * (size_t)chunk_bytes;
@@ -662,8 +664,6 @@ static PyObject *take_run(PyObject *self, PyObject *args) {
             if (!mac_tag(mac, p, (size_t)(len[i] - L.tag), NULL, 0, tag)
                 || !mac_equal(tag, p + len[i] - L.tag))
                 break;
-        } else if (memcmp(nm + i * sizeof(struct sockaddr_in) + 2, pin, 6)) {  /* port, IPv4 */
-            break;
         }
         /* InTransfer.on_data_batch */
         int64_t want = (int64_t)nbytes - (int64_t)index * chunk_bytes;

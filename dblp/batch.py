@@ -538,7 +538,6 @@ def runs(keys: np.ndarray) -> list[tuple[int, int]]:
 #: The C core, or None: set by ``_load_native`` (tests switch it off to compare the paths).
 NATIVE = _load_native()
 #: ``take_run``'s address argument with a key (the tag proves the sender, not the address).
-_ANY_ADDR = bytes(6)
 
 
 def _can_authenticate(core) -> bool:
@@ -589,18 +588,18 @@ def _fast_rows(eng: ReceiveLink, ring: RecvRing, hb: np.ndarray, h: np.ndarray, 
     """Rows (of ``lo..m-1``) ``Engine.handle`` would pass straight to a receiver's ``on_data``,
     and the rows whose tags were checked here and failed.
 
-    Its checks, for all rows: a valid header for DATA, the MAC (with a secret),
-    this session, a known sender (from its pinned address without a secret),
-    this round. A row failing any of them takes ``handle`` itself, except one
-    whose tag failed here: it takes ``Engine.failed_tag``, so no datagram is
-    verified twice (a forged one used to be, three times with the C core).
+    Its checks, for all rows: a valid header for DATA, this session, a known
+    sender from its pinned address, this round, then the MAC (with a secret).
+    A row failing any of them takes ``handle`` itself, except one whose tag
+    failed here: it takes ``Engine.failed_tag``, so no datagram is verified
+    twice (a forged one used to be, three times with the C core).
     """
     failed = np.zeros(m - lo, bool)
     if eng.round < 0:
         return failed.copy(), failed
     lens = ring.lens[lo:m]
     fast = keep & data_rows(hb, h, lens, eng.chunk_bytes, ring.fixed(eng.session, eng.round))
-    fast &= ring.known_senders(lo, m, h["src"], eng.peers.addrs, pinned=eng.sealer.key is None)
+    fast &= ring.known_senders(lo, m, h["src"], eng.peers.addrs, pinned=True)
     if eng.sealer.key is not None:
         rows = np.flatnonzero(fast)
         ok = _tags_hold(eng, ring, lo + rows, h["src"][rows])
@@ -653,6 +652,51 @@ def _blocked_rows(eng: ReceiveLink, ring: RecvRing, lo: int, m: int, now: float)
     return np.isin(_name_keys(ring.names[lo:m]), wide.view(">u8").ravel())
 
 
+_JOIN_TYPE_VALUES = np.array(sorted(wire.JOIN_TYPES), np.uint8)
+
+
+def _stranger_rows(eng: ReceiveLink, ring: RecvRing, m: int) -> np.ndarray:
+    """Rows ``0..m-1`` that cannot be this keyed job's: a whole header, not a join
+    message, and another session or a sender that is no member or not at its pinned
+    address. ``Engine.handle`` drops each of them as foreign before its MAC
+    (``Engine.worth_verifying``); here the whole ring is sorted in a few array operations."""
+    hb = ring.header_bytes(0, m)
+    h = hb.view(HEADER_DTYPE).ravel()
+    whole = ring.lens[:m] >= HEADER_SIZE
+    join = np.isin(hb[:, wire.FIELD_OFFSETS["type"][0]], _JOIN_TYPE_VALUES)
+    ours = (h["session"] == eng.session) \
+        & ring.known_senders(0, m, h["src"], eng.peers.addrs, pinned=True)
+    return whole & ~join & ~ours
+
+
+#: How many of a batch's heaviest unverified sources the flood budget counts (`_heaviest`).
+HEAVY_SOURCES = 8
+
+
+def _heaviest(names: np.ndarray) -> list[tuple[tuple[str, int], int]]:
+    """The (address, count) of the ``HEAVY_SOURCES`` sources with the most rows among
+    ``names`` (``sockaddr_in`` rows), those with two or more: one address flooding is
+    among them; a flood rotating its sources has none, and costs no Python per source."""
+    keys, counts = np.unique(_name_keys(names), return_counts=True)
+    out = []
+    for i in np.argsort(counts)[::-1][:HEAVY_SOURCES]:
+        if counts[i] < 2:
+            break
+        k = int(keys[i])
+        out.append(((socket.inet_ntoa((k & 0xFFFFFFFF).to_bytes(4, "big")), k >> 32),
+                    int(counts[i])))
+    return out
+
+
+def _close_up(ring: RecvRing, rest: np.ndarray) -> int:
+    """Keep only the ring's slots ``rest``, in order, at its front; how many that is."""
+    m = len(rest)
+    ring.data[:m] = ring.data[rest]
+    ring.lens[:m] = ring.lens[rest]
+    ring.names[:m] = ring.names[rest]
+    return m
+
+
 _FLAGS_OFF = wire.FIELD_OFFSETS["flags"][0]
 _SRC_OFF = wire.FIELD_OFFSETS["src"][0]
 _PART_OFF = wire.FIELD_OFFSETS["part"][0]
@@ -662,9 +706,9 @@ _PULL = int(wire.Flag.PULL)
 def _native_runs(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> int:
     """Rows ``0..k-1`` the C core took (``NATIVE.take_run``), a stream's run at a time; k.
 
-    Only where its checks are the engine's: no secret (the pinned address is the
-    proof of who sent) or a core that verifies the tags (``native_mac``: the tag
-    is the proof, checked first), no fault injection, a receiver that has not stopped. The
+    Only where its checks are the engine's: the sender's pinned address compared
+    first, then, with a secret, a core that verifies the tags (``native_mac``: the
+    tag is the proof), no fault injection, a receiver that has not stopped. The
     row it stops at (anything but plain DATA of the run's stream, or the chunk
     that makes the receiver STOP) and every row after it take the path below.
     """
@@ -682,14 +726,14 @@ def _native_runs(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> int:
         if r is None or r.stopped or r.final is not None or not r.out.flags.c_contiguous:
             break
         mac = native_mac(eng.sealer, eng.session, src, eng.rank) if keyed else None
-        addr = ring.pinned_addr(src, eng.peers.addrs) if mac is None else _ANY_ADDR
+        addr = ring.pinned_addr(src, eng.peers.addrs)
         room = r.count - r.allowed - r.n_have - 1
         if addr is None or room < 0:
             break
         j, new, dups, bad, aux = NATIVE.take_run(
             data, ring.stride, ring.lens, ring.names, i, m, fixed, src, part, kind, addr,
             eng.chunk_bytes, r.count, r.nbytes, r.out, r.out_u8 is None, r.have, room, mac)
-        if mac is not None and j < m and new < room \
+        if mac is not None and j < m and new < room and ring.names[j, 2:8].tobytes() == addr \
                 and _run_row(ring, j, fixed, src, part, kind, eng.chunk_bytes):
             # The core stopped at a row of this run's stream with room left: its tag
             # failed there. Counted now, so it is never verified again further down.
@@ -754,13 +798,21 @@ def deliver(eng: ReceiveLink, ring: RecvRing, m: int, now: float) -> None:
         blocked = _blocked_rows(eng, ring, 0, m, now)
         if blocked.any():
             eng.counters.unauthenticated += int(blocked.sum())
-            rest = np.flatnonzero(~blocked)
-            m = len(rest)
+            m = _close_up(ring, np.flatnonzero(~blocked))
             if m == 0:
                 return
-            ring.data[:m] = ring.data[rest]
-            ring.lens[:m] = ring.lens[rest]
-            ring.names[:m] = ring.names[rest]
+    if eng.sealer.key is not None:
+        # Strangers next, by header and address alone (``Engine.worth_verifying`` for
+        # the whole ring): a flood from forged sources or sessions costs no MAC, no
+        # Python per datagram, and never stops the C core's runs.
+        strange = _stranger_rows(eng, ring, m)
+        if strange.any():
+            eng.counters.foreign += int(strange.sum())
+            eng.bad.unverified(int(strange.sum()), _heaviest(ring.names[:m][strange]), now,
+                               eng.peers.addrs)
+            m = _close_up(ring, np.flatnonzero(~strange))
+            if m == 0:
+                return
     lo = _native_runs(eng, ring, m, now) if NATIVE is not None else 0
     if lo == m:
         return

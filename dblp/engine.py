@@ -22,8 +22,8 @@ refused.
 
 Hostile input: with a job secret every message must carry a valid MAC
 (``wire.Sealer``), checked before anything is parsed but the session and the
-claimed sender (a message that could not be this job's costs no MAC and no
-key: ``worth_verifying``), once per message; a failed tag is never acted on
+claimed sender and its pinned address (a message that could not be this job's
+costs no MAC and no key: ``worth_verifying``), once per message; a failed tag is never acted on
 beyond a global budget (``BadSources``), and no address is blocked for a few
 of them (they prove nothing about their source); without one, a message
 claiming a rank must come from that rank's address, pinned at join. Anything
@@ -77,7 +77,6 @@ _DATA = int(MsgType.DATA)
 _TYPE_OFF = wire.FIELD_OFFSETS["type"][0]
 _SRC_OFF = wire.FIELD_OFFSETS["src"][0]
 _SESSION_OFF = wire.FIELD_OFFSETS["session"][0]
-_JOIN_TYPES = frozenset((int(MsgType.HELLO), int(MsgType.WELCOME), int(MsgType.CHALLENGE)))
 _INDEX = struct.Struct("!I")
 _INDEX_OFF = wire.FIELD_OFFSETS["index"][0]
 #: A stock Linux kernel's default socket buffer (net.core.wmem_default, rmem_default): the
@@ -482,8 +481,9 @@ class Engine:
         if addr is not None and self.bad.blocked and self.bad.is_blocked(addr, now):
             self.counters.unauthenticated += 1  # a source of bad tags: not even verified
             return
-        if self.sealer.key is not None and n >= HEADER_SIZE and not self.worth_verifying(buf):
+        if self.sealer.key is not None and n >= HEADER_SIZE and not self.worth_verifying(buf, addr):
             self.counters.foreign += 1  # another session, or no member: no MAC, no key
+            self.bad.unverified(1, () if addr is None else ((addr, 1),), now, self.peers.addrs)
             return
         if not self.sealer.verify(buf, n, self.rank):
             self.failed_tag(buf, n, addr, now)
@@ -552,7 +552,7 @@ class Engine:
             elif entry.backoff == 1.0:  # FINAL sent once: an unambiguous RTT sample
                 self.peers.rtt_sample(h.src, now - entry.sent_at)
 
-    def worth_verifying(self, buf) -> bool:
+    def worth_verifying(self, buf, addr=None) -> bool:
         """Whether a keyed message could be this job's at all, from its header before the MAC.
 
         Everything after the join carries the job's session and comes from a
@@ -564,10 +564,14 @@ class Engine:
         t = buf[_TYPE_OFF]
         src = int.from_bytes(buf[_SRC_OFF:_SRC_OFF + 2], "big")
         session = int.from_bytes(buf[_SESSION_OFF:_SESSION_OFF + 8], "big")
-        if t in _JOIN_TYPES:
+        if t in wire.JOIN_TYPES:
             admit = self.joining.admit
             return admit is not None and admit(t, src, session)
-        return session == self.session and src in self.peers.addrs
+        if session != self.session or src not in self.peers.addrs:
+            return False
+        # A datagram (not a TCP frame) must come from the member's address pinned at
+        # join, as without a key: a forged source costs a compare, not a MAC.
+        return addr is None or addr == self.peers.addrs[src]
 
     def failed_tag(self, buf, n: int, addr, now: float) -> None:
         """A message whose tag failed: counted; acted on (the join's refusal and diagnosis)

@@ -250,27 +250,46 @@ class BadSources:
         """Count one failed tag from ``addr`` (None: a TCP frame); True if the budget allows
         acting on it (a refusal, a diagnosis), False under a flood, where a source past the
         limit may be blocked (never a peer's or a candidate's address)."""
-        if self.stamp is not None:
-            self.tokens = min(self.BURST, self.tokens + (now - self.stamp) * self.RATE)
-        self.stamp = now
+        self._refill(now)
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True
-        if addr is None:
-            return False
-        addr = (addr[0], addr[1])
+        if addr is not None:
+            self._count((addr[0], addr[1]), 1, now, peers)
+        return False
+
+    def unverified(self, total: int, heavy, now: float, peers: dict) -> None:
+        """``total`` datagrams dropped before any MAC (another session, or not from a
+        member's pinned address); ``heavy``: (address, count) of the sources that sent the
+        most of them. They draw on the same budget as failed tags, and once it is spent (a
+        flood) a heavy source past the limit is blocked, so the socket's kernel filter
+        drops the rest of it; a flood that rotates its sources is dropped by header and
+        address, each source too light to block."""
+        self._refill(now)
+        take = min(self.tokens, float(total))
+        self.tokens -= take
+        if take < total:
+            for addr, n in heavy:
+                self._count((addr[0], addr[1]), n, now, peers)
+
+    def _refill(self, now: float) -> None:
+        if self.stamp is not None:
+            self.tokens = min(self.BURST, self.tokens + (now - self.stamp) * self.RATE)
+        self.stamp = now
+
+    def _count(self, addr: tuple, n: int, now: float, peers: dict) -> None:
+        """``n`` more unproven datagrams from ``addr`` under a flood: blocked past the limit."""
         w = self.windows.get(addr)
         if w is None or now - w[0] > self.WINDOW:
             if w is None and len(self.windows) >= self.MAX_SOURCES:
                 self.windows.clear()
             w = self.windows[addr] = [now, 0.0]
-        w[1] += 1
+        w[1] += n
         if w[1] > self.LIMIT and len(self.blocked) < self.MAX_BLOCKED \
                 and addr not in self.trusted and addr not in peers.values():
             self.blocked[addr] = now + self.BLOCK
             del self.windows[addr]
             self.keys = None
-        return False
 
     def is_blocked(self, addr, now: float) -> bool:
         until = self.blocked.get((addr[0], addr[1]))

@@ -105,6 +105,12 @@ class MsgType(enum.IntEnum):
     CHALLENGE = 9
 
 
+#: The join's messages: the only ones a sender that is not yet a member (no pinned
+#: address, another session) may send; every other one is dropped unless it carries
+#: the job's session from a member's pinned address, before any MAC is checked.
+JOIN_TYPES = frozenset((int(MsgType.HELLO), int(MsgType.WELCOME), int(MsgType.CHALLENGE)))
+
+
 class Flag(enum.IntFlag):
     """Header flag bits; values are on the wire."""
 

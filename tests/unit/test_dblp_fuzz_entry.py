@@ -167,7 +167,9 @@ def test_fuzz_data_control_and_join_with_production_defaults(sink):
     c = eng.counters
     elapsed = time.monotonic() - t0
     assert n >= 110_000
-    assert c.unauthenticated > 30_000 and c.malformed > 1_000 and c.foreign > 1_000
+    # From the pinned address a forged datagram meets the MAC (unauthenticated); from any
+    # other one it is dropped before it (foreign), as is another session.
+    assert c.unauthenticated > 20_000 and c.malformed > 1_000 and c.foreign > 1_000
     assert acc.shape == (NUMEL,) and np.isfinite(acc).all()
     assert eng.peers.addrs == {0: pinned, 1: pinned}  # no join moved a pinned address
     assert elapsed < 60, elapsed

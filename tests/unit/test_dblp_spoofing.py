@@ -303,6 +303,70 @@ def test_the_c_core_verifies_a_forged_data_datagram_once(monkeypatch):
         tx.close()
 
 
+def test_a_forged_source_costs_no_mac_on_the_per_datagram_path(monkeypatch):
+    """The job's session and a member's rank from an address that is not the member's
+    pinned one (a flood rotating its sources) is dropped as foreign before any MAC."""
+    calls = _counting_verify(monkeypatch)
+    eng = Engine(0, bind=("127.0.0.1", 0), session=0x77, key=secrets.token_bytes(32))
+    try:
+        eng.peers.addrs[1] = ("127.0.0.1", 9)
+        for i in range(100):
+            msg = _forged(MsgType.DATA, src=1, session=0x77, payload=bytes(8))
+            eng.handle(memoryview(msg), len(msg), (f"127.1.0.{i % 250 + 1}", 9), None,
+                       time.monotonic())
+        assert calls[0] == 0
+        assert eng.counters.foreign == 100 and eng.counters.unauthenticated == 0
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("core", ["python", "c"])
+def test_a_forged_source_costs_no_mac_and_the_members_chunks_land(monkeypatch, core):
+    """On the batched path, Python's and the C core's alike: forged DATA of the running
+    round with the job's session and the member's rank, from another address, is dropped
+    by address before any MAC (counted foreign, never unauthenticated), and the member's
+    own chunks sent between the forged ones all land, exact."""
+    if not batch.batching_supported():
+        pytest.skip("no recvmmsg here")
+    if core == "c" and not batch.native_auth():
+        pytest.skip("no authenticating C core here")
+    if core == "python":
+        monkeypatch.setattr(batch, "NATIVE", None)
+    key = secrets.token_bytes(32)
+    eng = Engine(0, bind=("127.0.0.1", 0), session=0x77, key=key, batched_io=True)
+    member = Engine(1, bind=("127.0.0.1", 0), session=0x77, key=key)
+    spoofer = Engine(1, bind=("127.0.0.1", 0), session=0x77, key=secrets.token_bytes(32))
+    try:
+        eng.peers.addrs[1] = _local(member.address)
+        eng.begin_round(0)
+        want = np.arange(2000, dtype=np.float32)
+        rx = dblp.engine.InTransfer(eng, dblp.engine.PUSH, 0, 1, np.zeros(2000, np.float32), 0,
+                                    add=False, freeze=False)
+        eng.add_receiver(rx)
+        floats = eng.chunk_bytes // 4
+        forged = 0
+        for i in range(rx.count):
+            for _ in range(5):
+                body = wire.pack_body(MsgType.DATA, bytes(eng.chunk_bytes), src=1, session=0x77,
+                                      round=0, index=i, count=rx.count)
+                spoofer.sock.sendto(spoofer.sealer.seal(body, 0), _local(eng.address))
+                forged += 1
+            body = wire.pack_body(MsgType.DATA, want[i * floats:(i + 1) * floats].tobytes(),
+                                  src=1, session=0x77, round=0, index=i, count=rx.count)
+            member.sock.sendto(member.sealer.seal(body, 0), _local(eng.address))
+        deadline = time.monotonic() + 3
+        while (eng.counters.foreign < forged or rx.n_have < rx.count) \
+                and time.monotonic() < deadline:
+            eng.poll(0.05)
+        assert eng.counters.foreign == forged and eng.counters.unauthenticated == 0
+        assert rx.n_have == rx.count
+        assert np.array_equal(rx.out, want)
+    finally:
+        eng.close()
+        member.close()
+        spoofer.close()
+
+
 def _sealed_data(sealer: wire.Sealer, session: int, src: int, dst: int) -> bytes:
     body = wire.pack_body(MsgType.DATA, np.ones(100, np.float32).tobytes(), src=src,
                           session=session, round=0, index=0, count=1)
@@ -329,7 +393,9 @@ def test_a_datagram_of_one_stream_never_verifies_in_another():
 
 def test_two_jobs_sharing_secret_and_session_keep_their_own_aggregates():
     """Job B's aggregator is fed job A's sniffed round data (same secret, same session, other
-    stream): B's rounds stay exact and A's datagrams are unauthenticated there."""
+    stream): B's rounds stay exact and A's datagrams are dropped there (from the relay's
+    address before any MAC; `test_a_datagram_of_one_stream_never_verifies_in_another`
+    shows that one from B's member's own address would fail its tag)."""
     secret = secrets.token_hex(32)
     common = dict(secret=secret, session_id=0x5E55, round_timeout=5, join_timeout=5)
     port_b = free_port()
@@ -379,7 +445,8 @@ def test_two_jobs_sharing_secret_and_session_keep_their_own_aggregates():
     assert not errors, errors
     for r in range(3):
         assert np.all(results[("a", r)] == 5.0) and np.all(results[("b", r)] == 7.0), r
-    assert srv_b.engine.counters.unauthenticated > 0
+    c = srv_b.engine.counters
+    assert c.unauthenticated + c.foreign > 0
 
 
 def _attacker_socket():
