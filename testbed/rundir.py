@@ -323,6 +323,9 @@ FIDELITY_FIELDS = (
        doc="trace: the queue samples and link invariants come from a kernel trace of the port"),
     _F("trace_packets", "int", required=False, doc="departures the trace recorded"),
     _F("trace_lost_events", "int", required=False, doc="events the trace's buffer lost"),
+    _F("trace_complete_s", "num", required=False, nullable=True,
+       doc="seconds the trace holds every event of, from its first: the span the link "
+           "invariants judge (all of the unit when nothing was lost)"),
     _F("link_busy_gaps", "int", required=False,
        doc="back-to-back departures (the queue held the next packet when one left)"),
     _F("link_busy_rate_frac", "num", required=False, nullable=True,

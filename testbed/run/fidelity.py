@@ -197,7 +197,8 @@ class BottleneckMonitor:
             self.queue_samples += 1
             self.queue_peak = max(self.queue_peak or 0, behind)
         self.link = {**link_invariants(deps, self.shaped_mbps * 1e6), "queue_source": "trace",
-                     "trace_packets": len(deps), "trace_lost_events": trace.overflow}
+                     "trace_packets": len(deps), "trace_lost_events": trace.overflow,
+                     "trace_complete_s": trace.complete_s}
 
     def summary(self) -> dict:
         self.stop()

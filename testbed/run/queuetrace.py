@@ -27,14 +27,17 @@ import subprocess
 TRACEFS = pathlib.Path("/sys/kernel/tracing")
 #: Per-CPU ring buffer: three events per packet of ~50 bytes each; a unit of the
 #: default preset passes ~200,000 packets through the port. Overwrite is off,
-#: so a longer unit loses its newest events and says so (`overflow`).
+#: so a longer unit (the paper-regime preset's static arm: ~1.7 million
+#: events) loses its newest events, says so (`overflow`) and is judged on the
+#: span before the first loss (`complete_s`).
 BUFFER_KB = 65536
 #: Period of the derived queue samples (the plots' and the burst join's).
 SAMPLE_S = 0.05
 #: Fewer back-to-back departures than this judge nothing about the link.
 MIN_BUSY_GAPS = 200
 
-_LINE = re.compile(r"\s(\d+\.\d+): (net_dev_queue|qdisc_enqueue|net_dev_start_xmit): (.*)$")
+_LINE = re.compile(r"\[(\d+)\]\s.*?\s(\d+\.\d+): (net_dev_queue|qdisc_enqueue|net_dev_start_xmit): "
+                   r"(.*)$")
 _LEN = re.compile(r"\blen=(\d+)")
 
 
@@ -79,6 +82,9 @@ class QueueTrace:
         self.overflow = 0
         self.drops = 0
         self.enqueued = 0
+        #: Seconds of the unit the parsed departures cover without a gap (all of it
+        #: when nothing was lost; see `_parse`).
+        self.complete_s: float | None = None
 
     def start(self) -> bool:
         base = _mount()
@@ -112,9 +118,14 @@ class QueueTrace:
             return []
         try:
             _write(self.root / "tracing_on", "0")
-            self.overflow = _overflow(self.root)
+            lost = _lost_per_cpu(self.root)
+            self.overflow = sum(lost.values())
+            cut = None
+            if self.overflow:
+                with open(self.root / "trace", errors="replace") as fh:
+                    cut = _complete_until(fh, {cpu for cpu, n in lost.items() if n})
             with open(self.root / "trace", errors="replace") as fh:
-                return self._parse(fh)
+                return self._parse(fh, cut)
         except OSError:
             return []
         finally:
@@ -125,30 +136,40 @@ class QueueTrace:
             _remove(self.root)
             self.root = None
 
-    def _parse(self, lines) -> list[Departure]:
+    def _parse(self, lines, cut: float | None = None) -> list[Departure]:
         """Departures with the backlog behind each; counts drops and accepted packets.
 
         The queue is FIFO (one HTB class over a pfifo), so the k-th accepted
         packet is the k-th to leave: the backlog behind a departure is the
-        accepted count minus the departed count at that moment.
+        accepted count minus the departed count at that moment. That count
+        needs every event: ``cut`` (`_complete_until`) ends the parse where
+        the first full per-CPU buffer began to lose them, so a long unit is
+        judged on the span its trace holds whole, never on counts that lost
+        an enqueue or a departure (a phantom backlog, a link idle for busy).
         """
         out: list[Departure] = []
         queued = accepted = departed = 0
+        first = last = None
         for line in lines:
             m = _LINE.search(line)
             if not m:
                 continue
-            t, kind = float(m.group(1)), m.group(2)
+            t, kind = float(m.group(2)), m.group(3)
+            if cut is not None and t > cut:
+                continue
+            first = t if first is None else first
+            last = t
             if kind == "net_dev_queue":
                 queued += 1
             elif kind == "qdisc_enqueue":
                 accepted += 1
             else:
                 departed += 1
-                ln = _LEN.search(m.group(3))
+                ln = _LEN.search(m.group(4))
                 out.append(Departure(t, int(ln.group(1)) if ln else 0, max(0, accepted - departed),
                                      max(0, queued - accepted)))
         self.enqueued, self.drops = accepted, max(0, queued - accepted)
+        self.complete_s = round(last - first, 3) if first is not None else None
         return out
 
 
@@ -204,18 +225,30 @@ def _write(path: pathlib.Path, text: str) -> None:
     path.write_text(text)
 
 
-def _overflow(root: pathlib.Path) -> int:
-    """Events the instance's buffers lost (full buffer, overwrite off), over every CPU."""
-    lost = 0
+def _lost_per_cpu(root: pathlib.Path) -> dict[int, int]:
+    """CPU -> events the instance's buffer of that CPU lost (full buffer, overwrite off)."""
+    lost: dict[int, int] = {}
     for stats in root.glob("per_cpu/cpu*/stats"):
+        cpu = int(stats.parent.name.removeprefix("cpu"))
         for line in stats.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() in ("overrun", "dropped events"):
                 try:
-                    lost += int(value.strip())
+                    lost[cpu] = lost.get(cpu, 0) + int(value.strip())
                 except ValueError:
                     pass
     return lost
+
+
+def _complete_until(lines, full_cpus: set[int]) -> float | None:
+    """The last time up to which the trace holds every event: the earliest last event of
+    the CPUs whose buffer filled (each lost its newest events, the others none)."""
+    last: dict[int, float] = {}
+    for line in lines:
+        m = _LINE.search(line)
+        if m and int(m.group(1)) in full_cpus:
+            last[int(m.group(1))] = float(m.group(2))
+    return min(last.values()) if last else None
 
 
 def _remove(root: pathlib.Path) -> None:

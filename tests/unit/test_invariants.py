@@ -44,6 +44,32 @@ def test_the_trace_gives_backlog_behind_each_departure_and_the_tail_drops():
     assert deps[1].t - deps[0].t == pytest.approx(0.0012)
 
 
+@pytest.mark.unit
+def test_a_trace_that_lost_events_is_read_only_as_far_as_it_is_whole():
+    """A long unit fills a CPU's trace buffer: from then on that CPU's enqueues are lost
+    while the other CPU's departures go on, so counting on would see a backlog that was
+    never there (the link idle, judged busy and slow). The parse stops where the full
+    CPU's buffer did and says how long a span it judged."""
+    from testbed.run import queuetrace
+
+    def on(cpu, lines):
+        return [ln.replace("[001]", f"[{cpu:03d}]") for ln in lines]
+    # CPU 0 (buffer full after its event at 2.0): enqueues; CPU 1: the departures.
+    cpu0 = on(0, _trace([(1.0, "q", 1514), (1.0, "e"), (2.0, "q", 1514), (2.0, "e")]))
+    cpu1 = on(1, _trace([(1.0001, "x", 1514), (2.0001, "x", 1514), (3.0, "x", 1514),
+                         (4.0, "x", 1514)]))
+    lines = sorted(cpu0 + cpu1, key=lambda ln: float(ln.split()[3].rstrip(":")))
+    cut = queuetrace._complete_until(lines, {0})
+    assert cut == pytest.approx(2.0)
+    tr = QueueTrace(PORT, "t")
+    deps = tr._parse(lines, cut)
+    assert [round(d.t, 4) for d in deps] == [1.0001]   # not the ones whose enqueue was lost
+    assert tr.complete_s == pytest.approx(1.0)
+    whole = QueueTrace(PORT, "t")
+    whole._parse(lines)
+    assert whole.complete_s == pytest.approx(3.0)
+
+
 def _departures(gaps_s, length=1514, behind=5):
     t, out = 0.0, []
     for g in gaps_s:
@@ -157,3 +183,15 @@ def test_every_invariant_names_a_declared_fidelity_field():
     assert invariants.broken({"cpu_busy_frac": 0.9, "cpu_steal_frac": 0.01}) == [
         "cpu busy 90.0 % above 85.0 %"]
     assert invariants.broken(None) == [] and invariants.broken({"cpu_busy_frac": None}) == []
+
+
+@pytest.mark.unit
+def test_link_figures_read_from_a_trace_with_holes_decide_nothing():
+    """A record whose trace lost events before the parse stopped at the first loss (no
+    trace_complete_s) is not judged on the link; one read as far as it was whole is."""
+    slow = {"link_busy_rate_frac": 0.24, "link_spacing_ok_frac": 0.82, "cpu_busy_frac": 0.3}
+    assert invariants.broken({**slow, "trace_lost_events": 970_000}) == []
+    judged = invariants.broken({**slow, "trace_lost_events": 970_000, "trace_complete_s": 120.0})
+    assert len(judged) == 2 and judged[0].startswith("link rate while busy 2") \
+        and judged[1].startswith("packet spacing 8")
+    assert len(invariants.broken(slow)) == 2
