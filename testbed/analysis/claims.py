@@ -206,6 +206,13 @@ class Claim:
     source: str = ""
 
 
+#: The paper's figures as numbers, written once (the claims below quote them in words, with
+#: their sources): a summary's ``paper`` block and the report's comparisons read them here.
+PAPER_FIGURES = {"burst_round_speedup_max": 5.88, "burst_round_speedup_range": [4.0, 5.9],
+                 "train_time_reduction_pct_mean": 24.4, "train_time_reduction_pct_max": 33.9,
+                 "accuracy_delta_points": 0.5}
+
+
 CLAIMS: dict[str, Claim] = {c.name: c for c in (
     Claim("burst_speedup",
           "DBLP's single-round communication latency at burst rounds is lower than the "

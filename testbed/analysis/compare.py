@@ -49,6 +49,7 @@ import statistics
 import click
 
 from testbed import output
+from testbed.analysis import provenance
 from testbed.analysis.formats import (
     ANSWER_SCHEMA,
     GUARDED,
@@ -243,30 +244,6 @@ def _span(interval: dict, unit: str) -> str:
     return point_interval(interval, unit)
 
 
-def environment_differences(run: dict, ref: dict) -> list[str]:
-    """What could move a figure and differs between a run's summary and the reference's, one
-    line each: today the data set (its model and pinned digest, summary ``data``).
-
-    Said before the verdicts, never a verdict of its own: other data make other figures, and
-    a reader must know before reading a difference as the transport's. A summary made
-    before version 7 (a committed reference judged again keeps its runs' fields) does not
-    say which data it trained on, and that is said too.
-    """
-    mine, theirs = run.get("data"), ref.get("data")
-    if mine == theirs:
-        return []
-    if theirs is None or mine is None:
-        who = "the reference" if theirs is None else "the run"
-        return [f"data: {who} does not record which data it trained on (no summary field "
-                "'data': made before version 7, or judged again since), so the data may differ"]
-    out = []
-    for key in ("model", "sha256"):
-        if mine.get(key) != theirs.get(key):
-            out.append(f"data {key}: the run's {mine.get(key)}, the reference's "
-                       f"{theirs.get(key)}")
-    return out
-
-
 def compare_verdicts(run, reference_dir) -> tuple[bool, list[dict], dict]:
     """(consistent, rows, run summary): each claim and pair of the reference against the run's.
 
@@ -315,7 +292,7 @@ def format_verdict_rows(rows: list[dict]) -> list[str]:
 
 def _compare_dir(run: str, reference: str, json_out: str | None) -> None:
     ok, rows, summary = compare_verdicts(run, reference)
-    env = environment_differences(summary, read_summary(reference))
+    env = provenance.differences(summary, read_summary(reference))
     bad = summary.get("invalid_units", [])
     obj = check_answer({"kind": "compare-reproduce", "schema": ANSWER_SCHEMA, "run": run,
                         "reference": reference, "reproduces": ok and all(r["same"] for r in rows),

@@ -52,8 +52,11 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #      set the workers trained on); arms.<arm>.relaxed_share and comm_share
 #      (the design's figures a verdict stands beside); verdicts[].source.
 #      Optional, so versions 1-6 still read.
-SUMMARY_SCHEMA = 7
-KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7})
+#   8: environment (what the run ran on, from its manifest:
+#      testbed.analysis.provenance.environment_of). Optional, so versions 1-7
+#      still read.
+SUMMARY_SCHEMA = 8
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -93,6 +96,10 @@ SUMMARY_FIELDS = (
     Field("data", "dict", required=False, nullable=True,
           doc="the data set the workers trained on: {model, sha256} (workloads.data's pinned "
               "digest; sha256 null: not pinned); null: no worker said. Version 7 on"),
+    Field("environment", "dict", required=False, nullable=True,
+          doc="what the run ran on: python, torch, kernel, machine, cpus, ovs, datapath, "
+              "c_core, revision, dirty (testbed.analysis.provenance); null: the manifest "
+              "records none. Version 8 on"),
 )
 SUMMARY_ARM_FIELDS = (
     Field("transport", "str"), Field("status", "str"),
@@ -488,7 +495,7 @@ COMPARE_REPRODUCE_FIELDS = (
     Field("reproduces", "bool", doc="every verdict the very same as the reference's"),
     Field("consistent", "bool", doc="no verdict contradicts the reference's (compare.py)"),
     Field("environment", "list", doc="what could move a figure and differs from the "
-          "reference's set-up, one line each (compare.environment_differences)"),
+          "reference's set-up, one line each (provenance.differences)"),
     Field("verdicts", "list", doc="COMPARE_VERDICT_FIELDS each"),
     Field("invalid_units", "list", doc="the run's SUMMARY_INVALID_UNIT_FIELDS"),
 )

@@ -44,7 +44,9 @@ import pandas as pd
 from testbed import physics as phys
 from testbed.analysis import datasets
 from testbed.analysis.arms import arm_mode, arm_transport, is_dblp_arm, static_partner
+from testbed.analysis.claims import PAPER_FIGURES
 from testbed.analysis.formats import SUMMARY_SCHEMA
+from testbed.analysis.provenance import environment_of
 from testbed.analysis.raw import RawRun
 from testbed.invariants import broken
 from testbed.rundir import unit_records
@@ -681,13 +683,12 @@ def summarize(raw: RawRun, rounds: pd.DataFrame, bursts: pd.DataFrame,
         "packets": packet_summary(packets, raw.arms),
         "fidelity": fidelity,
         "invalid_units": invalid_units_section(invalid),
-        "paper": {"burst_round_speedup_max": 5.88, "burst_round_speedup_range": [4.0, 5.9],
-                  "train_time_reduction_pct_mean": 24.4, "train_time_reduction_pct_max": 33.9,
-                  "accuracy_delta_points": 0.5},
+        "paper": dict(PAPER_FIGURES),
         "targets": _targets(arms, speedups, physics, partners),
         "warnings": warnings,
         "definitions": DEFINITIONS,
         "data": raw.data,
+        "environment": environment_of(raw.manifest),
     })
     return summary
 

@@ -8,11 +8,9 @@ import sys
 
 import pytest
 
-from testbed.analysis import compare, formats
+from testbed.analysis import compare, formats, provenance
 from testbed.analysis.pipeline import build_outputs
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import ACC, BURST, make_run  # noqa: E402
+from testbed.testing.rundirs import ACC, BURST, make_run
 
 pytestmark = pytest.mark.unit
 CLI = pathlib.Path(sys.executable).with_name("dblp-testbed")
@@ -279,7 +277,7 @@ def test_missing_summary_is_one_line_exit_2(reference, tmp_path):
 def test_version_1_to_3_summaries_without_their_successors_fields_still_read(tmp_path):
     run = make_run(tmp_path / "run")
     s = build_outputs(run, figures=False)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 7
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 8
     # Version 3: fidelity flags, which decided nothing, instead of invalid units; nothing
     # left out of a verdict or an interval.
     s["schema"] = 3
@@ -457,7 +455,40 @@ def test_compare_names_data_that_differ_before_its_verdicts(two_seeds, tmp_path)
     first = res.stdout.splitlines()[0]
     assert first == (f"differs from the reference's set-up: data sha256: the run's "
                      f"{run['data']['sha256']}, the reference's {'0' * 64}")
-    assert compare.environment_differences(run, run) == []
+    assert provenance.differences(run, run) == []
     old = dict(ref, schema=6)
     del old["data"]
-    assert "does not record which data" in compare.environment_differences(run, old)[0]
+    assert "does not record which data" in provenance.differences(run, old)[0]
+
+
+def test_compare_names_the_machine_and_software_that_differ(tmp_path):
+    """The summary says what the run ran on (from its manifest), and compare names each
+    difference from the reference's (a kernel datapath against a userspace one, another
+    torch) before its verdicts; a reference made before the field says it does not know."""
+    two_seeds = make_run(tmp_path / "run", seeds=(1, 2))
+    manifest = json.loads((two_seeds / "manifest.json").read_text())
+    manifest["environment"] = {"python": "3.11.2", "kernel": "6.1.0", "machine": "x86_64",
+                               "cpus": 2, "ovs": "ovs-vsctl (Open vSwitch) 3.1.0",
+                               "git_revision": "a" * 40, "git_dirty": False,
+                               "versions": {"torch": "2.13.0+cpu"}}
+    manifest["capabilities"] = {"datapath": "user",
+                                "c_core": {"loaded": True, "mac": "intel-ipsec-mb"}}
+    env = provenance.environment_of(manifest)
+    assert env == {"python": "3.11.2", "torch": "2.13.0+cpu", "kernel": "6.1.0",
+                   "machine": "x86_64", "cpus": 2, "ovs": "ovs-vsctl (Open vSwitch) 3.1.0",
+                   "datapath": "user", "c_core": "intel-ipsec-mb", "revision": "a" * 40,
+                   "dirty": False}
+    (two_seeds / "manifest.json").write_text(json.dumps(manifest))
+    build_outputs(two_seeds, figures=False)
+    run = formats.read_summary(two_seeds)
+    assert run["schema"] == formats.SUMMARY_SCHEMA and run["environment"] == env
+    ref = json.loads(json.dumps(run))
+    ref["environment"].update(datapath="kernel", torch="2.12.0+cpu")
+    res = _cli("compare", two_seeds, "--reference", _reference_dir(tmp_path, ref))
+    assert res.stdout.splitlines()[:2] == [
+        "differs from the reference's set-up: environment torch: the run's 2.13.0+cpu, "
+        "the reference's 2.12.0+cpu",
+        "differs from the reference's set-up: environment datapath: the run's user, "
+        "the reference's kernel"]
+    del ref["environment"]
+    assert "does not record what it ran on" in provenance.differences(run, ref)[0]

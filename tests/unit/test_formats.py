@@ -184,18 +184,15 @@ def test_no_citation_of_documents_or_issues_outside_the_repository():
 
 
 def _v3_summary(tmp_path) -> dict:
-    import sys
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from test_analysis import make_run
-
     from testbed.analysis.pipeline import build_outputs
+    from testbed.testing.rundirs import make_run
     # Two seeds: every figure with one value per seed has an interval (issue 55).
     return build_outputs(make_run(tmp_path / "run", seeds=(1, 2)), figures=False)
 
 
 def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
     s = _v3_summary(tmp_path)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 7 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 8 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
     assert [(v["claim"], v["pair"]) for v in s["verdicts"]] == [
         ("burst_speedup", "dblp_vs_static"), ("train_time_cut", "dblp_vs_static"),
         ("accuracy", "dblp_vs_static")]

@@ -3,7 +3,6 @@ marked, and is left out of every figure, interval and verdict; a pair left witho
 seed is "not judged"; `run` and `report` end with the verdicts and the invalid units."""
 import json
 import pathlib
-import sys
 
 import pandas as pd
 import pytest
@@ -12,10 +11,8 @@ from click.testing import CliRunner
 from testbed.analysis import answer, claims, datasets, formats, readme
 from testbed.analysis.pipeline import build_outputs
 from testbed.invariants import INVARIANTS
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import make_run  # noqa: E402
-from test_intervals import TRUTH, synthetic  # noqa: E402
+from testbed.testing.frames import TRUTH, synthetic
+from testbed.testing.rundirs import make_run
 
 pytestmark = pytest.mark.unit
 BUSY = INVARIANTS["cpu busy"]
@@ -113,7 +110,7 @@ def test_invalid_units_stay_in_the_tables_marked(two_seeds):
     csv = pd.read_csv(run / "rounds.csv")
     assert len(csv) == 2 * 3 * 10 and (~csv["valid"]).sum() == 10
     assert any("arm static seed 2: invalid" in w for w in s["warnings"])
-    assert "fidelity_flags" not in s and s["schema"] == formats.SUMMARY_SCHEMA == 7
+    assert "fidelity_flags" not in s and s["schema"] == formats.SUMMARY_SCHEMA == 8
 
 
 def test_per_arm_figures_pool_only_the_valid_units(two_seeds, tmp_path):
