@@ -56,8 +56,22 @@ def _shade_bursts(ax, bursts: pd.DataFrame, arm, t0: int):
                        color="crimson", alpha=0.2, lw=0)
 
 
+def _unit_starts(r: pd.DataFrame) -> dict:
+    """Seed -> the unit's first round start (ns): each unit's series starts at its own zero.
+
+    The seeds of one arm run at different times, between other arms' units, so
+    one zero per arm would leave most of the axis empty and lay the seeds end
+    to end; one per unit overlays them, as the per-seed verdicts compare them."""
+    return {s: int(g["t_start_ns"].min()) for s, g in r.groupby("seed", sort=True)}
+
+
+def _of_seed(df: pd.DataFrame, seed) -> pd.DataFrame:
+    return df[df["seed"] == seed] if len(df) and "seed" in df else df
+
+
 def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
-    """Round latency against time since the arm's first round; burst windows shaded."""
+    """Round latency against time since each unit's first round, one line per seed;
+    the units' burst windows shaded."""
     fig, axes = _per_arm_axes(arms)
     col = _colors(arms)
     for ax, arm in zip(axes, arms, strict=True):
@@ -65,21 +79,22 @@ def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
         if not len(r):
             ax.set_title(f"{arm}: no rounds", fontsize=9)
             continue
-        t0 = int(r["t_start_ns"].min())
-        x = (r["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9
-        ax.plot(x, r["latency_ms"], ".-", ms=3, lw=0.8, color=col[arm])
-        hit = r[r["in_burst"]]
-        ax.plot((hit["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9, hit["latency_ms"], "o",
-                ms=5, mfc="none", color="crimson")
-        _shade_bursts(ax, bursts, arm, t0)
+        for seed, t0 in _unit_starts(r).items():
+            u = _of_seed(r, seed)
+            x = (u["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9
+            ax.plot(x, u["latency_ms"], ".-", ms=2, lw=0.6, alpha=0.7, color=col[arm])
+            hit = u[u["in_burst"]]
+            ax.plot((hit["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9, hit["latency_ms"], "o",
+                    ms=5, mfc="none", color="crimson")
+            _shade_bursts(ax, _of_seed(bursts, seed), arm, t0)
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_ylabel("ms")
-        ax.set_title(f"{arm}: round latency (shaded: burst windows, circled: burst rounds)",
-                     fontsize=9)
-    axes[-1].set_xlabel("seconds since the arm's first round")
+        ax.set_title(f"{arm}: round latency, one line per seed (shaded: burst windows, "
+                     "circled: burst rounds)", fontsize=9)
+    axes[-1].set_xlabel("seconds since the unit's first round")
     return _save(fig, path)
 
 
@@ -102,17 +117,18 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
                          "(monitor off or no placement in the manifest)", fontsize=8)
             ax.set_axis_off()
             continue
-        t0 = int(r["t_start_ns"].min())
-        x = (s["t_ns"].to_numpy(dtype=float) - t0) / 1e9
-        ax.step(x, s["tx_mbps"].to_numpy(dtype=float), where="pre", color=col[arm],
-                label="tx rate towards the server")
+        for i, (seed, t0) in enumerate(_unit_starts(r).items()):
+            u = _of_seed(s, seed)
+            x = (u["t_ns"].to_numpy(dtype=float) - t0) / 1e9
+            ax.step(x, u["tx_mbps"].to_numpy(dtype=float), where="pre", color=col[arm], lw=0.8,
+                    alpha=0.7, label=None if i else "tx rate towards the server, per seed")
+            drops = u[u["d_tx_dropped"].fillna(0) > 0]
+            if len(drops):
+                ax.plot((drops["t_ns"].to_numpy(dtype=float) - t0) / 1e9,
+                        drops["tx_mbps"].to_numpy(dtype=float), "x", color="crimson",
+                        label=None if i else "switch tx drops in the interval")
+            _shade_bursts(ax, _of_seed(bursts, seed), arm, t0)
         ax.axhline(float(s["shaped_mbps"].iloc[0]), color="k", ls="--", lw=0.8, label="shaped rate")
-        drops = s[s["d_tx_dropped"].fillna(0) > 0]
-        if len(drops):
-            ax.plot((drops["t_ns"].to_numpy(dtype=float) - t0) / 1e9,
-                    drops["tx_mbps"].to_numpy(dtype=float), "x", color="crimson",
-                    label="switch tx drops in the interval")
-        _shade_bursts(ax, bursts, arm, t0)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("Mbit/s")
         ax.legend(fontsize=7, loc="lower right")
@@ -120,7 +136,7 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
         ax.set_title(f"{arm}: bottleneck {first['switch']} port {first['port']}, mean tx rate per "
                      f"{float(s['interval_s'].median()):.3g} s sample (OpenFlow port counters)\n"
                      "shaded: burst windows. Queue occupancy: queue_over_time", fontsize=8)
-    axes[-1].set_xlabel("seconds since the arm's first round")
+    axes[-1].set_xlabel("seconds since the unit's first round")
     return _save(fig, path)
 
 
@@ -143,19 +159,21 @@ def queue_over_time(queue: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFr
                          fontsize=8)
             ax.set_axis_off()
             continue
-        t0 = int(r["t_start_ns"].min())
-        x = (q["t_ns"].to_numpy(dtype=float) - t0) / 1e9
-        ax.step(x, q["backlog_packets"].to_numpy(dtype=float), where="post", lw=0.8,
-                color=col[arm], label="packets queued")
+        for i, (seed, t0) in enumerate(_unit_starts(r).items()):
+            u = _of_seed(q, seed)
+            x = (u["t_ns"].to_numpy(dtype=float) - t0) / 1e9
+            ax.step(x, u["backlog_packets"].to_numpy(dtype=float), where="post", lw=0.8,
+                    alpha=0.7, color=col[arm], label=None if i else "packets queued, per seed")
+            drops = u[u["d_dropped"].fillna(0) > 0]
+            if len(drops):
+                ax.plot((drops["t_ns"].to_numpy(dtype=float) - t0) / 1e9,
+                        drops["limit_packets"].fillna(drops["backlog_packets"])
+                        .to_numpy(dtype=float), "x", color="crimson", ms=4,
+                        label=None if i else "tail drops since the previous sample")
+            _shade_bursts(ax, _of_seed(bursts, seed), arm, t0)
         limit = q["limit_packets"].dropna()
         if len(limit):
             ax.axhline(float(limit.max()), color="k", ls="--", lw=0.8, label="queue limit")
-        drops = q[q["d_dropped"].fillna(0) > 0]
-        if len(drops):
-            ax.plot((drops["t_ns"].to_numpy(dtype=float) - t0) / 1e9,
-                    drops["limit_packets"].fillna(drops["backlog_packets"]).to_numpy(dtype=float),
-                    "x", color="crimson", ms=4, label="tail drops since the previous sample")
-        _shade_bursts(ax, bursts, arm, t0)
         top = max(float(limit.max()) if len(limit) else 0.0, float(q["backlog_packets"].max()), 1.0)
         ax.set_ylim(0, top * 1.4)   # room above the limit line for the legend
         ax.set_ylabel("packets")
@@ -164,22 +182,33 @@ def queue_over_time(queue: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFr
         ax.set_title(f"{arm}: bottleneck {q['interface'].iloc[0]} queue occupancy, sampled every "
                      f"{period_ms:.3g} ms (tc qdisc backlog of the pfifo)\n"
                      "shaded: burst windows", fontsize=8)
-    axes[-1].set_xlabel("seconds since the arm's first round")
+    axes[-1].set_xlabel("seconds since the unit's first round")
     return _save(fig, path)
 
 
 def latency_cdf(rounds: pd.DataFrame, arms, path):
+    """Round latency CDF per arm, burst rounds (dashed) apart from normal ones (solid).
+
+    Valid units only, as every interval and verdict: a unit the fidelity check
+    flagged decides nothing, so it is drawn nowhere either."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
     col = _colors(arms)
+    valid = rounds[rounds["valid"].astype(bool)] if "valid" in rounds and len(rounds) else rounds
     for arm in arms:
-        v = np.sort(rounds[rounds["arm"] == arm]["latency_ms"].to_numpy(dtype=float))
-        if v.size:
-            ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=arm, color=col[arm])
+        r = valid[valid["arm"] == arm] if len(valid) else valid
+        hit = r["in_burst"].astype(bool) if len(r) else pd.Series(dtype=bool)
+        for part, style, what in ((r[~hit], "-", "normal"), (r[hit], "--", "burst")):
+            v = np.sort(part["latency_ms"].to_numpy(dtype=float)) if len(part) else np.array([])
+            if v.size:
+                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", ls=style,
+                        label=f"{arm}, {what} rounds ({v.size})", color=col[arm])
     ax.set_xscale("log")
     ax.set_xlabel("round latency (ms)")
     ax.set_ylabel("fraction of rounds")
+    ax.set_title("valid units only; solid: normal rounds, dashed: burst rounds", fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -210,17 +239,34 @@ def burst_rounds(summary: dict, arms, path):
 
 
 def accuracy(evals: pd.DataFrame, arms, path):
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    """Test accuracy and test loss against rounds: each seed thin, the mean over seeds thick.
+
+    Against rounds, not time: the arms train the same rounds in different times
+    (the training-time figures say how long), and each unit's clock restarts."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), squeeze=False)
     col = _colors(arms)
-    for arm in arms:
-        e = evals[evals["arm"] == arm] if len(evals) else evals
-        if len(e):
-            ax.plot(e["t_s"], e["test_accuracy"], "o-", ms=3, label=arm, color=col[arm])
-    ax.set_xlabel("seconds since the arm's first round")
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    if len(evals):
-        ax.legend(fontsize=8)
+    e_all = evals
+    if len(evals) and "valid" in evals:
+        e_all = evals[evals["valid"].astype(bool)]
+    for ax, column, label in ((axes[0, 0], "test_accuracy", "test accuracy"),
+                              (axes[0, 1], "test_loss", "test loss")):
+        for arm in arms:
+            e = e_all[e_all["arm"] == arm] if len(e_all) else e_all
+            if not len(e) or column not in e or not e[column].notna().any():
+                continue
+            per = e.groupby(["seed", "round"], sort=True)[column].mean()
+            for seed in per.index.get_level_values(0).unique():
+                s = per.loc[seed]
+                ax.plot(s.index, s.to_numpy(dtype=float), lw=0.6, alpha=0.5, color=col[arm])
+            mean = per.groupby(level=1).mean()
+            ax.plot(mean.index, mean.to_numpy(dtype=float), "o-", ms=3, lw=1.6, label=arm,
+                    color=col[arm])
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("per seed thin, mean over seeds thick (valid units)", fontsize=8)
     return _save(fig, path)
 
 

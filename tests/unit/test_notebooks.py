@@ -12,7 +12,6 @@ import json
 import pathlib
 import re
 import shutil
-import sys
 
 import pandas as pd
 import pytest
@@ -22,11 +21,9 @@ from testbed.analysis import datasets, formats, load_run
 from testbed.analysis.pipeline import build_outputs
 from testbed.errors import InputError
 from testbed.rundir import MANIFEST_SCHEMA
+from testbed.testing.captures import gloo_capture, rounds_packets, write_captures
+from testbed.testing.rundirs import PERIOD, ROUNDS, T0, make_run, round_start, unit_raw
 from workloads.runlog import MalformedEvent, check_port_stats
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import PERIOD, ROUNDS, T0, round_start, unit_raw  # noqa: E402
-from test_analysis_packets import _gloo_capture, _rounds_packets, make_run, write_captures  # noqa: E402
 
 pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -129,8 +126,8 @@ def test_load_run_returns_the_declared_frames(notebook_run):
     b = run.bursts.set_index("id")
     assert b.loc["gloo-b1", "actual_start_ns"] == T0["gloo"] + 3 * PERIOD + 11_000_000
     # Every captured packet: the dblp server and worker0 captures, gloo's worker0 capture.
-    srv, w0 = _rounds_packets()
-    assert len(run.packets) == len(srv) + len(w0) + len(_gloo_capture())
+    srv, w0 = rounds_packets()
+    assert len(run.packets) == len(srv) + len(w0) + len(gloo_capture())
     dblp = run.packets[run.packets["arm"] == "dblp"]
     assert set(dblp["round"].dropna()) == {2, 3}                # header counter offset undone
     assert (dblp[(dblp["kind"] == "data") & (dblp["pass_no"] == 1)]["seq"] == 1).all()
@@ -232,7 +229,9 @@ def test_queue_plot_shows_occupancy_limit_and_burst_windows(notebook_run, monkey
     assert ax.get_title().startswith("gloo: bottleneck dte00-eth1 queue occupancy, sampled every "
                                      "10 ms")
     assert len(ax.patches) == 2                              # the arm's two burst windows
-    step, limit, drops = ax.lines[:3]
+    by_label = {ln.get_label(): ln for ln in ax.lines}
+    step = by_label["packets queued, per seed"]  # one line per seed, this run has one
+    limit, drops = by_label["queue limit"], by_label["tail drops since the previous sample"]
     assert max(step.get_ydata()) == LIMIT and list(limit.get_ydata()) == [LIMIT, LIMIT]
     assert len(drops.get_xdata()) == (run.queue[run.queue["arm"] == "gloo"]["d_dropped"] > 0).sum()
     plots.queue_over_time(run.queue.iloc[:0], run.rounds, run.bursts, ["gloo"], tmp_path / "e.png")
