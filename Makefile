@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all test-tools lint unit clean reference reproduce lock vm-check vm-results
+.PHONY: setup venv run test test-all test-tools lint unit clean reference reproduce lock vm-check vm-results
 
 setup:
 	./setup.sh
@@ -47,11 +47,15 @@ test-tools: setup
 	./setup.sh $(TEST_TOOLS)
 
 # ruff over the tree, mypy over the transport (settings in pyproject.toml).
-lint: setup
+lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-unit: setup
+# The unit tests and the linters need no root: the environment without starting OVS.
+venv:
+	./setup.sh --no-ovs
+
+unit: venv
 	$(PY) -m pytest -n $(UNIT_WORKERS) $(PYTEST_ARGS) tests/unit
 
 clean: setup
