@@ -54,6 +54,11 @@ def _target(field_name: str, target: Any) -> str:
 
 
 # What a user writes ([[bursts]], a manual burst); a schedule adds id and trigger.
+#: A round-triggered burst hits its round when it starts in the round and covers at least
+#: this share of it: what the controller's round trigger promises, which `bench bursts`
+#: measures and the results pages quote.
+HIT_COVER = 0.9
+
 SPEC_KEYS = ("kind", "target", "params", "at_round", "at_s", "rounds", "duration_ms", "max_ms")
 ALL_KEYS = SPEC_KEYS + ("id", "trigger")
 

@@ -862,7 +862,7 @@ def _ms(x) -> str:
 
 
 def _burst_row(r: dict) -> str:
-    from testbed.bench.bursts import HIT_COVER
+    from controllers.bursts import HIT_COVER
 
     if r["kind"] == "loss-round-trigger":
         return (f"| round-triggered | starts in its round, covers >= {100 * HIT_COVER:.0f} % of it "

@@ -15,10 +15,9 @@ import subprocess
 import sys
 import time
 
+from controllers.bursts import HIT_COVER
+
 GUARD_MS = 5.0
-#: A round-triggered burst hits its round when it starts in the round and
-#: covers at least this share of it.
-HIT_COVER = 0.9
 #: The controller turns a burst's mechanism on within this share of the burst's
 #: duration of receiving the request (2 %: 10 ms of a 500 ms window). A bound
 #: relative to the window, not a fixed number of milliseconds: what matters is

@@ -39,10 +39,10 @@ from testbed.bench.transport_doc import (
     format_row,
     format_table,
 )
-from testbed.cli.options import rate_option
 from testbed.cpustat import CpuTally
 from testbed.emulation.netns import DEFAULT_RATE, NetnsPair
 from testbed.errors import ExperimentFailed
+from testbed.options import rate_option
 from testbed.output import json_option, results
 
 __all__ = ["Config", "NetnsPair", "default_configs", "format_table", "run_bench", "transport_cmd"]

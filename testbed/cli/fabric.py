@@ -18,8 +18,8 @@ from controllers.bursts import KINDS
 from testbed import output
 from testbed.cli.choices import RegistryChoice
 from testbed.cli.lazy import LazyGroup
-from testbed.cli.options import rate_option
 from testbed.errors import ExperimentFailed, InputError
+from testbed.options import rate_option
 from testbed.output import json_option, results
 from topologies import TOPOLOGIES
 

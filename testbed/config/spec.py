@@ -20,8 +20,10 @@ import tomli_w
 from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, BurstSchedule, spec_bursts
 from controllers.targets import TargetError, resolve_target
 from testbed.config.arms import ARMS, Command, register_command
+from testbed.config.servers import ServerError, parse_servers
 from testbed.errors import InputError
 from topologies import TOPOLOGIES  # pure graphs: no side effects
+from topologies.placement import PlacementError, place_pods
 
 # The workloads' registries, copied so the spec validates without importing
 # torch (pinned against workloads.models and workloads.data by unit tests):
@@ -610,10 +612,9 @@ def _validate_cluster(data: dict) -> None:
     """Each server name, the ssh options, and the topology's pods over the servers.
 
     Bursts need no check here: the controller reaches every server's ports
-    (testbed.emulation.cluster: an nft agent on each, cross traffic through ssh).
+    (testbed.emulation.cluster: an nft agent on each, cross traffic through ssh). The
+    names are `testbed.config.servers`'s, the pods over them `topologies.placement`'s.
     """
-    from testbed.emulation.cluster import PlacementError, ServerError, parse_servers, place_pods
-
     try:
         servers = parse_servers(data["cluster"]["servers"])
     except ServerError as exc:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Callable
 from typing import ClassVar
 
 import click
@@ -181,12 +180,6 @@ register(Ablation(
     doc="two points of P_high on the smoke preset, eight rounds: the command's own check"))
 
 
-def execute(ab: Ablation, out: pathlib.Path, axes: tuple[str, ...] = (),
-            run_fn: Callable | None = None) -> dict:
-    """Run every point not yet done (`Study.execute`); the plan with each run's status."""
-    return ab.execute(out, axes, run_fn)
-
-
 def _harm(ab: Ablation, out: pathlib.Path):
     """The loss-tolerance sweep of the preset's workload (skipped when done before)."""
     if (out / "sweep.json").is_file():
@@ -205,11 +198,6 @@ def _harm(ab: Ablation, out: pathlib.Path):
     run_sweep(str(out), tr["model"], spec["placement"]["workers"], tr["rounds"],
               (0.0, spec["transport"]["p_high"]), PHASES, HARM_WINDOW, spec.seed_values,
               eval_every=tr["eval_every"], log=output.detail)
-
-
-def read_plan(out: pathlib.Path) -> dict:
-    """ablation.json of ``out``; a missing file or unknown schema is one InputError line."""
-    return Ablation.read_plan(out)
 
 
 @click.command("ablate")

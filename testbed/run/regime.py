@@ -33,8 +33,6 @@ plan and how each cell's run ended.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-from collections.abc import Callable
 from typing import ClassVar
 
 import click
@@ -209,17 +207,6 @@ register(RegimeMap(
     arms={"udp": ("static", "static-high"), "tcp": ("static-tcp", "static-high-tcp")},
     doc="one round-locked cell on the smoke preset's star, two arms, two bursts: the "
         "command's own check (about a minute)"))
-
-
-def execute(m: RegimeMap, out: pathlib.Path, cells: tuple[str, ...] = (),
-            run_fn: Callable | None = None) -> dict:
-    """Run every cell not yet done (`Study.execute`); the plan with each cell's status."""
-    return m.execute(out, cells, run_fn)
-
-
-def read_plan(out: pathlib.Path) -> dict:
-    """regime.json of ``out``; a missing file or unknown schema is one InputError line."""
-    return RegimeMap.read_plan(out)
 
 
 @click.command("regime")

@@ -1,7 +1,6 @@
 """`dblp-testbed ablate`: the plan of runs, resuming, and each point against the baselines."""
 import json
 import pathlib
-import sys
 
 import pandas as pd
 import pytest
@@ -10,9 +9,7 @@ from testbed.analysis import ablation as analysis
 from testbed.analysis import datasets
 from testbed.errors import InputError
 from testbed.run import ablation, batch
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_intervals import TRUTH, synthetic  # noqa: E402
+from testbed.testing.frames import TRUTH, synthetic
 
 pytestmark = pytest.mark.unit
 
@@ -79,32 +76,32 @@ def fake_run(calls, fail=()):
 def test_a_resumed_ablation_runs_only_what_did_not_finish_and_keeps_the_failure(tmp_path):
     ab = ablation.ABLATIONS["smoke"]
     calls = []
-    plan = ablation.execute(ab, tmp_path, run_fn=fake_run(calls, fail=("p_high=0.208",)))
+    plan = ab.execute(tmp_path, run_fn=fake_run(calls, fail=("p_high=0.208",)))
     assert calls == ["base", "p_high=0.208"]
     assert plan["runs"]["p_high=0.208"]["status"] == "failed"
     assert plan["runs"]["base"]["overrides"] == ["arms=static,dblp"]
     calls.clear()
-    plan = ablation.execute(ab, tmp_path, run_fn=fake_run(calls))
+    plan = ab.execute(tmp_path, run_fn=fake_run(calls))
     assert calls == ["p_high=0.208"]                       # base was done: not run again
     assert {r["status"] for r in plan["runs"].values()} == {"ok"}
     kept = [p.name for p in tmp_path.iterdir() if ".failed-" in p.name]
     assert len(kept) == 1 and kept[0].startswith("p_high=0.208.failed-")
     assert json.loads((tmp_path / kept[0] / "manifest.json").read_text())["status"] == "failed"
     with pytest.raises(InputError, match="holds ablation 'smoke', not 'detector'"):
-        ablation.execute(ablation.ABLATIONS["detector"], tmp_path, run_fn=fake_run([]))
+        ablation.ABLATIONS["detector"].execute(tmp_path, run_fn=fake_run([]))
 
 
 def test_a_resumed_ablation_runs_an_invalid_run_again(tmp_path):
     """A run whose arms finished but whose summary lists an invalid unit (its manifest says
     "ok") decides nothing: the resume the error message asks for makes it again."""
     ab = ablation.ABLATIONS["smoke"]
-    ablation.execute(ab, tmp_path, run_fn=fake_run([]))
+    ab.execute(tmp_path, run_fn=fake_run([]))
     d = tmp_path / "p_high=0.208"
     (d / "summary.json").write_text(json.dumps({"invalid_units": [
         {"arm": "dblp", "seed": 3, "reasons": ["packet spacing 88.6 % below 90.0 %"]}]}))
     assert batch.status(d) == batch.INVALID and batch.status(tmp_path / "base") == "ok"
     calls: list[str] = []
-    plan = ablation.execute(ab, tmp_path, run_fn=fake_run(calls))
+    plan = ab.execute(tmp_path, run_fn=fake_run(calls))
     assert calls == ["p_high=0.208"] and plan["runs"]["p_high=0.208"]["status"] == "ok"
     assert [p.name for p in tmp_path.iterdir() if ".failed-" in p.name][0].startswith(
         "p_high=0.208.failed-")
@@ -115,7 +112,7 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
                            (ablation.Axis("transport.p_high", (0.208, 0.408), "P_high"),),
                            seeds=3, doc="", overrides=ablation.ABLATIONS["smoke"].overrides,
                            harm=True)
-    plan = ablation.execute(ab, tmp_path, run_fn=fake_run([]))
+    plan = ab.execute(tmp_path, run_fn=fake_run([]))
     doc = analysis.write(tmp_path, plan)
     # The loss-tolerance sweep ran for real (digits, 8 rounds): P_high dropped in each window.
     h = doc["harm"]
@@ -190,9 +187,9 @@ def test_an_ablation_reference_keeps_its_summary_and_plots_and_renders_readme_ta
 def test_files_of_another_version_are_refused_in_one_line(tmp_path):
     (tmp_path / "ablation.json").write_text(json.dumps({"schema": 99}))
     with pytest.raises(InputError, match="schema 99; this code reads 1"):
-        ablation.read_plan(tmp_path)
+        ablation.Ablation.read_plan(tmp_path)
     (tmp_path / "ablation-summary.json").write_text(json.dumps({"schema": 0, "ablation": "x"}))
     with pytest.raises(InputError, match="schema 0; this code reads 1"):
         analysis.read_summary(tmp_path)
     with pytest.raises(InputError, match="not found; run `dblp-testbed ablate NAME"):
-        ablation.read_plan(tmp_path / "none")
+        ablation.Ablation.read_plan(tmp_path / "none")

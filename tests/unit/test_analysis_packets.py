@@ -7,98 +7,31 @@ header's round counter runs one ahead of the logged round, which the reader
 must undo. The gloo arm's TCP capture carries one retransmitted segment.
 """
 import json
-import pathlib
-import sys
 
 import pandas as pd
 import pytest
-from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
-from scapy.packet import Raw
 from scapy.utils import wrpcap
 
-from dblp import scapy_layer, wire
+from dblp import wire
 from testbed.analysis import packets
 from testbed.analysis.pipeline import build_outputs
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import MS, make_run, round_start, unit_raw  # noqa: E402
+from testbed.testing.captures import (
+    PORT,
+    SERVER,
+    W0,
+    W1,
+    W2,
+    dblp_packet,
+    write_captures,
+)
+from testbed.testing.rundirs import make_run, round_start, unit_raw
 
 pytestmark = pytest.mark.unit
-
-PORT = 47474
-SERVER, W0, W1, W2 = "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"
-SESSION = 0xABCDEF
-
-
-def _dblp(t_ns, src, dst, type_, rnd, index=0, aux=0, pull=False, rank=0, payload=b"\0" * 64):
-    sport, dport = (PORT, 40000 + rank) if src == SERVER else (40000 + rank, PORT)
-    hdr = scapy_layer.DBLP(type=int(type_), round=rnd + 1, index=index, count=4, aux=aux,
-                           session=SESSION, src=rank,
-                           flags=int(wire.Flag.PULL) if pull else int(wire.Flag.CRITICAL),
-                           bound=408000)
-    pkt = Ether() / IP(src=src, dst=dst) / UDP(sport=sport, dport=dport) / hdr / Raw(payload)
-    pkt.time = t_ns / 1e9
-    return pkt
-
-
-def _rounds_packets(arm="dblp", seed=1):
-    """(server capture, worker0 capture) for rounds 2 (clean) and 3 (burst) of a unit."""
-    srv, w0 = [], []
-    D, P = wire.MsgType.DATA, wire.MsgType.PROBE
-    for rnd, lost in ((2, ()), (3, (1, 2))):
-        t = round_start(arm, rnd, seed) + 20 * MS
-        for i in range(4):   # worker0's push, pass 0
-            p = _dblp(t + i * MS, W0, SERVER, D, rnd, index=i, rank=0)
-            w0.append(p)
-            if i not in lost:
-                srv.append(p)
-        for i in range(4):   # worker1's push: only the server's capture sees it
-            srv.append(_dblp(t + 5 * MS + i * MS, W1, SERVER, D, rnd, index=i, rank=1))
-        probe = _dblp(t + 10 * MS, W0, SERVER, P, rnd, index=7, rank=0, payload=b"")
-        w0.append(probe)
-        srv.append(probe)
-        if lost:             # pass 1: resend chunk 1 only (bound allows chunk 2 missing)
-            p = _dblp(t + 12 * MS, W0, SERVER, D, rnd, index=1, aux=1, rank=0)
-            w0.append(p)
-            srv.append(p)
-        for i in range(4):   # the average back to worker0
-            p = _dblp(t + 40 * MS + i * MS, SERVER, W0, D, rnd, index=i, pull=True)
-            srv.append(p)
-            w0.append(p)
-    return sorted(srv, key=lambda p: p.time), sorted(w0, key=lambda p: p.time)
-
-
-def _gloo_capture(seed=1):
-    """worker0 in a ring: sends to worker1, receives from worker2 (no server)."""
-    out = []
-    t = round_start("gloo", 5, seed) + 15 * MS
-    for k, seq in enumerate((1000, 2000, 2000, 3000)):   # 2000 sent twice
-        p = Ether() / IP(src=W0, dst=W1) / TCP(sport=50000, dport=29500, seq=seq, flags="PA") \
-            / Raw(b"x" * 1000)
-        p.time = (t + k * MS) / 1e9
-        out.append(p)
-    for k in range(2):
-        p = Ether() / IP(src=W2, dst=W0) / TCP(sport=29501, dport=50001, seq=k, flags="PA") \
-            / Raw(b"y" * 500)
-        p.time = (t + (5 + k) * MS) / 1e9
-        out.append(p)
-    return out
-
 
 @pytest.fixture
 def captured_run(tmp_path):
     return write_captures(make_run(tmp_path / "run"))
-
-
-def write_captures(run, seeds=(1,)):
-    """The dblp arm's server and worker0 captures and gloo's worker0 capture, in every seed."""
-    for seed in seeds:
-        srv, w0 = _rounds_packets(seed=seed)
-        wrpcap(str(unit_raw(run, "dblp", seed) / "server.pcap"), srv)
-        wrpcap(str(unit_raw(run, "dblp", seed) / "worker0.pcap"), w0)
-        wrpcap(str(unit_raw(run, "gloo", seed) / "worker0.pcap"), _gloo_capture(seed))
-    return run
 
 
 def _row(t, arm, rnd, src, dst):
@@ -181,7 +114,7 @@ def test_header_round_offset_and_address_resolution(captured_run):
 
 def test_truncated_capture_keeps_header_and_length(tmp_path):
     # The runner captures with a 96-byte snap length: the DBLP header fits, the floats do not.
-    p = _dblp(round_start("dblp", 2), W0, SERVER, wire.MsgType.DATA, 2, index=3, payload=b"\1" * 1000)
+    p = dblp_packet(round_start("dblp", 2), W0, SERVER, wire.MsgType.DATA, 2, index=3, payload=b"\1" * 1000)
     cut = Ether(bytes(p)[:96])
     cut.time = p.time
     wrpcap(str(tmp_path / "worker0.pcap"), [cut], snaplen=96)

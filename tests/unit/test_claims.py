@@ -1,18 +1,14 @@
 """The paper's claims: declared once, paired through the arms registry, judged by the interval rule."""
 import json
 import math
-import pathlib
-import sys
 
 import pandas as pd
 import pytest
 
 from testbed.analysis import answer, claims, formats
 from testbed.analysis import intervals as iv
+from testbed.testing.frames import SYNTH_ROUNDS, TRUTH, synthetic
 from workloads.runlog import check_fields
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_intervals import ROUNDS, TRUTH, synthetic  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -181,12 +177,12 @@ def test_time_to_target_section_per_arm_and_seed():
 def test_with_verdicts_keeps_the_summary_declared_and_warns_on_one_seed():
     rounds, evals = synthetic(seeds=(1,), arms=("static", "dblp"))
     base = {"arms_order": ["static", "dblp"], "definitions": {"latency": "x"}, "warnings": ["w"],
-            "arms": {"static": {"rounds": ROUNDS}, "dblp": {"rounds": ROUNDS}}}
+            "arms": {"static": {"rounds": SYNTH_ROUNDS}, "dblp": {"rounds": SYNTH_ROUNDS}}}
     out = claims.with_verdicts(base, {"training": {}}, rounds, evals, resamples=500)
     assert out["definitions"]["latency"] == "x" and "verdict" in out["definitions"]
     # Each arm carries its median time to target beside its other figures.
     for arm in ("static", "dblp"):
-        assert out["arms"][arm]["rounds"] == ROUNDS
+        assert out["arms"][arm]["rounds"] == SYNTH_ROUNDS
         assert out["arms"][arm]["time_to_target_s"] == out["time_to_target"]["per_arm"][arm][
             "t_s_median"] > 0
     assert out["warnings"][0] == "w" and "one seed per arm (dblp_vs_static)" in out["warnings"][1]

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from testbed import output
 from testbed.cli import main, version_lines
-from testbed.cli.options import rate_option
+from testbed.options import rate_option
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Pods over servers (testbed.emulation.cluster.placement): only top-tier links cross machines."""
+"""Pods over servers (topologies.placement): only top-tier links cross machines."""
 import collections
 
 import pytest

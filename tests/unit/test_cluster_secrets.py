@@ -14,12 +14,12 @@ import subprocess
 
 import pytest
 
+from testbed.config.servers import LOCAL, parse_server
 from testbed.emulation import cleanup
 from testbed.emulation.cluster import agent as agent_mod
 from testbed.emulation.cluster.agent import ENV_WRAPPER, Agent, env_file_text
 from testbed.emulation.cluster.fabric import HERE, ClusterFabric, RemoteAgent
 from testbed.emulation.cluster.nodes import SshPlan
-from testbed.emulation.cluster.servers import LOCAL, parse_server
 from testbed.emulation.fabric import HostHandle
 from topologies import FatTreeTopo
 

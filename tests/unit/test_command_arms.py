@@ -21,10 +21,8 @@ from testbed.run.command import (
     command_env,
     log_paths,
 )
+from testbed.testing import rundirs as ta
 from workloads.runlog import RunLog, check_event
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import test_analysis as ta  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -8,16 +8,14 @@ committed default reference, which it reads with `load_run`, then with
 import json
 import os
 import pathlib
-import sys
 
 import matplotlib
 import pytest
 
 from testbed.analysis import datasets, load_run
 from testbed.analysis.pipeline import build_outputs
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis_packets import make_run, write_captures  # noqa: E402
+from testbed.testing.captures import write_captures
+from testbed.testing.rundirs import make_run
 
 pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]

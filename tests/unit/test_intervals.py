@@ -9,49 +9,12 @@ each with a per-seed random effect so that seeds differ as real runs do.
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from testbed.analysis import intervals as iv
+from testbed.testing.frames import BURST_EVERY, EVAL_EVERY, SYNTH_ROUNDS, synthetic
 
 pytestmark = pytest.mark.unit
-
-MS = 1_000_000
-# arm -> (burst-round median ms, normal-round ms, round window ms, final accuracy)
-TRUTH = {"static": (500.0, 30.0, 100.0, 0.900),
-         "dblp": (100.0, 24.0, 75.0, 0.897),
-         "static-high": (80.0, 20.0, 70.0, 0.880),
-         "gloo": (800.0, 40.0, 120.0, 0.905)}
-ROUNDS = 60
-BURST_EVERY = 6          # rounds 0, 6, 12, ...: 10 burst rounds per seed
-EVAL_EVERY = 10
-
-
-def synthetic(seeds=(1, 2, 3), arms=("static", "dblp"), seed_sd=0.05, round_sd=0.2,
-              acc_sd=0.002, rng=0, truth=TRUTH, rounds=ROUNDS):
-    """(rounds, evals) frames with per-seed effects; every figure's true value follows TRUTH."""
-    g = np.random.default_rng(rng)
-    rows, evals = [], []
-    for arm in arms:
-        burst_med, normal, window, acc = truth[arm]
-        for s in seeds:
-            effect = math.exp(g.normal(0, seed_sd))
-            t = 10**18 + (list(truth).index(arm) * 1000 + s) * 10**12
-            for r in range(rounds):
-                burst = r % BURST_EVERY == 0
-                lat = (burst_med if burst else normal) * effect * math.exp(g.normal(0, round_sd))
-                dur = window * effect * math.exp(g.normal(0, round_sd)) + (lat if burst else 0)
-                rows.append({"arm": arm, "seed": s, "round": r, "t_start_ns": t,
-                             "t_end_ns": t + int(dur * MS), "duration_ms": dur,
-                             "latency_ms": lat, "in_burst": burst})
-                t += int(dur * MS) + 2 * MS
-                if (r + 1) % EVAL_EVERY == 0:
-                    # Accuracy climbs to its final value over the run.
-                    a = acc * (0.5 + 0.5 * (r + 1) / rounds) + g.normal(0, acc_sd)
-                    evals.append({"arm": arm, "seed": s, "round": r, "rank": 0,
-                                  "t_s": math.nan, "test_accuracy": a, "test_loss": 1 - a})
-    return pd.DataFrame(rows), pd.DataFrame(evals)
-
 
 def _frames(**kw):
     rounds, evals = synthetic(**kw)
@@ -63,7 +26,7 @@ def test_burst_speedup_covers_the_true_ratio_of_medians():
     got = iv.burst_speedup(f, "dblp", "static")
     assert got.lo < 5.0 < got.hi           # 500 / 100
     assert got.lo < got.point < got.hi
-    assert got.n_seeds == 8 and got.n_samples == 2 * 8 * (ROUNDS // BURST_EVERY)
+    assert got.n_seeds == 8 and got.n_samples == 2 * 8 * (SYNTH_ROUNDS // BURST_EVERY)
     assert "hierarchical" in got.method and got.resamples == iv.RESAMPLES and got.level == 0.95
 
 
@@ -321,7 +284,7 @@ def test_time_to_target_is_the_wall_time_to_the_first_evaluation_that_reaches_it
         r = rounds[rounds["seed"] == row.seed]
         assert row.round == first
         want = (r[r["round"] == first]["t_end_ns"].iloc[0] - r["t_start_ns"].min()) / 1e9
-        assert row.t_s == pytest.approx(want) and row.evaluated == ROUNDS // EVAL_EVERY
+        assert row.t_s == pytest.approx(want) and row.evaluated == SYNTH_ROUNDS // EVAL_EVERY
     never = iv.time_to_target(rounds, evals, target=0.99)
     assert never["round"].isna().all() and never["t_s"].isna().all()
     by_loss = iv.time_to_target(rounds, evals, target=1.0, metric="test_loss")

@@ -9,7 +9,13 @@ Python's own parser sees it), so a circle hidden by a local import counts:
   nothing under ``testbed/analysis/`` imports ``testbed.run``;
 - no two modules import each other, directly or round a loop. A package's
   ``__init__`` is the one exception: it hands its modules' names on, so
-  a module importing a name from its own package's face is not a loop.
+  a module importing a name from its own package's face is not a loop;
+- inside ``testbed``, the floors of docs/architecture.md: what every room
+  shares (errors, output, options), then the spec (``config``), then what
+  reads or builds from a spec (run directories, physics, references, the
+  fabric, the analysis, the test builders), then the benches, the run, the
+  CLI on top; no module imports a floor above its own, and no two rooms
+  import each other, even inside a function.
 """
 from __future__ import annotations
 
@@ -23,6 +29,22 @@ pytestmark = pytest.mark.unit
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("dblp", "topologies", "controllers", "workloads", "testbed")
 LAYER = {"dblp": 0, "topologies": 0, "controllers": 1, "workloads": 2, "testbed": 3}
+#: testbed's floors (a module not named here: floor 0, what every room shares).
+FLOORS = {"testbed.config": 1, "testbed.rundir": 2, "testbed.physics": 2,
+          "testbed.references": 2, "testbed.emulation": 2, "testbed.analysis": 2,
+          "testbed.testing": 2, "testbed.bench": 3, "testbed.run": 4, "testbed.cli": 5}
+
+
+def _floor(module: str) -> int:
+    for room in sorted(FLOORS, key=len, reverse=True):
+        if module == room or module.startswith(room + "."):
+            return FLOORS[room]
+    return 0
+
+
+def _room(module: str) -> str:
+    """testbed's room of a module: ``testbed.analysis.claims`` -> ``testbed.analysis``."""
+    return ".".join(module.split(".")[:2])
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -106,3 +128,22 @@ def test_no_import_circle(graph):
         if start not in seen:
             visit(start, [start])
     assert circles == []
+
+
+def test_no_module_of_testbed_imports_a_floor_above_its_own(graph):
+    inside = {a: {b for b in deps if b.startswith("testbed")}
+              for a, deps in graph.items() if a.startswith("testbed")}
+    up = sorted((a, b) for a, deps in inside.items() for b in deps if _floor(b) > _floor(a))
+    assert up == []
+    # the map names rooms that exist
+    assert all(any(m == r or m.startswith(r + ".") for m in graph) for r in FLOORS)
+
+
+def test_no_two_rooms_of_testbed_import_each_other(graph):
+    rooms: dict[str, set[str]] = {}
+    for a, deps in graph.items():
+        for b in deps:
+            if a.startswith("testbed.") and b.startswith("testbed.") and _room(a) != _room(b):
+                rooms.setdefault(_room(a), set()).add(_room(b))
+    both = sorted((a, b) for a in rooms for b in rooms[a] if a < b and a in rooms.get(b, ()))
+    assert both == []

@@ -68,21 +68,21 @@ def test_a_resumed_map_runs_only_the_unfinished_cells_and_ctrl_c_stops_the_whole
     calls: list[str] = []
     # SIGINT in the second cell: the map stops there (the third never starts), the plan says so.
     with pytest.raises(ExperimentFailed, match="stopped in udp-200ms-p90 .* resume"):
-        regime.execute(m, tmp_path, run_fn=_fake(calls, lambda n: "interrupted"
+        m.execute(tmp_path, run_fn=_fake(calls, lambda n: "interrupted"
                                                  if n == "udp-200ms-p90" else "ok"))
     assert calls == ["udp-round-p90", "udp-200ms-p90"]
-    plan = regime.read_plan(tmp_path)
+    plan = regime.RegimeMap.read_plan(tmp_path)
     assert {n: r["status"] for n, r in plan["runs"].items()} == {
         "udp-round-p90": "ok", "udp-200ms-p90": "interrupted"}
     calls.clear()
-    plan = regime.execute(m, tmp_path, run_fn=_fake(calls))
+    plan = m.execute(tmp_path, run_fn=_fake(calls))
     assert calls == ["udp-200ms-p90", "tcp-200ms-p50"]   # the finished cell is not run again
     assert {r["status"] for r in plan["runs"].values()} == {"ok"}
     assert plan["runs"]["tcp-200ms-p50"]["cell"]["control"] == "tcp"
     assert [p.name for p in tmp_path.iterdir() if ".failed-" in p.name][0].startswith(
         "udp-200ms-p90.failed-")
     with pytest.raises(InputError, match="holds regime map 't', not 'smoke'"):
-        regime.execute(regime.MAPS["smoke"], tmp_path, run_fn=_fake([]))
+        regime.MAPS["smoke"].execute(tmp_path, run_fn=_fake([]))
 
 
 def test_the_breakdown_names_the_phase_that_took_the_time():
@@ -127,10 +127,10 @@ def test_the_committed_map_places_every_pair_and_explains_every_arm_far_from_its
 
 def test_plans_and_summaries_of_another_version_are_refused_in_one_line(tmp_path):
     with pytest.raises(InputError, match="regime.json not found; run `dblp-testbed regime NAME"):
-        regime.read_plan(tmp_path)
+        regime.RegimeMap.read_plan(tmp_path)
     (tmp_path / "regime.json").write_text(json.dumps({"schema": 99}))
     with pytest.raises(InputError, match="has schema 99; this code reads 1: rerun the map"):
-        regime.read_plan(tmp_path)
+        regime.RegimeMap.read_plan(tmp_path)
     (tmp_path / "regime-summary.json").write_text("{not json")
     with pytest.raises(InputError, match="is not readable JSON .* rebuild it"):
         analysis.read_summary(tmp_path)

@@ -10,9 +10,7 @@ import pytest
 from testbed.analysis import formats
 from testbed.analysis.pipeline import DERIVED, build_outputs
 from testbed.config.arms import ARMS, Arm
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_analysis import make_run, unit_raw  # noqa: E402
+from testbed.testing.rundirs import make_run, unit_raw
 
 pytestmark = pytest.mark.unit
 CLI = pathlib.Path(sys.executable).with_name("dblp-testbed")

@@ -1,50 +1,18 @@
 """The round announcer against a real UNIX-socket listener, and its no-op modes."""
 import json
-import socket
-import threading
 import time
 
 import pytest
 
-from controllers.protocol import ErrorReply, ProtocolError, RoundReply, encode, parse_request_line
+from controllers.protocol import ErrorReply, RoundReply
+from testbed.testing.workers import ControlListener
 from workloads.control import ENV_VAR, RoundAnnouncer
-
-
-class _Listener:
-    """A tiny controller stand-in: decodes each line and answers with a declared reply."""
-
-    def __init__(self, path, reply=None):
-        self.path, self.reply, self.got = path, reply, []
-        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(path)
-        self.srv.listen(4)
-        self.t = threading.Thread(target=self._serve, daemon=True)
-        self.t.start()
-
-    def _serve(self):
-        conn, _ = self.srv.accept()
-        with conn, conn.makefile("rwb") as f:
-            for line in f:
-                try:
-                    req = parse_request_line(line)
-                    self.got.append(req)
-                    ans = self.reply(req) if self.reply else RoundReply([])
-                except ProtocolError as exc:
-                    ans = ErrorReply(str(exc))
-                if ans is None:        # simulate a controller that hangs
-                    time.sleep(5)
-                    return
-                f.write(ans if isinstance(ans, bytes) else encode(ans))
-                f.flush()
-
-    def close(self):
-        self.srv.close()
 
 
 @pytest.mark.unit
 def test_announces_round_start_and_end_over_a_real_unix_socket(tmp_path):
     path = str(tmp_path / "ctl.sock")
-    lis = _Listener(path, lambda r: RoundReply(["b001"] if r.event == "start" else []))
+    lis = ControlListener(path, lambda r: RoundReply(["b001"] if r.event == "start" else []))
     try:
         ann = RoundAnnouncer("dblp", path=path)
         t0 = time.time_ns()
@@ -79,7 +47,7 @@ def test_late_controller_is_picked_up_and_a_hung_one_is_dropped(tmp_path):
     path = str(tmp_path / "late.sock")
     ann = RoundAnnouncer("static", path=path, timeout_s=0.3, retry_s=0.05)
     assert ann.round("start", 0) is None          # nothing listens yet
-    lis = _Listener(path, lambda r: None if r.round == 2 else RoundReply([]))
+    lis = ControlListener(path, lambda r: None if r.round == 2 else RoundReply([]))
     try:
         time.sleep(0.06)
         assert ann.round("start", 1) == RoundReply(active_bursts=[])
@@ -95,7 +63,7 @@ def test_late_controller_is_picked_up_and_a_hung_one_is_dropped(tmp_path):
 def test_a_refusal_is_returned_and_a_reply_of_another_version_drops_the_controller(tmp_path, capsys):
     path = str(tmp_path / "ctl.sock")
     answers = iter([ErrorReply("no such arm"), json.dumps({"v": 99, "ok": True}).encode() + b"\n"])
-    lis = _Listener(path, lambda r: next(answers))
+    lis = ControlListener(path, lambda r: next(answers))
     try:
         ann = RoundAnnouncer("dblp", path=path, retry_s=60)
         reply = ann.round("start", 0)

@@ -6,6 +6,7 @@ once through the flat loop with the same transport, seeds and data.
 """
 import pytest
 
+from testbed.testing.workers import ControlListener, check_worker_log
 from workloads import worker
 from workloads.ddp_exchange import merge_round_stats
 from workloads.loopback import read_jsonl, run_arm, write_transport_config
@@ -52,16 +53,13 @@ def test_the_worker_refuses_ddp_where_the_torch_backend_cannot_run(tmp_path):
 
 
 def test_ddp_trains_as_the_flat_loop_does_and_logs_its_rounds_alike(tmp_path, monkeypatch):
-    from test_workload_control import _Listener
-    from test_workload_loopback import check_worker_log
-
     rounds, arm = 12, "reliable"   # bound 0: both loops average exactly the same gradients
     common = dict(workers=3, rounds=rounds, timeout_s=180,
                   transport={"mode": "sharded", "round_timeout": 20.0})
     evals = ["--eval-every", "6", "--eval-ranks", "all"]
     flat = run_arm(arm, str(tmp_path / "flat"), worker_args=evals, **common)
     sock = str(tmp_path / "ctl.sock")
-    lis = _Listener(sock)
+    lis = ControlListener(sock)
     monkeypatch.setenv("DBLP_CONTROL_SOCKET", sock)
     try:
         ddp = run_arm(arm, str(tmp_path / "ddp"), worker_args=evals + ["--integration", "ddp"],

@@ -12,28 +12,9 @@ import time
 
 import pytest
 
+from testbed.testing.workers import EVAL_KEYS, ControlListener, check_worker_log
 from workloads import worker
 from workloads.loopback import free_port, read_jsonl, run_arm, write_transport_config
-
-ROUND_KEYS = {"event", "arm", "role", "rank", "round", "epoch", "t_start_ns", "t_end_ns",
-              "compute_s", "comm_s", "bound", "phase", "loss", "stats"}
-START_KEYS = {"event", "arm", "role", "rank", "model", "params", "grad_bytes", "world_size",
-              "seed", "t_ns"}
-EVAL_KEYS = {"event", "arm", "role", "rank", "round", "epoch", "t_ns", "test_accuracy", "test_loss"}
-
-
-def check_worker_log(path, arm, rank, rounds):
-    recs = read_jsonl(path)
-    kinds = [r["event"] for r in recs]
-    assert kinds[0] == "start" and kinds[-1] == "end", kinds[:3]
-    assert START_KEYS <= set(recs[0]) and recs[0]["grad_bytes"] == 4 * recs[0]["params"]
-    rounds_ = [r for r in recs if r["event"] == "round"]
-    assert [r["round"] for r in rounds_] == list(range(rounds))
-    for r in rounds_:
-        assert ROUND_KEYS <= set(r) and r["arm"] == arm and r["rank"] == rank
-        assert r["t_start_ns"] <= r["t_end_ns"] and r["compute_s"] >= 0 and r["comm_s"] >= 0
-    assert recs[-1]["status"] == "ok" and recs[-1]["train_time_s"] > 0
-    return recs
 
 
 @pytest.mark.unit
@@ -118,10 +99,8 @@ def test_gloo_worker_reports_a_dead_peer_and_exits_with_error(tmp_path):
 @pytest.mark.parametrize("arm", ["reliable", "dblp"])
 def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, monkeypatch, arm):
     """Server + 3 workers over dblp on loopback; the server announces every round on a real socket."""
-    from test_workload_control import _Listener
-
     sock = str(tmp_path / "ctl.sock")
-    lis = _Listener(sock)
+    lis = ControlListener(sock)
     monkeypatch.setenv("DBLP_CONTROL_SOCKET", sock)
     rounds = 50
     try:

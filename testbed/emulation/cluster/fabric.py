@@ -23,9 +23,10 @@ connects to it; every switch port, tunnel ends included, is shaped on its
 own server. At the end each agent is told to stop and answers with what it
 removed; the fabric's ``cleanup_report`` holds those answers per server.
 
-Not yet across machines: bursts and port statistics on a remote server's
-interfaces (the controller's ``loss`` and ``congest`` work on this
-machine's), and the harness's runs (``dblp-testbed run``): docs/cluster.md.
+Runs (``dblp-testbed run``) use it as any `Fabric`: commands on another
+server go through its ssh connection into the host's namespaces, and a
+burst's hooks on another server's ports through the nft agent the
+controller starts there (docs/cluster.md, "Runs across machines").
 """
 from __future__ import annotations
 
@@ -37,15 +38,16 @@ import threading
 import time
 from collections.abc import Sequence
 
+from testbed.config.servers import LOCAL, Server, check_ssh_options
 from testbed.emulation.cleanup import STATE_DIR
 from testbed.emulation.cluster.agent import ENV_WRAPPER
 from testbed.emulation.cluster.nodes import VXLAN_OVERHEAD, SshPlan, node_classes
-from testbed.emulation.cluster.placement import crossing_links, mininet_placer, place_pods
+from testbed.emulation.cluster.placement import mininet_placer
 from testbed.emulation.cluster.preflight import CONNECT_TIMEOUT_S, local_address_towards, preflight
-from testbed.emulation.cluster.servers import LOCAL, Server, check_ssh_options
 from testbed.emulation.fabric import Fabric, _mininet_topo
 from testbed.errors import MachineError
 from topologies import TopoGraph
+from topologies.placement import crossing_links, place_pods
 
 #: The cluster edition's name for this machine.
 HERE = "localhost"

@@ -33,7 +33,7 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from testbed.emulation.cluster.servers import Server
+from testbed.config.servers import Server
 
 #: VXLAN's IANA port; each link has its own VNI, so they share it.
 VXLAN_PORT = 4789

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from testbed import REPO_ROOT
+from testbed.config.servers import Server, check_ssh_options, parse_servers
 from testbed.emulation.capabilities import ovs_running
-from testbed.emulation.cluster.servers import Server, check_ssh_options, parse_servers
 from testbed.errors import MachineError
 
 #: Seconds ssh may take to connect (and finish its handshake) to one server.
