@@ -83,17 +83,26 @@ class Reference(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class RunReference(Reference):
-    """A `dblp-testbed run` of a preset whose tables a results page shows."""
+    """A `dblp-testbed run` of a preset whose tables a results page shows.
+
+    ``spec_file`` (a path in the repository) pins a reference made by an earlier
+    version of its preset: the run starts from that resolved spec, which every field
+    of the preset's current version gives way to, so the preset can move on while
+    the reference stays reproducible.
+    """
 
     kind: ClassVar[str] = "run"
     name: str
     preset: str
     doc: str
     overrides: tuple[str, ...] = ()
+    spec_file: str = ""
 
     def argv(self, out: pathlib.Path) -> list[str]:
         """The `dblp-testbed run` arguments that regenerate it (also shown on the results pages)."""
         args = ["run", "--preset", self.preset, "--out", str(out)]
+        if self.spec_file:
+            args.insert(1, self.spec_file)
         for o in self.overrides:
             args += ["--set", o]
         return args
@@ -198,13 +207,20 @@ register(RunReference("paper-regime", "paper-regime",
                       "the paper's training regime: a model trained to its plateau, the phase "
                       "checked per epoch with DBLP relaxed for most of training, bursts at the "
                       "paper's density, the paper's arms and the sharded ones, five seeds"))
-# The same with the detector's drop-corrected norm: with the paper's zero-filled one, a
-# relaxed epoch's own drops lowered its norm past the threshold and sent DBLP back to
-# critical in four seeds of five (docs/results/paper-regime.md).
+# The regime's first version, 22 epochs (682 rounds) and two bursts, with each of the
+# detector's norms. With the paper's zero-filled one a relaxed epoch's own drops lowered
+# its norm past the threshold and sent DBLP back to critical in four seeds of five; with
+# the drop-corrected one the sharded arms still lost epochs to it (their replicas lack
+# the push counts), and 22 epochs left too little relaxed training either way
+# (docs/results/paper-regime-delivered.md).
+register(RunReference("paper-regime-delivered", "paper-regime",
+                      "paper-regime's first version (22 epochs, two bursts) with the paper's "
+                      "zero-filled detector norm, which a relaxed epoch's own drops lower",
+                      spec_file="results/reference/paper-regime-delivered/spec.toml"))
 register(RunReference("paper-regime-rescaled", "paper-regime",
-                      "paper-regime with the detector's drop-corrected norm, which a relaxed "
-                      "epoch's own drops cannot lower",
-                      ("transport.signal=rescaled",)))
+                      "paper-regime's first version (22 epochs, two bursts) with the detector's "
+                      "drop-corrected norm",
+                      spec_file="results/reference/paper-regime-rescaled/spec.toml"))
 register(RunReference("paper", "paper",
                       "the paper's star with the parameter server, both control paths, "
                       "five bursts at each of 60/70/80/90 %"))
@@ -332,40 +348,6 @@ register(RegimeReference(
     "regime", "reduced", "the reduced burst regime map: 90 % bursts of 200 ms and 1 s, "
     "round-locked 60 % ones, both control paths, the pull path and congestion, both bounds "
     "and gloo"))
-
-
-def _rejudge_run(ref_dir: pathlib.Path) -> None:
-    from testbed.analysis import claims
-    claims.rejudge(ref_dir)
-
-
-def _rejudge_ablation(ref_dir: pathlib.Path) -> None:
-    from testbed.analysis import ablation
-    ablation.rejudge(ref_dir)
-
-
-#: How each kind of reference is judged again from the files it keeps (`rejudge`). Not
-#: here: commands (benches and net checks judge no claim) and the regime map (one seed,
-#: its only intervals pool burst rounds: they need its runs' rounds, which it does not
-#: keep, and the estimators of rounds have not changed).
-REJUDGERS: dict[type[Reference], Callable[[pathlib.Path], None]] = {
-    RunReference: _rejudge_run,
-    AblationReference: _rejudge_ablation,
-}
-
-
-def rejudge(refs: list[Reference], reference_dir: pathlib.Path = REFERENCE_DIR) -> list[str]:
-    """Judge the claims of ``refs`` again from their committed files, with today's intervals
-    (a run: every interval and verdict, from its rounds and evaluations; an ablation: its
-    accuracy differences, from the per-seed final accuracies it keeps). Runs nothing; a
-    reference without a folder is skipped. Returns the names rejudged."""
-    done = []
-    for ref in refs:
-        fn = REJUDGERS.get(type(ref))
-        if fn is not None and (reference_dir / ref.name).is_dir():
-            fn(reference_dir / ref.name)
-            done.append(ref.name)
-    return done
 
 
 def select(names: tuple[str, ...] | list[str]) -> list[Reference]:

@@ -80,6 +80,40 @@ def run_cli(argv: list[str], log: pathlib.Path) -> int:
             raise
 
 
+def _rejudge_run(ref_dir: pathlib.Path) -> None:
+    from testbed.analysis import claims  # pandas: only when asked (tests/unit/test_cli_lazy.py)
+    claims.rejudge(ref_dir)
+
+
+def _rejudge_ablation(ref_dir: pathlib.Path) -> None:
+    from testbed.analysis import ablation
+    ablation.rejudge(ref_dir)
+
+
+#: How each kind of reference is judged again from the files it keeps (`rejudge_references`). Not
+#: here: commands (benches and net checks judge no claim) and the regime map (one seed,
+#: its only intervals pool burst rounds: they need its runs' rounds, which it does not
+#: keep, and the estimators of rounds have not changed).
+REJUDGERS: dict[type[Reference], Callable[[pathlib.Path], None]] = {
+    RunReference: _rejudge_run,
+    AblationReference: _rejudge_ablation,
+}
+
+
+def rejudge_references(refs: list[Reference], reference_dir: pathlib.Path = REFERENCE_DIR) -> list[str]:
+    """Judge the claims of ``refs`` again from their committed files, with today's intervals
+    (a run: every interval and verdict, from its rounds and evaluations; an ablation: its
+    accuracy differences, from the per-seed final accuracies it keeps). Runs nothing; a
+    reference without a folder is skipped. Returns the names rejudged."""
+    done = []
+    for ref in refs:
+        fn = REJUDGERS.get(type(ref))
+        if fn is not None and (reference_dir / ref.name).is_dir():
+            fn(reference_dir / ref.name)
+            done.append(ref.name)
+    return done
+
+
 #: How long an interrupted child may take to tear down before it is killed (a fabric's
 #: stop takes seconds; a bench's namespaces less).
 CHILD_TEARDOWN_S = 60
@@ -91,7 +125,8 @@ def _make_run(ref: RunReference, out: pathlib.Path) -> tuple[str, dict]:
     from testbed.run.experiment import run_and_report
 
     output.say(f"reproduce {ref.name}: dblp-testbed {' '.join(ref.argv(out))}")
-    spec = specmod.load(None, PRESETS[ref.preset], list(ref.overrides))
+    path = str(REPO_ROOT / ref.spec_file) if ref.spec_file else None
+    spec = specmod.load(path, PRESETS[ref.preset], list(ref.overrides))
     return run_and_report(spec, str(out)), {"argv": ref.argv(pathlib.Path("DIR"))}
 
 
@@ -271,7 +306,7 @@ def reproduce_cmd(names, runs_root, readme_only, rejudge, json_out):
     """
     refs = select(names)
     done = {} if readme_only or rejudge else reproduce(refs, pathlib.Path(runs_root))
-    rejudged = references.rejudge(refs) if rejudge else []
+    rejudged = rejudge_references(refs) if rejudge else []
     changed, no_data = update_readme(only=tuple(names))
     failed = [n for n, e in done.items() if e["status"] != "ok"]
     doc = {"runs": done, "rejudged": rejudged, "readme_tables_changed": changed,
