@@ -54,7 +54,8 @@ from testbed import output
 from testbed.errors import ExperimentFailed
 from testbed.output import json_option, results
 
-SCHEMA = 3  # 2: control blocks (a flood of a sink, not the job); 3: sources and sessions
+SCHEMA = 4  # 2: control blocks (a flood of a sink, not the job); 3: sources and sessions;
+#            4: the aggregator's foreign drops and CPU samples, cpu_per_forged_us
 #: Where rotating sources start: 127.1.0.0, 127.1.0.1, ... (all of 127/8 is this machine's).
 SOURCES_BASE = (127 << 24) | (1 << 16)
 SESSIONS = ("job", "foreign")
@@ -73,14 +74,19 @@ def _role_server(port: int, rounds: int, session: int) -> None:
                                secret=os.environ["DBLP_SECRET"], session_id=session,
                                round_timeout=30)
     print(json.dumps({"port": srv.port}), flush=True)  # bound: the driver's cue
+    # (monotonic time, this process's CPU time) at every round's end: the CPU the
+    # aggregator spent while flooded against while quiet (`cpu_per_forged`).
+    cpu = [(time.monotonic(), time.process_time())]
     try:
-        srv.serve(rounds)
+        srv.serve(rounds, on_round_end=lambda r, st: cpu.append((time.monotonic(),
+                                                                 time.process_time())))
         from dblp import sockfilter
 
         c = srv.engine.counters
-        print(json.dumps({"unauthenticated": c.unauthenticated,
+        print(json.dumps({"unauthenticated": c.unauthenticated, "foreign": c.foreign,
                           "socket_drops": sockfilter.socket_drops(srv.engine.sock),
-                          "blocked_sources": len(srv.engine.bad.blocked)}), flush=True)
+                          "blocked_sources": len(srv.engine.bad.blocked), "cpu": cpu}),
+              flush=True)
     finally:
         srv.close()
 
@@ -330,8 +336,32 @@ def flood_doc(rounds: list[dict], floods: list[dict], numel: int, counters: dict
             "control_rounds": len(secs["control"]),
             "flood_datagrams_per_s": rate("job"), "control_datagrams_per_s": rate("sink"),
             "all_exact": all(r["exact"] for r in rounds), "aggregator": counters,
+            "cpu_per_forged_us": cpu_per_forged(rounds, kinds, floods, counters.get("cpu")),
             "rounds": [{**r, "kind": k} for r, k in zip(rounds, kinds, strict=True)],
             "floods": floods}
+
+
+def cpu_per_forged(rounds: list[dict], kinds: list[str], floods: list[dict],
+                   cpu: list | None) -> float | None:
+    """The aggregator's CPU time per forged datagram sent at it (microseconds): its CPU
+    over the job's flood blocks, less what the same time costs it quiet (its CPU rate
+    over the quiet rounds), over the datagrams the floods sent. None without samples."""
+    if not cpu or len(cpu) < 2:
+        return None
+    ts, cs = zip(*cpu, strict=True)
+
+    def used(a: float, b: float) -> float:
+        import numpy as np
+        return float(np.interp(b, ts, cs) - np.interp(a, ts, cs))
+    quiet = [r for r, k in zip(rounds, kinds, strict=True) if k == "quiet"]
+    quiet_s = sum(r["t1"] - r["t0"] for r in quiet)
+    jobs = [f for f in floods if f.get("target", "job") == "job" and f["t1"] > f["t0"]]
+    sent = sum(f["sent"] for f in jobs)
+    if not quiet_s or not sent:
+        return None
+    rate = sum(used(r["t0"], r["t1"]) for r in quiet) / quiet_s
+    extra = sum(used(f["t0"], f["t1"]) - rate * (f["t1"] - f["t0"]) for f in jobs)
+    return round(1e6 * extra / sent, 3)
 
 
 def format_doc(doc: dict) -> str:
@@ -342,6 +372,9 @@ def format_doc(doc: dict) -> str:
 
     def per_s(r):
         return "–" if r is None else f"{r:,.0f}"
+
+    def us(v):
+        return "–" if v is None else f"{v:.2f} us"
     agg = doc["aggregator"]
     return (f"quiet rounds: {doc['quiet_rounds']}, median {ms(doc['quiet_s'])}\n"
             f"flood rounds: {doc['flood_rounds']}, median {ms(doc['flood_s'])}\n"
@@ -352,9 +385,12 @@ def format_doc(doc: dict) -> str:
             f"flood rate: {per_s(doc['flood_datagrams_per_s'])} datagrams/s from one process, "
             f"{doc.get('sources', 1):,} source address(es), {doc.get('sessions', 'job')} "
             f"sessions (control: {per_s(doc.get('control_datagrams_per_s'))})\n"
-            f"aggregator: {agg.get('unauthenticated', '–')} unauthenticated datagrams dropped "
-            f"after verifying or by address, {agg.get('socket_drops', '–')} by its socket "
-            f"(its filter, or a full buffer); every aggregate exact: {'yes' if doc['all_exact'] else 'NO'}")
+            f"aggregator: {agg.get('unauthenticated', '–')} datagrams dropped for their tags, "
+            f"{agg.get('foreign', '–')} before any tag (another session, not a member's "
+            f"address), {agg.get('socket_drops', '–')} by its socket (its filter, or a full "
+            f"buffer); every aggregate exact: {'yes' if doc['all_exact'] else 'NO'}\n"
+            f"aggregator CPU per forged datagram sent: "
+            f"{us(doc.get('cpu_per_forged_us'))}")
 
 
 @click.command("flood")

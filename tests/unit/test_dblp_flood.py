@@ -120,3 +120,15 @@ def test_the_flood_bench_rotates_sources_and_forges_sessions(sources, sessions):
     assert doc["all_exact"] and doc["sources"] == sources and doc["sessions"] == sessions
     assert doc["flood_rounds"] > 0 and doc["flood_datagrams_per_s"] > 1000
     assert f"{sources:,} source address(es), {sessions} sessions" in fb.format_doc(doc)
+
+
+def test_cpu_per_forged_datagram_is_the_floods_cpu_beyond_the_quiet_rate():
+    """The aggregator spends 0.1 CPU-s a second quiet and 0.5 while flooded; the flood sent
+    100,000 datagrams in its 2 s: (0.5 - 0.1) x 2 s / 100,000 = 8 us a datagram."""
+    cpu = [(0.0, 0.0), (2.0, 0.2), (4.0, 1.2), (6.0, 1.4)]   # quiet, flooded, quiet
+    rounds = [{"t0": 0.0, "t1": 2.0}, {"t0": 2.0, "t1": 4.0}, {"t0": 4.0, "t1": 6.0}]
+    kinds = ["quiet", "flood", "quiet"]
+    floods = [{"t0": 2.0, "t1": 4.0, "sent": 100_000, "target": "job"},
+              {"t0": 6.0, "t1": 7.0, "sent": 9, "target": "sink"}]   # the control: not counted
+    assert fb.cpu_per_forged(rounds, kinds, floods, cpu) == pytest.approx(8.0)
+    assert fb.cpu_per_forged(rounds, kinds, floods, None) is None
