@@ -226,7 +226,7 @@ class SendBatch:
         try:
             return self._sockaddrs[addr]
         except KeyError:
-            raw = _port_and_ip(addr)
+            raw = port_and_ip(addr)
             self._sockaddrs[addr] = None if raw is None else \
                 struct.pack("=H", socket.AF_INET) + raw + bytes(8)
             return self._sockaddrs[addr]
@@ -429,7 +429,7 @@ class RecvRing:
             for rank, addr in peers.items():
                 if isinstance(rank, int) and 0 <= rank < top:
                     known[rank] = True
-                    raw = _port_and_ip(addr)
+                    raw = port_and_ip(addr)
                     if raw is not None:
                         expect[rank], where[rank] = np.frombuffer(raw, np.uint8), True
             self._peers = (key, expect, np.stack([known, where]))
@@ -451,7 +451,7 @@ class RecvRing:
         key = (rank, addr)
         raw = self._pinned.get(key, b"?")
         if raw == b"?":
-            raw = self._pinned[key] = _port_and_ip(addr)
+            raw = self._pinned[key] = port_and_ip(addr)
         return raw
 
     def addr(self, i: int) -> tuple[str, int]:
@@ -473,7 +473,7 @@ def _enable_gro(sock: socket.socket) -> bool:
     return True
 
 
-def _port_and_ip(addr) -> bytes | None:
+def port_and_ip(addr) -> bytes | None:
     """The port and IPv4 address bytes of a ``sockaddr_in`` for ``addr``; None if none.
 
     Only a dotted quad that ``recvfrom`` would give back verbatim has them: the
@@ -640,7 +640,7 @@ def blocked_keys(eng: ReceiveLink, now: float) -> bytes:
         if now >= until:
             bad.is_blocked(addr, now)  # expires it
     if bad.keys is None:
-        bad.keys = b"".join(r for r in (_port_and_ip(a) for a in bad.blocked) if r is not None)
+        bad.keys = b"".join(r for r in (port_and_ip(a) for a in bad.blocked) if r is not None)
     return bad.keys
 
 

@@ -130,7 +130,7 @@ class Engine:
         "joining",
         # sources whose tags keep failing, dropped before verification (BadSources), and
         # the ones the socket's kernel filter drops before they are queued (dblp.sockfilter)
-        "bad", "kernel_blocked",
+        "bad", "kernel_blocked", "kernel_allow",
         # accounting: anomalies, bytes and datagrams sent
         "counters", "bytes_sent", "datagrams",
         # fault injection for tests without root: drop this fraction of received datagrams
@@ -201,6 +201,7 @@ class Engine:
         self.sock.bind(bind)
         self.sock.setblocking(False)
         self.kernel_blocked = b""  # the sources the socket's filter drops (dblp.sockfilter)
+        self.kernel_allow: tuple[int, bytes] | None = None  # what it lets a keyed job hear
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, None)
         self.buf = bytearray(65536)
@@ -608,13 +609,31 @@ class Engine:
         kernel filter kept to the same list (`dblp.sockfilter`): a blocked source's later
         datagrams never reach the socket's buffer."""
         keys = batch.blocked_keys(self, now) if self.bad.blocked else b""
-        if keys != self.kernel_blocked:
+        allow = self._allowed()
+        if keys != self.kernel_blocked or allow != self.kernel_allow:
             try:
-                sockfilter.drop_sources(self.sock, keys)
-                self.kernel_blocked = keys
+                sockfilter.drop_sources(self.sock, keys, allow)
+                self.kernel_blocked, self.kernel_allow = keys, allow
             except OSError:
                 pass  # no socket filters here: user space alone drops them (as before)
         return keys
+
+    def _allowed(self) -> tuple[int, bytes] | None:
+        """What a keyed job's socket filter lets through beyond the joins: the session and the
+        members' pinned addresses (`worth_verifying`'s checks). None without a key, a
+        session or a member, or where an address has no IPv4 form the kernel would give
+        (user space then compares, as before)."""
+        if self.sealer.key is None or not self.session or not self.peers.addrs:
+            return None
+        raw = [batch.port_and_ip(a) for a in set(self.peers.addrs.values())]
+        if any(r is None for r in raw):
+            return None
+        return self.session, b"".join(sorted(r for r in raw if r is not None))
+
+    def refilter(self) -> None:
+        """Bring the socket's kernel filter up to date at once: after a member's address or
+        the session changed, before anything is sent that the member will answer."""
+        self._filter_blocked(time.monotonic())
 
     def _read_udp(self, now: float, limit: int = 512) -> None:
         if self.ring is not None:

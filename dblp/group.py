@@ -175,6 +175,7 @@ class TransportGroup:
                 if r != self.rank:
                     eng.peers.addrs[r] = a
             eng.peers.addrs[0] = master
+        eng.refilter()  # the session and the peers the kernel may let through
         if self.control == "tcp":
             # Proved on this connection alone (its nonce under our MAC): a sniffed HELLO
             # binds no other connection in its place (dblp.join).

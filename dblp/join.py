@@ -414,6 +414,7 @@ class Rendezvous:
         self.pin_nonce[rank] = nonce
         eng.peers.addrs[rank] = addr
         eng.bad.forgive(addr)
+        eng.refilter()  # the kernel lets the new member's datagrams through before it answers
         w = self._welcome_payload(rank)
         if not w:
             return
@@ -515,6 +516,7 @@ def join_aggregator(eng: Engine, server_addr: tuple[str, int], server_rank: int,
     error names it as context; an authentic CHALLENGE or WELCOME rules it out.
     """
     eng.peers.addrs[server_rank] = server_addr
+    eng.refilter()
     got: dict = {}
     hello = dict(hello)
     nonce = hello["nonce"]

@@ -734,7 +734,7 @@ def test_a_blocked_sources_coalesced_runs_are_dropped_unread():
             _gso(flood, dest, blob[:44 * wire.MAX_DATAGRAM], wire.MAX_DATAGRAM)
             honest.sendto(b"honest %d" % i, dest)
         time.sleep(0.05)
-        key = batch._port_and_ip(flood.getsockname())
+        key = batch.port_and_ip(flood.getsockname())
         got, dropped = [], 0
         for _ in range(10):
             m = ring.receive(key)

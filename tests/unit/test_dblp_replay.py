@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import dblp
-from dblp import wire
+from dblp import sockfilter, wire
 from dblp.engine import Engine
 from dblp.testing import free_port
 from dblp.wire import MsgType
@@ -191,7 +191,10 @@ def test_a_stop_for_one_member_resent_to_another_is_dropped():
                 and not replayed[h.round].is_set():
             for _ in range(3):
                 atk.sendto(msg, victim)
+            # On loopback the victim's socket filter has judged them when sendto returns.
+            dropped.append(sockfilter.socket_drops(job.groups[1].engine.sock) or 0)
             replayed[h.round].set()
+    dropped: list[int] = []
     _tap(job.groups[0].engine, sniff)
     try:
         job.start_members()
@@ -201,7 +204,7 @@ def test_a_stop_for_one_member_resent_to_another_is_dropped():
     assert replayed[1].is_set() and replayed[2].is_set()
     job.assert_exact()
     c = job.groups[1].engine.counters
-    assert c.unauthenticated + c.foreign >= 3
+    assert c.unauthenticated + c.foreign + max(dropped, default=0) >= 3
 
 
 def test_an_old_jobs_hello_does_not_move_a_rank():
