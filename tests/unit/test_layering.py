@@ -147,3 +147,15 @@ def test_no_two_rooms_of_testbed_import_each_other(graph):
                 rooms.setdefault(_room(a), set()).add(_room(b))
     both = sorted((a, b) for a in rooms for b in rooms[a] if a < b and a in rooms.get(b, ()))
     assert both == []
+
+
+def test_a_planted_climb_inside_a_function_is_caught(tmp_path):
+    """The reader sees an import a function makes: plant one in a copy of the config room
+    that climbs to the run, and the floor test's rule finds it."""
+    known = _modules()
+    planted = tmp_path / "testbed" / "config" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("def later():\n    from testbed.run import runner\n    return runner\n")
+    deps = _imports("testbed.config.planted", planted, {**known, "testbed.config.planted": planted})
+    assert "testbed.run.runner" in deps
+    assert [d for d in deps if _floor(d) > _floor("testbed.config.planted")] == ["testbed.run.runner"]
