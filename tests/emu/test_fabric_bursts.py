@@ -5,6 +5,7 @@ import math
 import pytest
 
 from testbed.bench import bursts as burstbench
+from testbed.config.presets import BURST_MS
 
 pytestmark = pytest.mark.emu
 
@@ -39,9 +40,17 @@ def fab(fattree):
     return f
 
 
+#: The window these tests measure: as long as the shortest burst the fabric's
+#: presets schedule (``BURST_MS``), so the 2 % placement bound is the one an
+#: experiment's bursts meet. A 400 ms window bounded the mechanism at 8 ms,
+#: which one nft transaction crossed (8.5 ms) in a fresh-clone CI run whose
+#: typical lag is 1.5 ms.
+WINDOW_MS = BURST_MS
+
+
 @pytest.mark.parametrize("p", [0.6, 0.8, 0.9])
 def test_loss_burst_matches_p_inside_and_nothing_outside(fab, p):
-    row = burstbench.measure_window(fab, "loss", {"p": p}, duration_ms=400, tag=f"t-loss{p}")
+    row = burstbench.measure_window(fab, "loss", {"p": p}, duration_ms=WINDOW_MS, tag=f"t-loss{p}")
     assert abs(row["measured_in_window"] - p) <= tolerance(p, row["packets_in_window"]), row
     assert row["measured_outside"] <= 0.005, row
     # The burst window is placed by the mechanism: on within 2 % of the window
