@@ -15,6 +15,8 @@ import re
 import subprocess
 import threading
 
+from controllers.traffic import nft_matches
+
 NFT_PREFIX = "dtburst_"   # `dblp-testbed clean` removes netdev tables with this prefix
 NUMGEN_MOD = 10000
 
@@ -181,8 +183,11 @@ def loss_hooks(topo, ports):
     return hooks
 
 
-def loss_script(table: str, hooks, p: float, sink: str) -> str:
+def loss_script(table: str, hooks, p: float, sink: str, traffic: str = "all") -> str:
     """An nft script (multi-line syntax): count what is hit, steal with probability p.
+
+    ``traffic`` (``controllers.traffic.TRAFFIC``): which packets the rules
+    may take; "all" writes the one rule pair per hook it always wrote.
 
     Why ``fwd to`` a sink veth and not ``drop``: userspace OVS sends a batch
     with one sendmmsg(); a drop verdict fails that call and OVS discards the
@@ -193,10 +198,12 @@ def loss_script(table: str, hooks, p: float, sink: str) -> str:
     lines = [f"table netdev {table} {{"]
     for i, (intf, match) in enumerate(hooks):
         lines += [f"  chain c{i} {{",
-                  f"    type filter hook egress device \"{intf}\" priority 0;",
-                  f"    {match}counter",
-                  f"    {match}numgen random mod {NUMGEN_MOD} < {threshold} counter fwd to \"{sink}\"",
-                  "  }"]
+                  f"    type filter hook egress device \"{intf}\" priority 0;"]
+        for which in nft_matches(traffic):
+            lines += [f"    {match}{which}counter",
+                      f"    {match}{which}numgen random mod {NUMGEN_MOD} < {threshold} counter "
+                      f"fwd to \"{sink}\""]
+        lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -56,6 +56,7 @@ class ReceiveLink(Protocol):
     receivers: Any
     sealer: Any
     bad: Any
+    kernel_allow: Any  # what the socket's kernel filter lets a keyed job hear (None: no filter)
     fault_rx_drop: float
     _fault_rng: Any
 

@@ -137,14 +137,18 @@ class PullGroup:
                 s.repair(need)
         return False
 
-    def send_final(self, next_bound_ppm: int, critical: bool) -> None:
+    def send_final(self, next_bound_ppm: int, critical: bool,
+                   figures: tuple[float, int] = (0.0, 0)) -> None:
+        """FINAL to every member: U, what it pushed that was taken, the part's norm figures."""
         eng = self.eng
         assert self.dropped is not None, "send_final before poll() settled the dropped set"
         dropped = pack_bitmap(self.dropped)
         flags = Flag.PULL | (Flag.CRITICAL if critical else 0)
         for m in self.senders:
             taken = self.pushed.get(m)
-            payload = dropped + pack_bitmap(np.ones(self.count, bool) if taken is None else taken)
+            payload = wire.final_payload(
+                dropped, pack_bitmap(np.ones(self.count, bool) if taken is None else taken),
+                *figures)
             copies = eng.copies(m)
             msg = wire.pack_header(MsgType.FINAL, src=eng.rank, part=self.part.index,
                                    session=eng.session, round=eng.round, count=self.count,
@@ -283,17 +287,23 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
                 if owner_residual is not None:
                     owner_residual[part.index] = np.where(mask, view, np.float32(0))
                 view[mask] = 0
+            if signal == "rescaled":
+                # Each owner holds its parts' delivery counts; the figures travel in FINAL.
+                for info in owned.values():
+                    info["figures"] = part_figures(result, info["part"], info["pull"].dropped,
+                                                   info["counts"], n_members, missing)
             nb, crit = (0, False)
             if decide is not None:
-                # The single owner holds every part's delivery counts: the full estimate.
-                zeroed = {i: info["pull"].dropped for i, info in owned.items()}
-                counts = {i: info["counts"] for i, info in owned.items()}
-                state["norm"] = detector_norm(result, parts, zeroed, signal or "delivered",
-                                              n_members, counts, missing)
+                # The single owner holds every part: the full estimate.
+                if signal == "rescaled":
+                    state["norm"] = norm_of_figures([owned[p.index]["figures"] for p in parts],
+                                                    sum(p.stop - p.start for p in parts))
+                else:
+                    state["norm"] = grad_norm(result)
                 nb, crit = decide(result, state["norm"])
                 state["decided"] = (nb, crit)
             for info in owned.values():
-                info["pull"].send_final(nb, crit)
+                info["pull"].send_final(nb, crit, info.get("figures", (0.0, 0)))
             state["finals_sent"] = True
         if not state["finals_sent"]:
             return False
@@ -337,13 +347,17 @@ def run_round(eng: Engine, parts: list[Part], members: list[int], contribution: 
         + sum(_count(g.dropped) for g in res.pull_groups)
     if decide is not None:
         res.detector_norm = state.get("norm")
-    elif signal is not None:
-        # Sharded replicas: only U is known alike everywhere (the push counts of a
-        # part live with its owner), and every replica must decide alike.
-        zeroed = {i: info["pull"].dropped for i, info in owned.items()}
+    elif signal == "rescaled":
+        # Sharded replicas: a part's push counts live with its owner, which sent its
+        # figures in FINAL; every replica adds the same figures in part order, so all
+        # decide alike, on the estimate a single owner of every part would make.
+        figures = {i: info["figures"] for i, info in owned.items()}
         for r in pull_receivers:
-            zeroed[r.part] = r.final
-        res.detector_norm = detector_norm(result, parts, zeroed, signal)
+            figures[r.part] = r.final_figures
+        res.detector_norm = norm_of_figures([figures[p.index] for p in parts],
+                                            sum(p.stop - p.start for p in parts))
+    elif signal is not None:
+        res.detector_norm = detector_norm(result, parts, {}, signal)  # the zero-filled norm
     if state["decided"] is not None:
         res.next_bound_ppm, res.critical = state["decided"]
     elif pull_receivers:
@@ -412,6 +426,47 @@ def grad_norm(x: np.ndarray) -> float:
     return math.sqrt(sum_squares(x))
 
 
+def part_figures(result: np.ndarray, part: Part, zeroed: np.ndarray | None,
+                 counts: np.ndarray | None = None, n_members: int = 0,
+                 missing: str = "zero") -> tuple[float, int]:
+    """One part's share of the drop-corrected norm: (sum of squares kept, elements kept).
+
+    Chunks in ``zeroed`` (the set U every replica zero-fills) are left out;
+    with ``counts`` (contributions per chunk, known to the part's owner), a
+    chunk nobody delivered is left out too and one that k of the
+    ``n_members`` delivered is scaled by n/k (the mean of what arrived;
+    "mean" already divided by k). The owner computes them and sends them in
+    its FINAL (``wire.FINAL_NORM``), so a sharded job's replicas, which hold
+    no other part's counts, add up the same figures the owner of every part
+    would.
+    """
+    view = result[part.start:part.stop].astype(np.float64)
+    keep = np.ones(part.chunks, bool) if zeroed is None else ~np.asarray(zeroed, bool)
+    if counts is not None:
+        keep &= counts > 0
+        if missing != "mean":
+            view *= part.expand(n_members / np.maximum(counts, 1))
+    mask = part.expand(keep)
+    vals = view[mask]
+    return float(np.dot(vals, vals)), int(mask.sum())
+
+
+def norm_of_figures(figures: list[tuple[float, int]], total: int) -> float:
+    """The whole gradient's norm from its parts' figures, in part order (every replica alike).
+
+    The sum of squares over the F kept elements of ``total`` is scaled by
+    total/F, i.e. the norm by 1/sqrt(F/total): a squared norm is a sum over
+    elements, so a subset that the drops pick independently of the values
+    carries F/total of it in expectation. NaN if nothing was kept (the policy
+    skips a non-finite norm).
+    """
+    sumsq, kept = 0.0, 0
+    for part_sumsq, part_kept in figures:
+        sumsq += part_sumsq
+        kept += part_kept
+    return math.sqrt(sumsq * total / kept) if kept else math.nan
+
+
 def detector_norm(result: np.ndarray, parts: list[Part], zeroed: dict, signal: str,
                   n_members: int = 0, counts: dict | None = None, missing: str = "zero") -> float:
     """The gradient norm the phase detector sees for one round's applied aggregate.
@@ -423,34 +478,14 @@ def detector_norm(result: np.ndarray, parts: list[Part], zeroed: dict, signal: s
     and can flip the phase by itself.
 
     ``signal="rescaled"``: the norm of what was actually delivered, brought
-    back to the whole gradient. Chunks in ``zeroed`` (the set U every replica
-    zero-fills; part index -> chunk mask) are left out; with ``counts`` (part
-    index -> contributions per chunk, known to an owner of every part), a chunk
-    nobody delivered is left out too and one that k of the ``n_members``
-    delivered is scaled by n/k (the mean of what arrived; "mean" already
-    divided by k). The sum of squares over the F kept elements of n is then
-    scaled by n/F, i.e. the norm by 1/sqrt(F/n): a squared norm is a sum over
-    elements, so a subset that the drops pick independently of the values
-    carries F/n of it in expectation, and the norm the square root of that.
-    Without ``counts`` (sharded replicas) the k/N attenuation of partial
-    pushes stays in; the zeroed set, the larger effect, is corrected. NaN if
-    nothing was delivered (the policy skips a non-finite norm).
+    back to the whole gradient (``part_figures`` per part, ``norm_of_figures``
+    over them). ``zeroed``: part index -> chunk mask; ``counts``: part index
+    -> contributions per chunk, known to an owner of every part. Sharded
+    replicas use the figures their FINALs carry instead (``run_round``).
     """
     if signal == "delivered":
         return grad_norm(result)
-    total = kept = 0
-    sumsq = 0.0
-    for part in parts:
-        view = result[part.start:part.stop].astype(np.float64)
-        keep = ~np.asarray(zeroed.get(part.index, np.zeros(part.chunks, bool)), bool)
-        c = None if counts is None else counts.get(part.index)
-        if c is not None:
-            keep &= c > 0
-            if missing != "mean":
-                view *= part.expand(n_members / np.maximum(c, 1))
-        mask = part.expand(keep)
-        vals = view[mask]
-        sumsq += float(np.dot(vals, vals))
-        kept += int(mask.sum())
-        total += view.size
-    return math.sqrt(sumsq * total / kept) if kept else math.nan
+    figures = [part_figures(result, part, zeroed.get(part.index),
+                            None if counts is None else counts.get(part.index), n_members, missing)
+               for part in parts]
+    return norm_of_figures(figures, sum(part.stop - part.start for part in parts))

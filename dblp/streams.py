@@ -415,8 +415,9 @@ class InTransfer:
         "have", "n_have", "max_pass", "t_first",
         # STOP and its repeats, probe replies
         "stopped", "t_stop", "last_stop_t", "last_probe",
-        # FINAL (pull streams): the zero-filled set, next bound and phase, last id acked
-        "final", "final_next_bound", "final_flags", "last_final",
+        # FINAL (pull streams): the zero-filled set, next bound and phase, the part's
+        # norm figures, last id acked
+        "final", "final_next_bound", "final_flags", "final_figures", "last_final",
     )
 
     def __init__(self, eng: TransferLink, kind: int, part: int, peer: int, out: np.ndarray,
@@ -449,6 +450,7 @@ class InTransfer:
         self.last_final = 0  # highest FINAL transmission id acknowledged
         self.final_next_bound = 0
         self.final_flags = 0
+        self.final_figures: tuple[float, int] = (math.nan, 0)
         self.flags = Flag.PULL if kind == PULL else 0
         if self.nbytes == 0:
             self.have[:] = True
@@ -646,10 +648,16 @@ class InTransfer:
             self.final = dropped
             self.final_next_bound = h.aux
             self.final_flags = h.flags
+            sumsq, kept = wire.FINAL_NORM.unpack_from(payload, 2 * nb)
+            if not (math.isfinite(sumsq) and sumsq >= 0 and kept <= self.nbytes // 4):
+                # (cannot come from an honest owner) a NaN norm: the policy skips the round
+                self.eng.counters.malformed += 1
+                sumsq, kept = math.nan, 0
+            self.final_figures = (sumsq, kept)
             self.eng.progress = True
             push = self.eng.senders.get((PUSH, self.part, self.peer))
             if push is not None:
-                push.overtaken(unpack_bitmap(payload[nb:], self.count))
+                push.overtaken(unpack_bitmap(payload[nb:2 * nb], self.count))
         if h.index and h.index <= self.last_final:
             return  # another copy of a FINAL transmission we acknowledged already
         self.last_final = h.index

@@ -48,6 +48,12 @@ Payload per message type:
   round's pull; second, the chunks of this member's push that the aggregate
   took (its receiver's bitmap at STOP), so a member whose STOP was lost still
   knows exactly what it delivered (error feedback needs it) without waiting;
+  After the bitmaps, ``FINAL_NORM``: the owner's two figures of its part
+  for the phase detector's drop-corrected norm (the sum of squares of the
+  elements it kept, each scaled back by n/k for k of n pushes delivered,
+  and how many it kept), so every replica of a sharded job sees the norm
+  that the owner of every part sees (``dblp.rounds.part_figures``); zeros
+  when the job's detector asks for no such norm.
   ``aux`` is the bound (ppm) the aggregator decided for the next round and
   ``flags & CRITICAL`` its phase; ``index`` numbers the transmissions (1, 2,
   ... on retransmission), and the member acknowledges each number once.
@@ -79,9 +85,10 @@ import struct
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MAGIC = 0xDB1B
-VERSION = 5  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins;
+VERSION = 6  # 2: the MAC trailer; 3: the MAC covers the destination rank, CHALLENGE joins;
 #             4: GMAC under per-(session, sender, destination) keys, the seq nonce;
-#             5: the stream in the key derivation (one stream's datagram fails in another)
+#             5: the stream in the key derivation (one stream's datagram fails in another);
+#             6: FINAL carries its part's detector-norm figures (FINAL_NORM)
 MTU = 1500  # the Ethernet MTU every datagram is sized for
 IP_HEADER = 20
 UDP_HEADER = 8
@@ -152,7 +159,11 @@ ZERO_TAG = bytes(TAG_SIZE)
 MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE - TAG_SIZE
 CHUNK_ELEMS = MAX_PAYLOAD // 4  # float32 elements per full data chunk
 CHUNK_BYTES = CHUNK_ELEMS * 4
-MAX_PART_CHUNKS = MAX_PAYLOAD * 4  # a FINAL's two bitmaps must fit one datagram
+#: A FINAL's tail after its two bitmaps: the part's detector-norm figures (sum of squares
+#: of the kept elements, float64; elements kept, uint32), network order.
+FINAL_NORM = struct.Struct("!dI")
+#: A FINAL's two bitmaps and its tail must fit one datagram.
+MAX_PART_CHUNKS = (MAX_PAYLOAD - FINAL_NORM.size) // 2 * 8
 #: The largest configurable data chunk: whole float32s in the largest datagram.
 MAX_CHUNK_BYTES = (MAX_UDP_PAYLOAD - HEADER_SIZE - TAG_SIZE) // 4 * 4
 FIELD_NAMES = tuple(name for name, _, _ in HEADER_FIELDS)
@@ -417,8 +428,9 @@ def unpack_header(buf, nbytes: int | None = None, chunk_bytes: int = CHUNK_BYTES
             raise MalformedDatagram(f"data payload {h.length} bytes is not whole float32s "
                                     f"of at most one chunk ({chunk_bytes})")
     elif h.type in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
-        bitmaps = 2 if h.type == MsgType.FINAL else 1
-        if h.length != bitmaps * ((h.count + 7) // 8) or h.count > MAX_PART_CHUNKS:
+        final = h.type == MsgType.FINAL
+        size = (2 if final else 1) * ((h.count + 7) // 8) + (FINAL_NORM.size if final else 0)
+        if h.length != size or h.count > MAX_PART_CHUNKS:
             raise MalformedDatagram(f"bitmap of {h.length} bytes for {h.count} chunks")
     if h.bound >= PPM or (h.type == MsgType.FINAL and h.aux >= PPM):
         raise MalformedDatagram(f"bound {h.bound} ppm out of range")
@@ -429,6 +441,11 @@ def unpack(buf) -> tuple[Header, bytes]:
     """Decode a whole datagram into (header, payload bytes); the tag is not checked."""
     h = unpack_header(buf)
     return h, bytes(buf[HEADER_SIZE:HEADER_SIZE + h.length])
+
+
+def final_payload(dropped: bytes, taken: bytes, sumsq: float = 0.0, kept: int = 0) -> bytes:
+    """A FINAL's payload: the dropped and taken bitmaps, then the part's norm figures."""
+    return dropped + taken + FINAL_NORM.pack(sumsq, kept)
 
 
 def bound_to_ppm(p: float) -> int:

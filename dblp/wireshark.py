@@ -58,11 +58,21 @@ class Bitmap(NamedTuple):
     description: str
 
 
+class Tail(NamedTuple):
+    """A fixed-size field after a payload's bitmaps (network order)."""
+
+    name: str
+    ftype: str  # Lua ftypes name
+    size: int
+    description: str
+
+
 class Payload(NamedTuple):
     """What a message type's ``length`` bytes of payload hold."""
 
     kind: str  # "empty", "floats" (little-endian float32), "bitmaps", "json"
     bitmaps: tuple[Bitmap, ...] = ()
+    tail: tuple[Tail, ...] = ()
 
 
 _HELD = Bitmap("held", "chunks the receiver holds (bit set = held)")
@@ -73,7 +83,10 @@ PAYLOADS: dict[wire.MsgType, Payload] = {
     wire.MsgType.STOP: Payload("bitmaps", (_HELD,)),
     wire.MsgType.FINAL: Payload("bitmaps", (
         Bitmap("dropped", "chunks every replica zero-fills in this round's pull"),
-        Bitmap("taken", "chunks of this member's push that the aggregate took"))),
+        Bitmap("taken", "chunks of this member's push that the aggregate took")), (
+        Tail("norm_sumsq", "DOUBLE", 8, "the part's kept elements' sum of squares, "
+             "scaled back per delivered count (the detector's norm figures)"),
+        Tail("norm_kept", "UINT32", 4, "elements of the part the norm figures kept"))),
     wire.MsgType.DONE: Payload("empty"),
     wire.MsgType.HELLO: Payload("json"),
     wire.MsgType.WELCOME: Payload("json"),
@@ -81,6 +94,7 @@ PAYLOADS: dict[wire.MsgType, Payload] = {
 }
 assert set(PAYLOADS) == set(wire.MsgType), "every message type needs a PAYLOADS entry"
 assert {p.kind for p in PAYLOADS.values()} <= {"empty", "floats", "bitmaps", "json"}
+assert sum(t.size for t in PAYLOADS[wire.MsgType.FINAL].tail) == wire.FINAL_NORM.size
 
 
 class Field(NamedTuple):
@@ -127,6 +141,10 @@ def _payload_fields() -> list[Field]:
         out.append(Field(f"{PROTO}.{b.name}", b.name, "BYTES", "NONE", b.description))
         out.append(Field(f"{PROTO}.{b.name}.chunks", f"{b.name} chunks", "UINT32", "DEC",
                          f"chunks marked in the {b.name} bitmap (of count)"))
+    for p in PAYLOADS.values():
+        for t in p.tail:
+            out.append(Field(f"{PROTO}.{t.name}", t.name, t.ftype, "NONE" if t.ftype == "DOUBLE"
+                             else "DEC", t.description))
     out.append(Field(f"{PROTO}.json", "json", "STRING", "NONE", "HELLO/CHALLENGE/WELCOME: the JSON object"))
     return out
 
@@ -189,7 +207,9 @@ def lua_dissector() -> str:
     for t, p in sorted(PAYLOADS.items()):
         bitmaps = ", ".join(f"{{F[{_lua_str(b.name)}], F[{_lua_str(b.name + '.chunks')}]}}"
                             for b in p.bitmaps)
-        payload_rows.append(f"[{int(t)}] = {{kind = {_lua_str(p.kind)}, bitmaps = {{{bitmaps}}}}}")
+        tail = ", ".join(f"{{F[{_lua_str(x.name)}], {x.size}}}" for x in p.tail)
+        payload_rows.append(f"[{int(t)}] = {{kind = {_lua_str(p.kind)}, bitmaps = {{{bitmaps}}}, "
+                            f"tail = {{{tail}}}}}")
     consts = {
         "HEADER_SIZE": wire.HEADER_SIZE, "TAG_SIZE": wire.TAG_SIZE,
         "MAX_DATAGRAM": wire.MAX_DATAGRAM, "MAX_DATA_DATAGRAM": MAX_DATA_DATAGRAM,
@@ -312,6 +332,15 @@ local function dissect_payload(tvb, pinfo, tree, mtype, length)
                 local b = item:add(bitmap[1], range)
                 b:add(bitmap[2], range, set_bits(range, count))
             end
+        end
+        local off = #kind.bitmaps * size
+        for _, field in ipairs(kind.tail) do
+            if off + field[2] > length then
+                item:add_proto_expert_info(malformed, "payload shorter than its fields")
+                return
+            end
+            item:add(field[1], body(off, field[2]))
+            off = off + field[2]
         end
     elseif kind.kind == "json" then
         item:add(F["json"], body)

@@ -143,6 +143,21 @@ def fmnist_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def bytes_digest(*arrays: np.ndarray) -> str:
+    """SHA-256 of the arrays' bytes in order: the digest of data read, not of files pinned.
+
+    The corpus and the digits are what this machine provides (its interpreter's
+    sources, its scikit-learn's bundled set), so no digest can be pinned in
+    advance; hashing what was read still lets a summary and `compare` say when
+    two runs trained on different bytes (another Python version, another
+    scikit-learn).
+    """
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def _read_idx(path: str) -> np.ndarray:
     """An IDX file (big-endian magic: 0x0000, type 0x08 = uint8, ndim; then the dims)."""
     with gzip.open(path, "rb") as f:

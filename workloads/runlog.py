@@ -109,8 +109,9 @@ EVENTS: dict[str, tuple[Field, ...]] = {
         _f("lr", "num", "initial learning rate", required=False),
         _f("lr_schedule", "str", "constant | cosine", required=False),
         _f("batch_size", "int", "per-worker batch", required=False),
-        _f("data_sha256", "str", "the data set's pinned SHA-256 (workloads.data); null: "
-           "not pinned", required=False, nullable=True),
+        _f("data_sha256", "str", "the data's SHA-256: a data set's pinned digest, or of the "
+           "bytes read (workloads.data.bytes_digest); null: the task does not say",
+           required=False, nullable=True),
         # server only
         _f("port", "int", "UDP (and TCP) port the server listens on", required=False),
         _f("policy", "str", "loss-bound policy name", required=False),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -18,8 +19,9 @@ class Task:
     batches: object                 # ShardBatches | TokenWindows: .batch(step), .epoch_of(step)
     loss_fn: Callable
     evaluate: Callable              # model -> (accuracy, loss)
-    #: What the data are, pinned: the SHA-256 a worker logs at its start (None: a data
-    #: set this code does not pin, the interpreter's own sources or a package's bundled set).
+    #: What the data are: the SHA-256 a worker logs at its start. Fashion-MNIST's is the
+    #: pinned digest of its files; the corpus's and the digits' the digest of the bytes
+    #: read (`data.bytes_digest`), which depend on the machine's interpreter or library.
     data_sha256: str | None = None
 
 
@@ -50,6 +52,14 @@ def _eval_on(model, x, y, loss_fn, batch: int = 512):
 
 # Loading the data once per process: the sweep builds many tasks.
 _CACHE: dict[str, tuple] = {}
+_DIGESTS: dict[str, str] = {}
+
+
+def _digest(name: str, compute: Callable[[], str]) -> str:
+    """A data set's digest, computed once per process like its data."""
+    if name not in _DIGESTS:
+        _DIGESTS[name] = compute()
+    return _DIGESTS[name]
 
 
 def make_task(spec: ModelSpec, rank: int, world_size: int, batch_size: int, seed: int) -> Task:
@@ -59,7 +69,9 @@ def make_task(spec: ModelSpec, rank: int, world_size: int, batch_size: int, seed
         train, test = _CACHE["digits"]
         batches = data.ShardBatches(train, rank, world_size, batch_size, seed)
         return Task(batches, _classification_loss,
-                    lambda m: _eval_on(m, test.x, test.y, _classification_loss))
+                    lambda m: _eval_on(m, test.x, test.y, _classification_loss),
+                    data_sha256=_digest("digits", lambda: data.bytes_digest(
+                        train.x.numpy(), train.y.numpy(), test.x.numpy(), test.y.numpy())))
     if spec.task == "fmnist":
         if "fmnist" not in _CACHE:
             _CACHE["fmnist"] = data.load_fmnist_split()
@@ -74,5 +86,7 @@ def make_task(spec: ModelSpec, rank: int, world_size: int, batch_size: int, seed
         train, test = _CACHE["lm"]
         batches = data.TokenWindows(train, rank, world_size, batch_size, spec.seq_len, seed)
         tx, ty = data.lm_eval_windows(test, spec.seq_len)
-        return Task(batches, _lm_loss, lambda m: _eval_on(m, tx, ty, _lm_loss, batch=64))
+        return Task(batches, _lm_loss, lambda m: _eval_on(m, tx, ty, _lm_loss, batch=64),
+                    data_sha256=_digest("lm", lambda: data.bytes_digest(
+                        train.numpy().astype(np.uint8), test.numpy().astype(np.uint8))))
     raise ValueError(f"unknown task {spec.task!r}")

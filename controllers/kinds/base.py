@@ -85,10 +85,24 @@ P = Range(0, 1, "use a loss probability in [0, 1]")
 
 
 @dataclass(frozen=True)
-class Param:
-    """One kind-specific knob. ``default=None``: the mechanism picks it from the link rate."""
+class Choice:
+    """A word from a fixed list, checked with the same wording as a number's range."""
 
-    range: Range
+    words: tuple[str, ...]
+
+    def check(self, field: str, value: Any) -> Any:
+        if value not in self.words:
+            raise BurstError(field, f"{value!r} is not one of {', '.join(self.words)}",
+                             f"use one of {', '.join(self.words)}")
+        return value
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kind-specific knob. ``default=None``: the mechanism picks it (from the link rate,
+    or its documented default), and the burst's record keeps only what was asked."""
+
+    range: Range | Choice
     default: float | None
     doc: str
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from controllers.kinds.base import BurstKind, P, Param
+from controllers.kinds.base import BurstKind, Choice, P, Param
 from controllers.mechanisms import (
     NFT_PREFIX,
     NftPool,
@@ -12,6 +12,7 @@ from controllers.mechanisms import (
     loss_table_name,
     parse_loss_counters,
 )
+from controllers.traffic import TRAFFIC
 
 
 class LossKind(BurstKind):
@@ -24,7 +25,10 @@ class LossKind(BurstKind):
     """
 
     name = "loss"
-    params = {"p": Param(P, 0.8, "drop probability of each packet leaving the target")}
+    params = {"p": Param(P, 0.8, "drop probability of each packet leaving the target"),
+              "traffic": Param(Choice(TRAFFIC), None,
+                               "which packets it may drop: all (default), the transport's data "
+                               "(DATA datagrams) or its control path (controllers.traffic)")}
     doc = "nftables egress rule stealing each packet with probability p"
 
     @classmethod
@@ -49,7 +53,9 @@ class LossKind(BurstKind):
 
     def start(self) -> None:
         for server, hooks in self.hooks.items():
-            self.shared.get(server).run(loss_script(self.table, hooks, self.spec.params["p"], self.sink))
+            self.shared.get(server).run(loss_script(self.table, hooks, self.spec.params["p"],
+                                                    self.sink,
+                                                    self.spec.params.get("traffic", "all")))
         return None
 
     def stop(self) -> None:

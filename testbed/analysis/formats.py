@@ -95,7 +95,8 @@ SUMMARY_FIELDS = (
     Field("time_to_target", "dict", required=False, doc="SUMMARY_TIME_TO_TARGET_FIELDS"),
     Field("data", "dict", required=False, nullable=True,
           doc="the data set the workers trained on: {model, sha256} (workloads.data's pinned "
-              "digest; sha256 null: not pinned); null: no worker said. Version 7 on"),
+              "digest, or of the bytes the workers read; null: a task that does not say); "
+              "null: no worker said. Version 7 on"),
     Field("environment", "dict", required=False, nullable=True,
           doc="what the run ran on: python, torch, kernel, machine, cpus, ovs, datapath, "
               "c_core, revision, dirty (testbed.analysis.provenance); null: the manifest "

@@ -26,6 +26,7 @@ import uuid
 
 import click
 
+from controllers.traffic import TRAFFIC
 from testbed import output
 from testbed.bench.agents import Agent
 from testbed.bench.transport_doc import (
@@ -53,7 +54,7 @@ DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
 
 def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
               rate_bps: float = DEFAULT_RATE, configs=None, round_timeout: float = 30.0,
-              log=print, rows: list[dict] | None = None) -> dict:
+              log=print, rows: list[dict] | None = None, traffic: str = "all") -> dict:
     """Run every config at every loss on one shaped veth pair; return the JSON document.
 
     The configs' round trips are interleaved: at each loss, repetition k of every
@@ -69,11 +70,16 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
     so a bench that fails part way still has what it measured: ``transport_cmd``
     writes those rows, with the error, before it reports it. A finished document
     lists rows by config, then loss.
+
+    ``traffic`` (``controllers.traffic.TRAFFIC``): which packets the loss takes;
+    "data" spares the control path (PROBE/BITMAP/STOP/FINAL and the TCP control
+    connection), so a high loss measures passes, not TCP's own stall. gloo's
+    TCP is no DBLP data: under "data" it meets no loss, under "control" all of it.
     """
     configs = configs or default_configs()
     rows = [] if rows is None else rows
     first_row = len(rows)  # this bench's rows start here: measured loss by loss
-    doc = bench_doc(losses, reps, numel, rate_bps, rows)
+    doc = bench_doc(losses, reps, numel, rate_bps, rows, traffic)
     nbytes, floor_s, chunks = doc["bytes"], doc["floor_s"], doc["chunks"]
     port = [47000]
     # Made in the document's row order, before anything runs.
@@ -117,7 +123,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
                             tcp0 = pair.tcp_counters() if run.cfg.control == "tcp" else None
                             try:
                                 agents[c] = _one_rep(pair, run, agents.get(c, []), loss,
-                                                     round_timeout, start)
+                                                     round_timeout, start, traffic)
                             finally:
                                 if tcp0 is not None:  # agent start-up/warm-up included
                                     tcp1 = pair.tcp_counters()
@@ -162,7 +168,7 @@ class _RowRun:
 
 
 def _one_rep(pair: NetnsPair, run: _RowRun, agents: list[Agent], loss: float,
-             round_timeout: float, start) -> list[Agent]:
+             round_timeout: float, start, traffic: str = "all") -> list[Agent]:
     """One round trip of ``run``'s config under ``loss``; return its agents for the next.
 
     A round that misses its deadline counts as +inf in the median; its agents are
@@ -173,7 +179,8 @@ def _one_rep(pair: NetnsPair, run: _RowRun, agents: list[Agent], loss: float,
         pair.set_loss(0.0)
         agents = start(run.cfg)
     got, err, got_cpu = _rounds(agents, 1, round_timeout, run.cfg,
-                                before_go=functools.partial(pair.set_loss, loss))
+                                before_go=functools.partial(pair.set_loss, loss,
+                                                            traffic=traffic))
     pair.set_loss(0.0)
     if err or not got:
         run.errors.append(err or "no stats")
@@ -277,11 +284,14 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config, befo
               "without, or both side by side.")
 @click.option("--round-timeout", type=float, default=30.0, show_default=True,
               help="Per-round deadline; a row that misses it is reported as failed.")
+@click.option("--loss-on", "traffic", type=click.Choice(TRAFFIC), default="all", show_default=True,
+              help="Which packets the loss takes: all, the transport's DATA datagrams only, "
+                   "or its control path only (controllers.traffic).")
 @click.option("--quick", is_flag=True,
               help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo, "
                    "authenticated.")
 def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
-                  no_sharded, auth, round_timeout, quick):
+                  no_sharded, auth, round_timeout, traffic, quick):
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
         raise click.UsageError("bench transport needs root (network namespaces)")
@@ -313,11 +323,11 @@ def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, n
     rows: list[dict] = []
     try:
         doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
-                        log=output.say, rows=rows)
+                        log=output.say, rows=rows, traffic=traffic)
     except ExperimentFailed as e:
         # Keep what was measured: the rows before the failure, and the failure itself.
         if json_out:
-            partial = bench_doc(loss_list, reps, numel, rate_mbit * 1e6, rows)
+            partial = bench_doc(loss_list, reps, numel, rate_mbit * 1e6, rows, traffic)
             results({**partial, "failed": str(e)}, json_out, lambda: None)
         raise
     results(doc, json_out, lambda: click.echo(format_table(doc)))

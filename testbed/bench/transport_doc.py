@@ -84,14 +84,24 @@ OFFLOADS_SOFTWARE = "TX checksum and every segmentation offload off (the kernel 
 ORDER = "interleaved: repetition k of every row of a loss before repetition k+1 of any"
 
 
-def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict]) -> dict:
+#: What "loss p" takes, per ``--loss-on`` (``controllers.traffic.TRAFFIC``).
+LOSS_APPLIES_TO = {
+    "all": "every UDP and TCP packet, both directions (nftables numgen)",
+    "data": "the transport's DATA datagrams only, both directions (nftables numgen); "
+            "its control path and gloo's TCP meet no loss",
+    "control": "the transport's control path only (its non-DATA datagrams and every TCP "
+               "packet, gloo's included), both directions (nftables numgen)",
+}
+
+
+def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict],
+              traffic: str = "all") -> dict:
     """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
     from dblp.wire import CHUNK_ELEMS
     nbytes = numel * 4
     return {"floor_s": nbytes * 8 / rate_bps, "bytes": nbytes, "rate_bps": rate_bps,
             "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
-            "rows": rows,
-            "loss_applies_to": "every UDP and TCP packet, both directions (nftables numgen)",
+            "rows": rows, "loss_on": traffic, "loss_applies_to": LOSS_APPLIES_TO[traffic],
             "offloads": OFFLOADS, "order": ORDER}
 
 

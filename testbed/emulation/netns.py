@@ -33,6 +33,8 @@ import subprocess
 
 import click
 
+from controllers.traffic import nft_matches
+
 #: The veth's shaped rate unless told otherwise (bit/s).
 DEFAULT_RATE = 100e6
 
@@ -151,21 +153,29 @@ class NetnsPair:
                 self.exec(side, "ethtool", "-K", self.dev[side], "gro", "on" if on else "off")
             self.gro = on
 
-    def set_loss(self, p: float, protocols: str = "udp, tcp") -> None:
-        """Drop a fraction ``p`` of incoming ``protocols`` packets in both namespaces."""
+    def set_loss(self, p: float, protocols: str = "udp, tcp", traffic: str = "all") -> None:
+        """Drop a fraction ``p`` of incoming packets in both namespaces.
+
+        ``traffic="all"``: every ``protocols`` packet. ``"data"`` or
+        ``"control"``: only the transport's DATA datagrams, or only its control
+        path (``controllers.traffic``), so a lossy link can spare what the
+        experiment does not study.
+        """
         if p > 0:
             self.set_gro(False)
         self.loss = p
+        per_million = int(round(p * 1_000_000))
+        matches = [f"meta l4proto {{ {protocols} }} "] if traffic == "all" else nft_matches(traffic)
+        drops = "".join(f"        {m}numgen random mod 1000000 < {per_million} counter drop\n"
+                        for m in matches)
         for side in (0, 1):
             self.exec(side, "nft", "delete", "table", "inet", "dbt", check=False)
             if p <= 0:
                 continue
-            per_million = int(round(p * 1_000_000))
             rules = f"""table inet dbt {{
     chain input {{
         type filter hook input priority 0; policy accept;
-        meta l4proto {{ {protocols} }} numgen random mod 1000000 < {per_million} counter drop
-    }}
+{drops}    }}
 }}
 """
             self.exec(side, "nft", "-f", "-", input=rules)

@@ -19,6 +19,7 @@ import pathlib
 import re
 import secrets
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -134,6 +135,11 @@ def _expected(d) -> dict:
         bm = payload[i * size:(i + 1) * size]
         exp[f"dblp.{name}"] = bm
         exp[f"dblp.{name}.chunks"] = int(np.unpackbits(np.frombuffer(bm, np.uint8))[:count].sum())
+    if t == wire.MsgType.FINAL:
+        # after the bitmaps: the part's norm figures, a network-order double and uint32
+        sumsq, kept = struct.unpack_from("!dI", payload, 2 * size)
+        exp["dblp.norm_sumsq"] = pytest.approx(sumsq, rel=1e-14, abs=0)
+        exp["dblp.norm_kept"] = kept
     if t in (wire.MsgType.HELLO, wire.MsgType.WELCOME, wire.MsgType.CHALLENGE):
         exp["dblp.json"] = payload.decode()
         json.loads(exp["dblp.json"])
@@ -147,8 +153,10 @@ def _parse(field: wireshark.Field, text: str):
         return bytes.fromhex(text.replace(":", ""))
     if field.ftype == "BOOLEAN":
         return {"1": True, "0": False, "True": True, "False": False}[text]
-    if field.ftype == "DOUBLE":
+    if field.abbrev == "dblp.value":
         return np.array([float(v) for v in text.split(",")], dtype="<f4")
+    if field.ftype == "DOUBLE":
+        return float(text)
     if field.ftype == "STRING":
         return text
     return int(text, 0)
@@ -207,6 +215,9 @@ def test_capture_holds_every_message_type(messages):
         assert {bool(int(d.flags) & flag) for d in headers} == {True, False}, flag
     assert {d.bound > 0 for d in headers} == {True, False}
     assert any(d.aux > 0 for d in headers if d.type == wire.MsgType.FINAL)
+    # the detector's norm figures travel in FINAL (the capture's jobs use the rescaled signal)
+    assert any(struct.unpack_from("!I", bytes(d.payload.load), d.length - 4)[0] > 0
+               for d in headers if d.type == wire.MsgType.FINAL)
 
 
 @pytest.mark.parametrize("how", ["preference", "decode-as"])

@@ -46,8 +46,8 @@ class FakeVethPair:
     def __exit__(self, *exc):
         return False
 
-    def set_loss(self, p, protocols="udp, tcp"):
-        self.loss = p
+    def set_loss(self, p, protocols="udp, tcp", traffic="all"):
+        self.loss, self.traffic = p, traffic
         self.gro = self.gro and p <= 0
 
     def set_gro(self, on):

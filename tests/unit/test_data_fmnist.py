@@ -67,7 +67,18 @@ def test_the_task_logs_the_digest_and_its_epoch_is_the_presets():
     assert CHUNK_ELEMS == 352 and chunks == 290 and math.floor(0.008 * chunks) == 2
     acc, loss = task.evaluate(model)
     assert 0.0 <= acc <= 0.3 and loss > 1.5            # untrained: about chance
-    assert make_task(get_spec("digits_cnn"), 0, 3, 32, 1).data_sha256 is None
+    # The digits (scikit-learn's bundled set) carry the digest of the bytes read, the same
+    # for every rank, which is no digest of Fashion-MNIST's
+    digits = [make_task(get_spec("digits_cnn"), r, 3, 32, 1).data_sha256 for r in (0, 2)]
+    assert digits[0] == digits[1] and len(digits[0]) == 64 and digits[0] != task.data_sha256
+
+
+def test_the_corpus_digest_is_of_the_bytes_read():
+    """byte_lm's corpus is this interpreter's own sources: the digest is of what was read."""
+    train, test = data.load_python_corpus()
+    want = data.bytes_digest(train.numpy().astype(np.uint8), test.numpy().astype(np.uint8))
+    assert make_task(get_spec("byte_lm"), 1, 3, 8, 1).data_sha256 == want
+    assert data.bytes_digest(np.zeros(3, np.uint8)) != data.bytes_digest(np.zeros(4, np.uint8))
 
 
 def test_per_class_draw_is_the_same_every_time():

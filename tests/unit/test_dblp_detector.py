@@ -94,3 +94,27 @@ def test_signal_is_a_setting_with_a_registry_and_the_papers_default():
     assert TransportConfig(signal="rescaled").signal == "rescaled"
     with pytest.raises(ValueError, match="signal"):
         TransportConfig(signal="local")
+
+
+def test_every_sharded_replica_sees_the_owners_full_estimate():
+    """Sharded replicas hold no other part's push counts: the owners' FINALs carry the figures.
+
+    Every worker pushes the same constant gradient at a 30 % bound under 30 %
+    loss, so pushes stop with chunks missing and a chunk k of 3 workers
+    delivered holds k/3 of its value. Corrected by the counts, every kept
+    element is the gradient's own, and the estimate is exactly its norm, as a
+    parameter server (the owner of every part) computes it; a replica that
+    left the k/N attenuation in (what sharded replicas did before the figures
+    travelled in FINAL) sees less.
+    """
+    from dblp.testing import run_job
+    n, numel, value = 3, 30 * wire.CHUNK_ELEMS, 0.5
+    grads = [[np.full(numel, value, np.float32)] for _ in range(n)]
+    knobs = {"p_low": 0.3, "p_high": 0.5, "check_every": 1, "signal": "rescaled"}
+    results, _, _ = run_job(n_workers=n, mode="sharded", policy="dblp", rounds=1, numel=numel,
+                            fault=0.3, knobs=knobs, grads=grads)
+    seen = [results[w][0][2].detector_norm for w in range(n)]
+    assert len({float(x) for x in seen}) == 1, seen  # every replica decides alike
+    partial = [int(r.n_have) < r.count for w in range(n) for r in results[w][0][2].push_receivers]
+    assert any(partial), "no push stopped short: the test's loss did not bite"
+    assert seen[0] == pytest.approx(value * math.sqrt(numel), rel=1e-6)

@@ -80,7 +80,8 @@ def _corpus():
     for t in (MsgType.PROBE, MsgType.DONE):
         c.append(wire.pack(t, src=0, session=SESSION, round=ROUND, count=count))
     for t in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
-        c.append(wire.pack(t, bm * (2 if t == MsgType.FINAL else 1), src=1, session=SESSION,
+        payload = wire.final_payload(bm, bm) if t == MsgType.FINAL else bm
+        c.append(wire.pack(t, payload, src=1, session=SESSION,
                            round=ROUND, count=count, flags=Flag.PULL))
     c.append(wire.pack(MsgType.HELLO, b'{"rank": 0, "numel": 5}', src=0))
     return c

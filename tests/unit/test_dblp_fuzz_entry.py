@@ -68,7 +68,8 @@ def _bodies():
             out.append(wire.pack_body(MsgType.PROBE, src=src, session=SESSION, round=rnd,
                                       index=7, count=COUNT, copies=16))
             for t in (MsgType.BITMAP, MsgType.STOP, MsgType.FINAL):
-                out.append(wire.pack_body(t, bm * (2 if t == MsgType.FINAL else 1), src=src,
+                payload = wire.final_payload(bm, bm) if t == MsgType.FINAL else bm
+                out.append(wire.pack_body(t, payload, src=src,
                                           session=SESSION, round=rnd, index=2, count=COUNT,
                                           flags=Flag.PULL, copies=16))
             out.append(wire.pack_body(MsgType.DONE, src=src, session=SESSION, round=rnd,

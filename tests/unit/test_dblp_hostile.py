@@ -378,9 +378,9 @@ def test_a_forged_final_from_another_address_does_not_zero_a_replica():
     out = np.ones(10 * wire.CHUNK_ELEMS, np.float32)
     r = InTransfer(eng, PULL, 0, 1, out, 0, add=False, freeze=False)
     eng.add_receiver(r)
-    bitmaps = b"\xff\xc0" * 2  # zero-fill everything; "took" everything
+    payload = wire.final_payload(b"\xff\xc0", b"\xff\xc0")  # zero-fill everything; "took" everything
     final = _seal(wire.pack_header(MsgType.FINAL, src=1, session=77, round=3, index=1, count=10,
-                                   length=4, flags=Flag.PULL) + bitmaps)
+                                   length=len(payload), flags=Flag.PULL) + payload)
     eng.handle(memoryview(final), len(final), ("127.0.0.1", 9), None, time.monotonic())
     assert r.final is None and np.all(out == 1)
     assert eng.counters.foreign == 1

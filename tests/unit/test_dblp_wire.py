@@ -38,7 +38,8 @@ def test_header_is_declared_once_and_fits_the_mtu():
     assert wire.HEADER_SIZE == struct.calcsize(wire.HEADER_FORMAT) == 48
     assert wire.HEADER_SIZE + wire.CHUNK_BYTES + wire.TAG_SIZE <= wire.MAX_DATAGRAM == 1472
     assert [f.name for f in DBLP.fields_desc] == list(wire.FIELD_NAMES)
-    assert 2 * ((wire.MAX_PART_CHUNKS + 7) // 8) <= wire.MAX_PAYLOAD  # a FINAL's two bitmaps
+    # a FINAL's two bitmaps and its norm figures
+    assert 2 * ((wire.MAX_PART_CHUNKS + 7) // 8) + wire.FINAL_NORM.size <= wire.MAX_PAYLOAD
 
 
 @settings(max_examples=300, deadline=None)
