@@ -195,14 +195,15 @@ def loss_script(table: str, hooks, p: float, sink: str, traffic: str = "all") ->
     forwarded away counts as sent, so exactly the chosen packets vanish.
     """
     threshold = int(round(p * NUMGEN_MOD))
+    # p = 1 steals every packet: nft refuses "numgen random mod N < N" (out of range)
+    draw = "" if threshold >= NUMGEN_MOD else f"numgen random mod {NUMGEN_MOD} < {threshold} "
     lines = [f"table netdev {table} {{"]
     for i, (intf, match) in enumerate(hooks):
         lines += [f"  chain c{i} {{",
                   f"    type filter hook egress device \"{intf}\" priority 0;"]
         for which in nft_matches(traffic):
             lines += [f"    {match}{which}counter",
-                      f"    {match}{which}numgen random mod {NUMGEN_MOD} < {threshold} counter "
-                      f"fwd to \"{sink}\""]
+                      f"    {match}{which}{draw}counter fwd to \"{sink}\""]
         lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -68,9 +68,10 @@ def capture(tshark, tmp_path_factory):
             seen.append(dump.stderr.readline())
             assert seen[-1], f"tcpdump did not start: {''.join(seen)}"
         # dblp with a phase check every round: the CRITICAL bit and FINAL's next
-        # bound change; static: a non-zero bound in every header.
+        # bound change, and its drop-corrected norm's figures ride in FINAL; static: a
+        # non-zero bound in every header.
         run_job(n_workers=3, mode="ps", policy="dblp", rounds=4, numel=20_000, fault=0.1,
-                knobs={"check_every": 1}, secret=keys["ps"])
+                knobs={"check_every": 1, "signal": "rescaled"}, secret=keys["ps"])
         run_job(n_workers=3, mode="sharded", policy="static", rounds=3, numel=20_000, fault=0.1,
                 secret=keys["sharded"])
         time.sleep(0.5)
@@ -215,7 +216,7 @@ def test_capture_holds_every_message_type(messages):
         assert {bool(int(d.flags) & flag) for d in headers} == {True, False}, flag
     assert {d.bound > 0 for d in headers} == {True, False}
     assert any(d.aux > 0 for d in headers if d.type == wire.MsgType.FINAL)
-    # the detector's norm figures travel in FINAL (the capture's jobs use the rescaled signal)
+    # the detector's norm figures travel in FINAL (the PS job's rescaled signal)
     assert any(struct.unpack_from("!I", bytes(d.payload.load), d.length - 4)[0] > 0
                for d in headers if d.type == wire.MsgType.FINAL)
 

@@ -51,7 +51,8 @@ from dblp import wire
 dst = sys.argv[1]
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 data = wire.pack(wire.MsgType.DATA, bytes(1400), src=0, session=1, round=1, count=2, index=0)
-big = wire.pack(wire.MsgType.DATA, bytes(8192), src=0, session=1, round=1, count=2, index=1)
+big = wire.pack_header(wire.MsgType.DATA, src=0, session=1, round=1, count=2, index=1,
+                       length=8192) + bytes(8192) + wire.ZERO_TAG  # a job's 8 KB chunk
 probe = wire.pack(wire.MsgType.PROBE, src=0, session=1, round=1, count=2)
 for _ in range({N}):
     for msg in (data, big, probe):

@@ -197,3 +197,12 @@ def test_the_controller_bursts_every_unit_of_an_arm_afresh(tmp_path):
     assert [(b["seed"], b["round"]) for b in lines["seed-2"]] == [(2, 1)]
     assert [b["round"] for b in lines["."]] == [1] and "seed" not in lines["."][0]
     assert list(app.arm_t0) == [("dblp", 1), ("dblp", 2), ("dblp", None)]
+
+
+def test_a_loss_of_one_steals_every_packet_without_a_draw():
+    """nft refuses "numgen random mod 10000 < 10000": p = 1 (in the knob's range) must
+    still make a script the kernel takes, and its counters still read as drops."""
+    text = loss_script("dtburst_x", [("dte00-eth1", "")], 1.0, "dtz0-eth0")
+    assert "numgen" not in text and 'counter fwd to "dtz0-eth0"' in text
+    listing = "counter packets 10 bytes 1\ncounter packets 10 bytes 1 fwd to \"dtz0-eth0\"\n"
+    assert parse_loss_counters(listing) == (10, 10)
