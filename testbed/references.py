@@ -25,7 +25,7 @@ Why here, beside the sub-packages rather than in one of them: the
 declarations are read from both sides. `dblp-testbed reproduce`
 (`testbed.run.reproduce`) makes each reference and keeps its files; the
 tables of the README and of every page under docs/ are rendered from those
-files (`testbed.analysis.readme`), which needs the references' names, order
+files (`testbed.analysis.pages`), which needs the references' names, order
 and records but must not import the run. So this module declares, and
 imports nothing that runs anything.
 """
@@ -248,7 +248,7 @@ class CostStep:
 #: The prototype's last three costs added one at a time to `paper-prototype`
 #: (each step keeps the ones before it). Each step is a run reference of its
 #: own; the README's table of the ratio at each step
-#: (`testbed.analysis.readme.prototype_costs_table`) reads their summaries.
+#: (`testbed.analysis.pages.every.prototype_costs_table`) reads their summaries.
 #: The no-progress rule comes before 8 KB chunks: it is a setting of the
 #: sender alone, while 8 KB chunks also need the fabric's raised reassembly
 #: limits. The last step is the preset as it is. The bucket's step took 44

@@ -28,6 +28,7 @@ from testbed import output
 from testbed import physics as phys
 from testbed.analysis import bottleneck as bn
 from testbed.analysis import claims, datasets, report
+from testbed.analysis import summary as sm
 from testbed.analysis import tables as tb
 from testbed.analysis.formats import write_summary
 from testbed.analysis.raw import RawRun, load_raw
@@ -102,9 +103,8 @@ def tables(raw: RawRun, physics: dict | phys.PhysicsInputs | None = None,
 
 def summarize(t: Tables) -> dict:
     """The whole summary.json (declared in testbed.analysis.formats): the tables' figures
-    (`testbed.analysis.tables.summarize`), then the claims' intervals and verdicts."""
-    summary = tb.summarize(t.raw, t.rounds, t.bursts, t.inputs, t.physics_missing, t.flows,
-                           t.notes)
+    (`testbed.analysis.summary.summarize`), then the claims' intervals and verdicts."""
+    summary = sm.summarize(t)
     return claims.with_verdicts(summary, t.raw.spec, t.rounds, tb.valid_rows(t.evals),
                                 tb.invalid_units(t.raw))
 

@@ -6,7 +6,7 @@ kind of reference (`MAKERS`, by class) runs it in a fresh run directory and
 says which of its files the repository keeps. The files are committed: the
 tables of the README and of every page under docs/ (`pages`: one page per
 reference under docs/results/) are rendered from them
-(`testbed.analysis.readme`), and a unit test fails when a page and the
+(`testbed.analysis.pages`), and a unit test fails when a page and the
 files disagree, so a table on a page is always the table of a run anyone
 can inspect and re-run.
 
@@ -264,7 +264,7 @@ def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
     reference (`EVERY`) until all have one. Returns the changed blocks (each
     once, whichever pages show it) and the references left without data.
     """
-    from testbed.analysis import readme as rd
+    from testbed.analysis import pages as rd
 
     names = tuple(only) or tuple(references.REFERENCES)
     ready = tuple(n for n in names if (reference_dir / n / RECORD).is_file())

@@ -159,7 +159,7 @@ def test_each_point_is_compared_with_the_baselines_with_intervals(tmp_path):
 
 def test_an_ablation_reference_keeps_its_summary_and_plots_and_renders_readme_tables(tmp_path):
     from testbed import references as refs
-    from testbed.analysis import readme as rd
+    from testbed.analysis import pages as rd
     from testbed.run import reproduce as rp
 
     ref = refs.AblationReference("ab", "smoke", "test", run_fn=fake_run([]))

@@ -17,9 +17,10 @@ import math
 import pytest
 
 from testbed import physics
+from testbed.analysis import summary
 from testbed.analysis import tables as analysis
 from testbed.analysis.arms import static_partner
-from testbed.analysis.pipeline import build_outputs
+from testbed.analysis.pipeline import Tables, build_outputs
 from testbed.analysis.raw import RawError, load_raw
 from testbed.testing.rundirs import (
     ACC,
@@ -210,8 +211,9 @@ def test_spread_warning_on_wide_burst_rounds(tmp_path):
     raw = load_raw(run)
     b = analysis.bursts_table(raw)
     r = analysis.join_bursts(analysis.rounds_table(raw), b)
-    s = analysis.summarize(raw, analysis.add_physics(r, None), analysis.count_rounds_hit(b, r),
-                           None, [])
+    s = summary.summarize(Tables(raw, None, [], analysis.add_physics(r, None),
+                                 analysis.count_rounds_hit(b, r), flows=None, packets=None,
+                                 bottleneck=None, queue=None, evals=None, notes=[]))
     sp = s["speedups"]["dblp_vs_static"]
     assert sp["burst_round"] == pytest.approx(4.0)           # median unchanged
     assert sp["burst_round_spread"] == pytest.approx(550 / 250)
@@ -397,7 +399,7 @@ def test_unit_summary_keeps_each_seeds_figures(tmp_path):
                                                  ("dblp", 3)]
     b = analysis.bursts_table(raw)
     r = analysis.join_bursts(analysis.rounds_table(raw), b)
-    u = analysis.unit_summary(raw, r).set_index(["arm", "seed"])
+    u = summary.unit_summary(raw, r).set_index(["arm", "seed"])
     assert list(u.index) == raw.units
     assert u.loc[("dblp", 2), "train_time_s"] == pytest.approx(1.5 * seed_factor(2))
     assert u.loc[("dblp", 3), "final_accuracy"] == pytest.approx(0.95 - 0.02)

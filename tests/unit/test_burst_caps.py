@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from testbed.analysis import intervals as iv
-from testbed.analysis import tables
+from testbed.analysis import summary, tables
 from testbed.config.presets import PRESETS
 from testbed.config.spec import load
 
@@ -74,4 +74,4 @@ def test_join_marks_rounds_a_capped_burst_hit():
                            "measured_loss": [0.8], "requested_loss": [0.8], "capped": [True]})
     j = tables.join_bursts(rounds, bursts)
     assert j["burst_capped"].tolist() == [True, False]
-    assert tables._capped_rounds(j) == 1
+    assert summary._capped_rounds(j) == 1

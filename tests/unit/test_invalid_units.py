@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from testbed.analysis import answer, claims, datasets, formats, readme
+from testbed.analysis import answer, claims, datasets, formats
+from testbed.analysis.pages import verdicts
 from testbed.analysis.pipeline import build_outputs
 from testbed.invariants import INVARIANTS
 from testbed.testing.frames import TRUTH, synthetic
@@ -151,7 +152,7 @@ def test_no_valid_pair_left_is_not_judged_everywhere(saturated):
     assert s["arms"]["static"]["rounds"] == 0 and s["arms"]["static"]["burst_round_ms_p50"] is None
     md = (run / "report.md").read_text()
     assert "| not judged (emulator saturated) | emulator saturated: no seed with both" in md
-    table = readme.verdicts_table(s)
+    table = verdicts.verdicts_table(s)
     assert ("| burst_speedup | dblp vs static | 4.0-5.88x (5.88x: abstract; 4.0-5.9x: full text) "
             "| – | – | not judged (emulator saturated) |") in table
     assert table.endswith(f"- static s1: {REASON}\n")

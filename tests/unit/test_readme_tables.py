@@ -11,7 +11,7 @@ import pytest
 
 from testbed import REPO_ROOT
 from testbed import references as refs
-from testbed.analysis import readme as rd
+from testbed.analysis import pages as rd
 from testbed.errors import ExperimentFailed, InputError
 from testbed.run import reproduce as rp
 

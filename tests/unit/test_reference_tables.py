@@ -20,7 +20,9 @@ from click.testing import CliRunner
 from dblp.stats import RoundStats
 from testbed import physics
 from testbed import references as refs
-from testbed.analysis import readme as rd
+from testbed.analysis import pages as rd
+from testbed.analysis.pages import line_rate
+from testbed.analysis.pages.transport import trip
 from testbed.bench import bursts as bb
 from testbed.bench import transport as tr
 from testbed.bench import transport_doc as td
@@ -569,18 +571,18 @@ def test_the_line_rate_runs_of_a_row_meet_in_medians_and_counts():
     rows = [{"round_trip_s": t, "ratio": None if t is None else t / 0.1, "round_timeout_s": 60,
              "cpu_s_per_gb_worker": c, "cpu_s_per_gb_server": c}
             for t, c in ((0.11, 2.0), (0.13, 3.0), (None, None))]
-    over = rd._over_runs(rows)
+    over = line_rate._over_runs(rows)
     assert over["round_trip_s"] == pytest.approx(0.13) and over["ratio"] == pytest.approx(1.3)
     assert over["cpu_s_per_gb_worker"] == pytest.approx(2.5)
-    assert rd._trip(rd._over_runs([rows[0], rows[2], rows[2]])) == "> 60 s"
-    assert rd._over_runs([None, None]) is None
-    assert rd._in_runs([1.1, 1.25, 1.2], 1.2) == "2 of 3 runs"
-    assert rd._in_runs([1.1, 1.0], 1.2) == "every run"
-    assert rd._in_runs([0.9, 1.0], 1.0, below=True) == "1 of 2 runs"
-    assert rd._in_runs([1.3], 1.2) == "no run"
-    assert rd._in_runs([1.1, 1.3], 1.2, aside=2) == "1 of 2 runs left (2 set aside for CPU steal)"
-    assert rd._in_runs([], 1.2, aside=3) == "0 of 0 runs left (3 set aside for CPU steal)"
-    assert rd._range([1.104, 1.2]) == "1.10-1.20" and rd._range([1.1, 1.1]) == "1.10"
+    assert trip(line_rate._over_runs([rows[0], rows[2], rows[2]])) == "> 60 s"
+    assert line_rate._over_runs([None, None]) is None
+    assert line_rate._in_runs([1.1, 1.25, 1.2], 1.2) == "2 of 3 runs"
+    assert line_rate._in_runs([1.1, 1.0], 1.2) == "every run"
+    assert line_rate._in_runs([0.9, 1.0], 1.0, below=True) == "1 of 2 runs"
+    assert line_rate._in_runs([1.3], 1.2) == "no run"
+    assert line_rate._in_runs([1.1, 1.3], 1.2, aside=2) == "1 of 2 runs left (2 set aside for CPU steal)"
+    assert line_rate._in_runs([], 1.2, aside=3) == "0 of 0 runs left (3 set aside for CPU steal)"
+    assert line_rate._range([1.104, 1.2]) == "1.10-1.20" and line_rate._range([1.1, 1.1]) == "1.10"
 
 
 def _costs_summary(ratio_udp: tuple, ratio_tcp: tuple) -> dict:
