@@ -123,7 +123,7 @@ def _arm_run(tmp_path, arm, overrides=(), seed=None):
 
 
 def _unit(tmp_path, arm, run):
-    return tmp_path / "raw" / arm / f"seed-{run.seed}"
+    return tmp_path / "raw" / arm / f"seed-{run.unit.seed}"
 
 
 @pytest.mark.unit
@@ -132,20 +132,20 @@ def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, ar
     from dblp.config import SECRET_ENV, TransportConfig
 
     run = _arm_run(tmp_path, arm, ["transport.p_high=0.5", "transport.round_deadline_s=45"])
-    argv = run._transport_args("worker")
+    argv = run.launcher.transport_args("worker")
     assert argv == ["--transport-config", str(_unit(tmp_path, arm, run) / "transport.json")]
     assert not any(a.startswith("--knob") or "=" in a for a in argv)
     text = (_unit(tmp_path, arm, run) / "transport.json").read_text()
-    assert run.secret not in text  # the key never lands in the run directory
+    assert run.unit.secret not in text  # the key never lands in the run directory
     cfg = TransportConfig.from_json(text)
     a = ARMS[arm]
     assert (cfg.policy, cfg.control, cfg.mode) == (a.transport, a.control, a.mode)
-    assert cfg.round_timeout == 45.0 and cfg.p_high == 0.5 and cfg.session_id == run.session_id
-    bps = run.spec["topology"]["bw_mbps"] * 1e6
+    assert cfg.round_timeout == 45.0 and cfg.p_high == 0.5 and cfg.session_id == run.unit.session_id
+    bps = run.unit.spec["topology"]["bw_mbps"] * 1e6
     assert cfg.rate_bps == pytest.approx(bps * 0.95 / (1 if a.serverless else 4))
-    assert run._env(0)[SECRET_ENV] == run.secret
+    assert run.unit.env(0)[SECRET_ENV] == run.unit.secret
     if not a.serverless:
-        run._transport_args("server")
+        run.launcher.transport_args("server")
         server = json.loads((_unit(tmp_path, arm, run) / "server.transport.json").read_text())
         assert server["rate_bps"] == pytest.approx(bps * 0.95)
         assert server["session_id"] == cfg.session_id
@@ -154,17 +154,17 @@ def test_transport_settings_cross_into_the_workers_as_a_config_file(tmp_path, ar
 @pytest.mark.unit
 def test_baseline_arms_get_no_transport_settings(tmp_path):
     run = _arm_run(tmp_path, "gloo")
-    assert run._transport_args("worker") == []
+    assert run.launcher.transport_args("worker") == []
     assert not (_unit(tmp_path, "gloo", run) / "transport.json").exists()
     from dblp.config import SECRET_ENV
-    assert SECRET_ENV not in run._env(0)
+    assert SECRET_ENV not in run.unit.env(0)
 
 
 @pytest.mark.unit
 def test_arm_runs_have_their_own_key_and_session(tmp_path):
     a, b = _arm_run(tmp_path, "dblp"), _arm_run(tmp_path, "static")
-    assert a.secret != b.secret and a.session_id != b.session_id
-    assert not hasattr(a, "session")
+    assert a.unit.secret != b.unit.secret and a.unit.session_id != b.unit.session_id
+    assert not hasattr(a.unit, "session")
 
 
 @pytest.mark.unit
@@ -172,15 +172,30 @@ def test_a_unit_trains_with_its_seed_and_writes_under_its_seed(tmp_path):
     from testbed.run.runner import run_order, unit_label
 
     run = _arm_run(tmp_path, "dblp", ["seed=3", "seeds=2"], seed=4)
-    assert run.raw == tmp_path / "raw" / "dblp" / "seed-4" and run.raw.is_dir()
-    args = run._common_args()
+    assert run.unit.raw == tmp_path / "raw" / "dblp" / "seed-4" and run.unit.raw.is_dir()
+    args = run.launcher.common_args()
     assert args[args.index("--seed") + 1] == "4"
-    assert run._transport_args("worker")[1] == str(tmp_path / "raw" / "dblp" / "seed-4" / "transport.json")
+    assert run.launcher.transport_args("worker")[1] == str(run.unit.raw / "transport.json")
     assert run.label == unit_label("dblp", 4) == "dblp s4"
-    assert _arm_run(tmp_path, "gloo", ["seed=3"]).seed == 3          # no seed given: the spec's
+    assert _arm_run(tmp_path, "gloo", ["seed=3"]).unit.seed == 3     # no seed given: the spec's
     # Seed by seed, the spec's arms within each: a drift of the machine hits every arm alike.
     spec = load(None, PRESETS["default"], ["arms=gloo,dblp", "seed=3", "seeds=2"])
     assert run_order(spec) == [("gloo", 3), ("dblp", 3), ("gloo", 4), ("dblp", 4)]
+
+
+@pytest.mark.unit
+def test_a_unit_s_launcher_is_picked_by_its_arm_s_kind(tmp_path):
+    """A built-in arm's processes are the built-in launcher's; the contract itself starts
+    nothing (a command arm's launcher: tests/unit/test_command_arms.py)."""
+    from testbed.run.builtinlauncher import BuiltinLauncher
+    from testbed.run.launch import Launcher
+
+    for arm in ("dblp", "gloo", "ddp"):
+        run = _arm_run(tmp_path, arm)
+        assert type(run.launcher) is BuiltinLauncher and run.launcher.unit is run.unit
+        assert run.launcher.poll_s == 0.5
+    with pytest.raises(TypeError):
+        Launcher(run.unit)
 
 
 @pytest.mark.unit
@@ -199,7 +214,7 @@ def test_a_static_arm_takes_its_bound_from_the_spec_field_its_arm_names(tmp_path
     from dblp.config import TransportConfig
 
     run = _arm_run(tmp_path, arm, ["transport.p_high=0.5", "transport.p_static=0.01"])
-    run._transport_args("worker")
+    run.launcher.transport_args("worker")
     cfg = TransportConfig.from_json((_unit(tmp_path, arm, run) / "transport.json").read_text())
     assert (cfg.policy, cfg.p) == ("static", p)
     assert cfg.make_policy().bound(0) == p
@@ -216,7 +231,7 @@ def test_an_arm_naming_a_spec_field_that_does_not_exist_is_a_spec_error():
 
 @pytest.mark.unit
 def test_progress_names_the_arm_and_the_seed(tmp_path, capsys):
-    from testbed.run.runner import Progress
+    from testbed.run.progress import Progress
 
     log = tmp_path / "worker0.jsonl"
     log.write_text(json.dumps({"event": "round", "round": 39}) + "\n")
@@ -271,11 +286,11 @@ def test_the_ddp_arm_is_accepted_everywhere_an_arm_is_and_mirrors_dblp_sharded(t
     # Its workers run the DDP loop over the sharded dblp transport, at the sharded rate,
     # rank 0 on the server's host (no server of its own).
     run = _arm_run(tmp_path, "ddp")
-    assert run.serverless and run.workers[0] == "h000"
-    assert run._integration_args() == ["--integration", "ddp"]
-    assert _arm_run(tmp_path, "dblp-sharded")._integration_args() == []
-    run._transport_args("worker")
+    assert run.unit.serverless and run.unit.workers[0] == "h000"
+    assert run.launcher.integration_args() == ["--integration", "ddp"]
+    assert _arm_run(tmp_path, "dblp-sharded").launcher.integration_args() == []
+    run.launcher.transport_args("worker")
     cfg = json.loads((_unit(tmp_path, "ddp", run) / "transport.json").read_text())
     assert (cfg["policy"], cfg["control"], cfg["mode"]) == ("dblp", "udp", "sharded")
-    assert cfg["rate_bps"] == pytest.approx(run.spec["topology"]["bw_mbps"] * 1e6 * 0.95)
-    assert run._env(0)[SECRET_ENV] == run.secret
+    assert cfg["rate_bps"] == pytest.approx(run.unit.spec["topology"]["bw_mbps"] * 1e6 * 0.95)
+    assert run.unit.env(0)[SECRET_ENV] == run.unit.secret

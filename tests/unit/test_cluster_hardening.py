@@ -60,6 +60,23 @@ def test_the_fabrics_own_multiplexing_options_are_not_the_specs_to_give():
     assert "ControlMaster=auto" in argv and "-tt" in argv and argv[-2:] == ["--", "root@lab2"]
 
 
+def test_the_node_classes_are_module_level_and_need_the_fabrics_ssh():
+    """`node_classes` picks the module's own classes (made once, not per call) on the cluster
+    edition's; a node without the fabric's SshPlan is refused before any shell starts."""
+    cluster = pytest.importorskip("mininet.examples.cluster")
+    from testbed.emulation.cluster import remote
+
+    classes = remote.node_classes()
+    assert classes == remote.node_classes() == (remote.ClusterHost, remote.ClusterSwitch,
+                                                remote.VxlanLink)
+    assert "<locals>" not in classes.host.__qualname__
+    assert issubclass(classes.host, cluster.RemoteHost)
+    assert issubclass(classes.switch, cluster.RemoteOVSSwitch)
+    assert issubclass(classes.link, cluster.RemoteLink)
+    with pytest.raises(TypeError, match="SshPlan"):
+        classes.host("h000")
+
+
 def test_the_agent_adopts_only_its_fabrics_nodes_started_over_its_own_connection(monkeypatch):
     me = 100
     procs = {  # pid -> (parent, command line)

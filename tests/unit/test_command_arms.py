@@ -402,38 +402,40 @@ def arm_run(tmp_path, worker: list[str]):
 def supervise(run) -> None:
     from testbed.run.budget import UnitCpu
     try:
-        run._start_command()
+        run.launcher.start()
         run._supervise(UnitCpu(None))
     finally:
-        run.procs.stop()
-        run._close_command()
+        run.unit.procs.stop()
+        run.launcher.close()
 
 
 def test_the_runner_adapts_every_worker_of_a_command_arm(tmp_path):
+    from testbed.run.commandlauncher import CommandLauncher
     run = arm_run(tmp_path, _script(*GOOD))
+    assert type(run.launcher) is CommandLauncher and run.launcher.poll_s == 0.01
     supervise(run)
     for rank in range(3):
         events = [check_event(json.loads(x))
-                  for x in (run.raw / f"worker{rank}.jsonl").read_text().splitlines()]
+                  for x in (run.unit.raw / f"worker{rank}.jsonl").read_text().splitlines()]
         assert [e["event"] for e in events] == ["start", "round", "round", "end"]
         assert events[-1]["status"] == "ok" and events[0]["world_size"] == 3
 
 
 def test_the_runner_fails_a_malformed_line_naming_it(tmp_path):
-    from testbed.run.runner import ArmFailed
+    from testbed.run.launch import ArmFailed
     run = arm_run(tmp_path, _script(LINE.format("{'event': 'round_start', 'round': r}"),
                                     "time.sleep(30)"))
     with pytest.raises(ArmFailed) as err:
         supervise(run)
     assert str(err.value).strip().startswith("raw/mine/seed-1/worker")
     assert ".command.log:1: round_start line: field 't_ns' missing" in str(err.value)
-    assert json.loads((run.raw / "worker0.jsonl").read_text().splitlines()[-1])["status"] == "error"
+    assert json.loads((run.unit.raw / "worker0.jsonl").read_text().splitlines()[-1])["status"] == "error"
 
 
 def test_the_runner_fails_a_silent_worker_naming_its_last_line_not_hanging(tmp_path):
     import time
 
-    from testbed.run.runner import ArmFailed
+    from testbed.run.launch import ArmFailed
     run = arm_run(tmp_path, _script(GOOD[0], "time.sleep(30)"))
     t0 = time.monotonic()
     with pytest.raises(ArmFailed, match=r"silent for \d+ s .*its last line, 1, was "

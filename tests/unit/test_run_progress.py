@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from testbed.run.runner import Progress, RunClock, run_remaining_s, span
+from testbed.run.progress import Progress, RunClock, run_remaining_s, span
 
 pytestmark = pytest.mark.unit
 

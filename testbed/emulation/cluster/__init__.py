@@ -6,10 +6,10 @@ only core links cross machines (`topologies.placement`, pure graphs; the class
 Mininet's cluster edition takes is `placement`). Built here: the
 preflight that refuses a bad server in seconds (`preflight`); the fabric
 itself on Mininet's cluster edition (`fabric.ClusterFabric`, its nodes in
-`nodes`, the agent that cleans up each further server in `agent`); and the
-rehearsal's machines on this one (`machines`). `dblp-testbed run` with more
-than one server runs on it unchanged; docs/cluster.md says how, and what is
-not built (Kubernetes).
+`remote`, their ssh in `nodes`, the agent that cleans up each further
+server in `agent`); and the rehearsal's machines on this one (`machines`).
+`dblp-testbed run` with more than one server runs on it unchanged;
+docs/cluster.md says how, and what is not built (Kubernetes).
 """
 from testbed.config.servers import (
     LOCAL,

@@ -17,7 +17,7 @@ machine and will remove what this fabric makes there even if this machine
 dies; the placement (`placement.place_pods`: whole pods per server, so only
 core links cross); the cluster edition builds the nodes over one
 multiplexed ssh connection per server (`nodes.SshPlan`), each crossing link
-a VXLAN device at each end (`nodes.VxlanLink`); the controller listens on
+a VXLAN device at each end (`remote.VxlanLink`); the controller listens on
 this machine's address towards the others, so every switch of every server
 connects to it; every switch port, tunnel ends included, is shaped on its
 own server. At the end each agent is told to stop and answers with what it
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from testbed.config.servers import LOCAL, Server, check_ssh_options
 from testbed.emulation.cleanup import STATE_DIR
 from testbed.emulation.cluster.agent import ENV_WRAPPER
-from testbed.emulation.cluster.nodes import VXLAN_OVERHEAD, SshPlan, node_classes
+from testbed.emulation.cluster.nodes import VXLAN_OVERHEAD, SshPlan
 from testbed.emulation.cluster.placement import mininet_placer
 from testbed.emulation.cluster.preflight import CONNECT_TIMEOUT_S, local_address_towards, preflight
 from testbed.emulation.fabric import Fabric, _mininet_topo
@@ -337,6 +337,8 @@ class ClusterFabric(Fabric):
         from functools import partial
 
         from mininet.examples.cluster import MininetCluster
+
+        from testbed.emulation.cluster.remote import node_classes
 
         host_cls, switch_cls, link_cls = node_classes()
         topo = _mininet_topo(self.topo)

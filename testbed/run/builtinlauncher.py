@@ -1,0 +1,117 @@
+"""The built-in arms' launcher: the project's server and workers, forked by the run's fork servers.
+
+A built-in arm runs ``workloads.server`` (when the arm has a server) and
+``workloads.worker``, started from argument lists (never a shell). Its
+transport settings cross into the processes as a config file in the unit's
+directory (``--transport-config``), never as argv strings to be parsed again;
+its key only in their environment (`testbed.run.launch.Unit.env`). The
+processes are forked on their hosts by the run's fork servers
+(`testbed.run.forkservers`, started here once per run by
+`start_fork_servers`), so torch is imported once per host, not once per
+process and unit. They write the project's own raw logs, so there is
+nothing to read while they run: `poll`, `finish` and `close` are the
+contract's no-ops.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+
+from testbed import output
+from testbed.config.spec import transport_config
+from testbed.run.forkservers import ForkServerError, ForkServers
+from testbed.run.launch import ArmFailed, Launcher, Unit
+
+
+def start_fork_servers(fab, run_dir: pathlib.Path, hosts: Sequence[str]) -> ForkServers:
+    """The run's fork servers on ``hosts``, ready (torch imported) before the first unit starts."""
+    t1 = time.monotonic()
+    forks = ForkServers(fab, run_dir, hosts, dict(os.environ, OMP_NUM_THREADS="1"))
+    output.say(f"fork servers ready in {time.monotonic() - t1:.1f} s on "
+               f"{len(forks.servers)} hosts (torch imported once per host)")
+    return forks
+
+
+class BuiltinLauncher(Launcher):
+    """A built-in arm's processes; ``forks``: the run's fork servers (None: every process a
+    new interpreter)."""
+
+    def __init__(self, unit: Unit, forks: ForkServers | None = None):
+        super().__init__(unit)
+        self.forks = forks
+
+    # -- argv builders: lists only, never a shell ---------------------------
+    def common_args(self) -> list[str]:
+        t = self.unit.spec["training"]
+        args = ["--model", t["model"], "--rounds", str(t["rounds"]), "--seed", str(self.unit.seed)]
+        if t["lr"]:
+            args += ["--lr", str(t["lr"])]
+        if t["lr_schedule"] != "constant":
+            args += ["--lr-schedule", t["lr_schedule"]]
+        if t["batch_size"]:
+            args += ["--batch-size", str(t["batch_size"])]
+        return args
+
+    def transport_args(self, role: str) -> list[str]:
+        """``--transport-config PATH``: the arm's settings as a file, never as argv strings.
+
+        One ``dblp.TransportConfig`` per role (the pacing rate is the role's
+        fair share), written into ``raw/<arm>/seed-<seed>/``; they differ in nothing else.
+        The per-arm secret stays out of the run directory (see `Unit.env`).
+        """
+        u = self.unit
+        if not u.arm.uses_dblp:
+            return []
+        from dblp.config import CONFIG_FILE
+        cfg = transport_config(u.spec["transport"], u.arm, rate_bps=u.rate_bps(role))
+        cfg = dataclasses.replace(cfg, session_id=u.session_id)
+        path = u.raw / (CONFIG_FILE if role == "worker" else f"{role}.{CONFIG_FILE}")
+        cfg.write(path)
+        return ["--transport-config", str(path)]
+
+    def integration_args(self) -> list[str]:
+        """``--integration NAME`` for an arm whose loop is not the default (``ddp``)."""
+        from workloads.integrations import FLAT
+        return [] if self.unit.arm.integration == FLAT else ["--integration", self.unit.arm.integration]
+
+    # -- the contract ---------------------------------------------------------
+    def start(self) -> None:
+        """workloads.server (when the arm has a server) and workloads.worker; a fork server
+        that fails fails the unit."""
+        try:
+            self._start_processes(sys.executable)
+        except ForkServerError as exc:
+            raise ArmFailed(f"  {exc}") from None
+
+    def _popen(self, host: str):
+        return self.forks.popen_for(host) if self.forks is not None \
+            else functools.partial(self.unit.fab.popen, host)
+
+    def _start_processes(self, py: str) -> None:
+        u = self.unit
+        if not u.serverless:
+            u.procs.start(
+                "server", [py, "-m", "workloads.server", "--arm", u.arm.transport,
+                           "--label", u.arm.name,
+                           "--log", str(u.raw / "server.jsonl"), "--port", str(u.port),
+                           "--rounds", str(u.spec["training"]["rounds"]),
+                           "--model", u.spec["training"]["model"],
+                           "--seed", str(u.seed)]
+                + self.transport_args("server"),
+                u.raw / "server.out", popen=self._popen(u.server),
+                env=u.env())
+        for rank, host in enumerate(u.workers):
+            u.procs.start(
+                f"worker{rank}", [py, "-m", "workloads.worker", "--arm", u.arm.transport,
+                                  "--label", u.arm.name,
+                                  "--log", str(u.raw / f"worker{rank}.jsonl")]
+                + self.common_args() + self.transport_args("worker")
+                + self.integration_args()
+                + ["--eval-every", str(u.spec["training"]["eval_every"])],
+                u.raw / f"worker{rank}.out", popen=self._popen(host),
+                env=u.env(rank))
