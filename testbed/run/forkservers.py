@@ -163,6 +163,13 @@ class ForkServer:
                 return -1
         return None
 
+    def hang_up(self) -> None:
+        """Close our end of its socket, which tells it to exit (`close` then waits for it)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def wait_exit(self, pid: int, deadline: float | None) -> int | None:
         with self._cond:
             while True:
@@ -178,10 +185,7 @@ class ForkServer:
     def close(self, timeout: float = 5.0) -> None:
         """End the fork server: its socket closed, it exits; a server that hangs, or is still
         importing (an interrupted start: it reads its socket only when ready), is killed."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        self.hang_up()
         try:
             self.proc.wait(timeout=timeout if self._ready else 0.0)
         except subprocess.TimeoutExpired:
@@ -228,5 +232,9 @@ class ForkServers:
         return s.popen
 
     def close(self) -> None:
+        # Every server is told first, then each is waited for: a server holding torch takes
+        # about 0.6 s to exit, and they exit side by side instead of one after another.
+        for s in self.servers.values():
+            s.hang_up()
         for s in self.servers.values():
             s.close()

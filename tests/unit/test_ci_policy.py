@@ -59,6 +59,10 @@ def test_without_root_a_developer_skips_and_ci_fails(suite):
     assert ci.returncode != 0 and "need root" in ci.stdout, ci.stdout + ci.stderr
 
 
+#: The suite's background call that makes the rehearsal's machine image.
+IMAGE_CALL = "-m testbed.emulation.cluster.machines"
+
+
 def _make_test(tmp_path, unit_rc: int, emu_rc: int, target: str = "test"):
     """`make TARGET`'s suite with a stand-in python that logs each call and exits with a code.
 
@@ -75,7 +79,11 @@ def _make_test(tmp_path, unit_rc: int, emu_rc: int, target: str = "test"):
     res = subprocess.run(["make", "--no-print-directory", "-o", "setup", "-o", "lint", "-o", "test-tools",
                           target, f"PY={fake}"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=60)
-    return res, [line.split("|", 1) for line in calls.read_text().splitlines()] if calls.exists() else []
+    logged = [line.split("|", 1) for line in calls.read_text().splitlines()] if calls.exists() else []
+    # The rehearsal's image is made in the background (its own call, not a pytest one).
+    image = [c for c in logged if c[1] == IMAGE_CALL]
+    assert len(image) == 1, logged
+    return res, [c for c in logged if c[1] != IMAGE_CALL]
 
 
 @pytest.mark.unit

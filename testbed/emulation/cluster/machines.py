@@ -429,3 +429,30 @@ class Machines:
 def _bridge_ports() -> list[str]:
     out = _run(["ip", "-o", "link", "show", "master", BRIDGE], check=False).stdout
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+
+
+def prepare_image(repo: str = str(REPO_ROOT), log: Log = print) -> str:
+    """The machines' image made ahead of time, the daemon stopped again if this started it.
+
+    Why: a first image takes minutes, mostly waiting on the network and the
+    disk (debootstrap, torch's download), so ``make test`` makes it while the
+    unit tests use the CPU, and the rehearsal's tests find it ready.
+    """
+    docker = Docker(log)
+    docker.start()
+    try:
+        t0 = time.monotonic()
+        tag = build_image(docker, repo, log)
+        log(f"image {tag} ready in {time.monotonic() - t0:.0f} s")
+        return tag
+    finally:
+        docker.stop()
+
+
+if __name__ == "__main__":
+    # `python -m testbed.emulation.cluster.machines`: the image only (Makefile's test target).
+    import sys
+    try:
+        prepare_image(log=lambda line: print(line, flush=True))
+    except MachineError as exc:
+        sys.exit(f"rehearsal image: {exc}")
