@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import math
 import socket
+import struct
 import threading
 import time
 
@@ -182,26 +183,35 @@ def test_fixed_order_sends_ascending_indices_every_pass():
 
 
 # -- probe_wait -------------------------------------------------------------------------
+#: Linux's SO_TIMESTAMPNS (Python's socket module does not name it): nanosecond receive stamps.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
 def _probe_times(wait: float, probes: int) -> list[float]:
     """First arrival of each PROBE id at a peer that never answers (every answer dropped).
 
-    Copies of one probe (control redundancy rises with each timeout) count once.
+    Copies of one probe (control redundancy rises with each timeout) count once. The time is
+    the kernel's receive stamp (SO_TIMESTAMPNS), not when the loop got round to reading it:
+    on a busy machine two probes can wait in the socket for one read.
     """
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
     rx.setblocking(False)
+    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     eng = Engine(1, bind=("127.0.0.1", 0), session=9, probe_wait=wait)
     first: dict[int, float] = {}
 
     def drain() -> bool:
         while True:
             try:
-                g = rx.recv(65536)
+                g, anc, _, _ = rx.recvmsg(65536, socket.CMSG_SPACE(16))
             except BlockingIOError:
                 return len(first) >= probes
             h = wire.unpack_header(g)
             if h.type == MsgType.PROBE:
-                first.setdefault(h.index, time.monotonic())
+                [(_, _, stamp)] = anc
+                sec, nsec = struct.unpack("qq", stamp[:16])
+                first.setdefault(h.index, sec + nsec * 1e-9)
     try:
         eng.peers.addrs[2] = rx.getsockname()
         eng.begin_round(0)
