@@ -3,9 +3,12 @@
 ``python -m workloads.loopback --arms gloo,reliable,static,dblp,local --out DIR``
 starts, per arm, the aggregation server (dblp arms only) and N workers as
 separate processes with torchrun-style variables, waits for them, and
-summarises accuracy and time per arm. Logs follow the run-directory layout
-(``DIR/raw/<arm>/seed-<seed>/worker<rank>.jsonl``, ``server.jsonl``), so it doubles as a
-smoke test of what the orchestrator launches on emulated hosts.
+summarises accuracy and time per arm. As the harness's launcher does, it
+writes each unit's settings into its directory, ``training.json`` (and
+``transport.json`` for a dblp arm), and every process reads them there. Logs
+follow the run-directory layout (``DIR/raw/<arm>/seed-<seed>/worker<rank>.jsonl``,
+``server.jsonl``), so it doubles as a smoke test of what the orchestrator
+launches on emulated hosts.
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ import time
 from dblp.testing import free_port
 
 from .exchange import transports, uses_dblp
-from .models import DEFAULT_MODEL, MODELS
+from .models import MODELS
 from .runlog import unit_dir
+from .training import DEFAULT_MODEL, TRAINING_FILE, TrainingSettings
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -59,15 +63,31 @@ def write_transport_config(arm: str, directory: str, **settings) -> str:
     return path
 
 
+def write_training_settings(directory: str, **settings) -> str:
+    """The unit's ``training.json`` (`TrainingSettings`); returns its path.
+
+    Written once, read by the server and every worker, as the harness's
+    launcher writes it.
+    """
+    path = os.path.join(directory, TRAINING_FILE)
+    TrainingSettings(**settings).write(path)
+    return path
+
+
 def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str = DEFAULT_MODEL,
             seed: int = 0, worker_args: list[str] | None = None, server_args: list[str] | None = None,
             timeout_s: float = 600.0, python: str = sys.executable,
-            transport: dict | None = None) -> dict:
+            transport: dict | None = None, training: dict | None = None) -> dict:
     """Train one arm on loopback; returns its summary (status, accuracy, times, exit codes).
 
-    ``transport``: settings of the dblp arms' ``TransportConfig`` (e.g.
-    ``{"round_timeout": 20.0}``), written to ``raw/<arm>/seed-<seed>/transport.json``;
-    with ``{"mode": "sharded"}`` no server starts (every worker aggregates a shard).
+    ``training``: further settings of the unit's `TrainingSettings` (e.g.
+    ``{"eval_every": 4}``) beside ``rounds``, ``model`` and ``seed``, written
+    to ``raw/<arm>/seed-<seed>/training.json``. ``transport``: settings of
+    the dblp arms' ``TransportConfig`` (e.g. ``{"round_timeout": 20.0}``),
+    written to ``raw/<arm>/seed-<seed>/transport.json``; with
+    ``{"mode": "sharded"}`` no server starts (every worker aggregates a shard).
+    ``worker_args``, ``server_args``: further flags of the processes (a
+    training setting is not one: it is in the file).
     """
     if arm not in transports():
         raise ValueError(f"unknown arm {arm!r}; choose from {transports()}")
@@ -76,7 +96,8 @@ def run_arm(arm: str, out: str, workers: int = 3, rounds: int = 300, model: str 
     port = free_port()
     base_env = dict(os.environ, WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
-    common = ["--arm", arm, "--rounds", str(rounds), "--model", model, "--seed", str(seed)]
+    common = ["--arm", arm, "--training-config",
+              write_training_settings(raw, rounds=rounds, model=model, seed=seed, **(training or {}))]
     if uses_dblp(arm):
         common += ["--transport-config", write_transport_config(arm, raw, **(transport or {}))]
     procs, names, errs = [], [], []

@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Declared with the settings a unit's processes read (the harness writes them without torch).
+from .training import LR_SCHEDULES
+
 
 class DigitsCNN(nn.Module):
     """Small CNN for 8x8 digits; ~38k parameters, a 150 KB float32 gradient.
@@ -155,9 +158,6 @@ MODELS: dict[str, ModelSpec] = {
                             description="784-128-10 perceptron, Fashion-MNIST (6,000 of its "
                                         "training images, all 10,000 test images), 290 chunks"),
 }
-DEFAULT_MODEL = "digits_cnn"
-
-
 def get_spec(name: str) -> ModelSpec:
     try:
         return MODELS[name]
@@ -185,9 +185,6 @@ def make_optimizer(spec: ModelSpec, params, lr: float | None = None) -> torch.op
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr)
     raise ValueError(f"unknown optimizer {spec.optimizer!r}")
-
-
-LR_SCHEDULES = ("constant", "cosine")
 
 
 def make_scheduler(opt: torch.optim.Optimizer, schedule: str, rounds: int):

@@ -10,8 +10,11 @@ server for them is an error.
 Configured by arguments and the torchrun-style environment: WORLD_SIZE is the
 number of workers, MASTER_PORT the port to listen on (UDP data, and TCP when
 the config's control is tcp). Every transport setting comes from
-``--transport-config`` (a ``dblp.TransportConfig`` file). Writes the raw-log
-events that ``workloads.runlog.EVENTS`` declares to ``--log``.
+``--transport-config`` (a ``dblp.TransportConfig`` file), and the rounds to
+serve, the model and the seed from ``--training-config``: the unit's
+``training.json`` that its workers read too (``workloads.training``), or,
+started by hand, the flags of the same names. Writes the raw-log events that
+``workloads.runlog.EVENTS`` declares to ``--log``.
 """
 from __future__ import annotations
 
@@ -24,18 +27,26 @@ import time
 from dblp.wire import DEFAULT_PORT
 
 from . import exchange as ex
+from . import training
 from .control import RoundAnnouncer
 from .dblp_exchange import load_transport_config
 from .leave import leave
-from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, num_params
+from .models import MODELS, build_model, get_spec, grad_bytes, num_params
 from .runlog import RunLog
-from .worker import DEFAULT_ROUNDS, _env_int
+from .training import DEFAULT_MODEL, DEFAULT_ROUNDS
+from .worker import _env_int
+
+#: The training settings a server takes as flags when it has no --training-config: those it
+#: uses (it never builds a batch or steps an optimizer).
+TRAINING_FLAGS = ("rounds", "model", "seed", "batch_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workloads.server", description=__doc__.split("\n")[0])
     ex.add_arm_arguments(p)
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds to serve (= worker --rounds)")
+    training.add_config_argument(p)
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"rounds to serve (= worker --rounds); default {DEFAULT_ROUNDS}")
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--host", default="0.0.0.0", help="address to bind")
     p.add_argument("--port", type=int, default=None, help=f"default: $MASTER_PORT, else {DEFAULT_PORT}")
@@ -44,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) with every "
                         "transport setting; default: DBLP_* environment variables")
     # Only for the start line and the epoch column: the server never builds batches.
-    p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--model", default=None, choices=sorted(MODELS), help=f"default {DEFAULT_MODEL}")
+    p.add_argument("--seed", type=int, default=None, help="default 0")
+    p.add_argument("--batch-size", type=int, default=None, help="default: the model's")
     return p
 
 
@@ -73,16 +84,17 @@ def main(argv=None) -> int:
     if world is None or world < 1:
         raise SystemExit(f"--world-size/WORLD_SIZE must be a number of workers >= 1, got {world}")
     port = args.port if args.port is not None else _env_int("MASTER_PORT", DEFAULT_PORT)
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    t = training.from_args(args, TRAINING_FLAGS, MODELS)
+    print(f"server: training settings from {args.training_config or 'flags and defaults'}: "
+          f"{t.describe()}", file=sys.stderr, flush=True)
     cfg = load_transport_config(args.arm, args.transport_config)
-    rpe = rounds_per_epoch(args.model, world, args.batch_size)
+    rpe = rounds_per_epoch(t.model, world, t.batch_size)
 
     import dblp
 
     log = RunLog(args.log, ex.arm_label(args), "server", world)   # the server is rank N in dblp's numbering
     signal.signal(signal.SIGTERM, _on_sigterm)
-    model = build_model(args.model, args.seed)
+    model = build_model(t.model, t.seed)
     t0 = time.perf_counter()
     try:
         srv = dblp.ParameterServer(args.host, port, world, config=cfg)
@@ -91,14 +103,14 @@ def main(argv=None) -> int:
         print(f"workloads.server: cannot start: {exc}", file=sys.stderr)
         return 2
     print(f"server arm={args.arm} listening on {args.host}:{srv.port} for {world} workers, "
-          f"{args.rounds} rounds, policy {srv.policy.name} {srv.policy.knobs()}, model {args.model} "
+          f"{t.rounds} rounds, policy {srv.policy.name} {srv.policy.knobs()}, model {t.model} "
           f"(gradient {grad_bytes(model)} bytes)", file=sys.stderr, flush=True)
-    log.write("start", pid=os.getpid(), model=args.model, params=num_params(model),
-              grad_bytes=grad_bytes(model), world_size=world, seed=args.seed, t_ns=time.time_ns(),
-              rounds=args.rounds,
+    log.write("start", pid=os.getpid(), model=t.model, params=num_params(model),
+              grad_bytes=grad_bytes(model), world_size=world, seed=t.seed, t_ns=time.time_ns(),
+              rounds=t.rounds,
               port=srv.port, policy=srv.policy.name, knobs=srv.policy.knobs(), control=cfg.control,
               missing=cfg.missing, rate_bps=cfg.rate_bps, transport=cfg.public_dict())
-    announcer = RoundAnnouncer(ex.arm_label(args), seed=args.seed)
+    announcer = RoundAnnouncer(ex.arm_label(args), seed=t.seed)
     starts: dict[int, int] = {}
     cpu: dict[int, float] = {}   # process CPU seconds at each round's start
 
@@ -119,7 +131,7 @@ def main(argv=None) -> int:
 
     t_serve = time.perf_counter()
     try:
-        srv.serve(args.rounds, on_round_start=on_start, on_round_end=on_end)
+        srv.serve(t.rounds, on_round_start=on_start, on_round_end=on_end)
     except KeyboardInterrupt as exc:
         log.write("end", status="error", train_time_s=time.perf_counter() - t_serve,
                   error=str(exc) or "interrupted")
@@ -135,7 +147,7 @@ def main(argv=None) -> int:
     log.write("end", status="ok", train_time_s=time.perf_counter() - t_serve,
               wall_s=time.perf_counter() - t0)
     log.close()
-    print(f"server arm={args.arm}: served {args.rounds} rounds", file=sys.stderr)
+    print(f"server arm={args.arm}: served {t.rounds} rounds", file=sys.stderr)
     return 0
 
 

@@ -24,8 +24,9 @@ import time
 import numpy as np
 import torch
 
-from .models import DEFAULT_MODEL, MODELS, build_model, get_spec, grad_bytes, make_optimizer
+from .models import MODELS, build_model, get_spec, grad_bytes, make_optimizer
 from .tasks import make_task
+from .training import DEFAULT_MODEL
 
 #: Payload bytes per data packet. The dblp transport's chunk size is used when
 #: the package exposes it; 1,400 bytes (an MTU minus headers) otherwise.

@@ -1,7 +1,12 @@
 """Training worker entry point: ``python -m workloads.worker --arm ARM [...]``.
 
 Configured by arguments and torchrun-style environment variables (RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT; arguments win). Synchronous data
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT; arguments win). What it trains (model,
+rounds, seed, learning rate, batch, evaluation) comes from one
+``--training-config`` file (``workloads.training``), as the harness writes it
+for every unit, or, started by hand, from the flags of the same names; the
+transport's settings from ``--transport-config``. It says on stderr which
+settings it read, and from where. Synchronous data
 parallel training: one gradient exchange per step, and only the exchange
 differs between arms: by default one flat exchange after backward, nothing
 overlapped; with ``--integration ddp`` DistributedDataParallel over the dblp
@@ -23,11 +28,11 @@ import torch
 from dblp import wire
 
 from . import exchange as ex
+from . import training
 from .control import RoundAnnouncer
 from .integrations import FLAT, INTEGRATIONS, make_integration, refusal
 from .leave import leave
 from .models import (
-    DEFAULT_MODEL,
     LR_SCHEDULES,
     MODELS,
     build_model,
@@ -39,10 +44,11 @@ from .models import (
 )
 from .runlog import RunLog
 from .tasks import make_task
+from .training import DEFAULT_EVAL_EVERY, DEFAULT_MODEL, DEFAULT_ROUNDS
 
-DEFAULT_ROUNDS = 300
-DEFAULT_EVAL_EVERY = 25
 DEFAULT_TIMEOUT_S = 60.0
+#: The training settings a worker takes as flags when it has no --training-config: all of them.
+TRAINING_FLAGS = ("model", "rounds", "seed", "lr", "lr_schedule", "batch_size", "eval_every")
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -58,15 +64,19 @@ def _env_int(name: str, default: int | None) -> int | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workloads.worker", description=__doc__.split("\n")[0])
     ex.add_arm_arguments(p)
-    p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="training steps (= exchanges)")
+    training.add_config_argument(p)
+    # The training settings by hand; each default None (= not given), TrainingSettings' applies.
+    p.add_argument("--model", default=None, choices=sorted(MODELS), help=f"default {DEFAULT_MODEL}")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"training steps (= exchanges); default {DEFAULT_ROUNDS}")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
-    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
-                   help="constant, or cosine decay to zero over --rounds")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
+                   help="constant (the default), or cosine decay to zero over --rounds")
     p.add_argument("--batch-size", type=int, default=None, help="per-worker batch (default: the model's)")
-    p.add_argument("--seed", type=int, default=0, help="model init, shards and batch order")
-    p.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY,
-                   help="evaluate every N rounds (and always at the end); 0 = only at the end")
+    p.add_argument("--seed", type=int, default=None, help="model init, shards and batch order; default 0")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help=f"evaluate every N rounds (and always at the end); 0 = only at the end; "
+                        f"default {DEFAULT_EVAL_EVERY}")
     p.add_argument("--eval-ranks", choices=("0", "all"), default="0",
                    help="which workers evaluate (rank 0 saves compute; all checks replicas agree)")
     p.add_argument("--log", default=None,
@@ -101,10 +111,7 @@ def resolve(args) -> argparse.Namespace:
         raise SystemExit(f"--world-size/WORLD_SIZE must be >= 1, got {args.world_size}")
     if not 0 <= args.rank < args.world_size:
         raise SystemExit(f"--rank/RANK must be in [0, {args.world_size}), got {args.rank}")
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
-    if args.eval_every < 0:
-        raise SystemExit(f"--eval-every must be >= 0, got {args.eval_every}")
+    args.training = training.from_args(args, TRAINING_FLAGS, MODELS)
     if ex.uses_dblp(args.arm):
         if args.timeout_s is not None:
             raise SystemExit("--timeout-s is for the gloo arm; dblp arms take round_timeout "
@@ -127,33 +134,34 @@ def resolve(args) -> argparse.Namespace:
                   cfg.mode if cfg else None)
     if why:
         raise SystemExit(f"--integration {args.integration}: {why}")
-    spec = get_spec(args.model)
-    args.batch_size = args.batch_size or spec.batch_size
-    if args.batch_size < 1:
-        raise SystemExit(f"--batch-size must be >= 1, got {args.batch_size}")
     return args
 
 
 def train(args, log: RunLog) -> dict:
     """The training loop shared by every arm; returns the final evaluation."""
-    spec = get_spec(args.model)
-    torch.manual_seed(args.seed + 1000 * args.rank)  # dropout etc.; init uses build_model's seed
-    model = build_model(args.model, args.seed)
-    opt = make_optimizer(spec, model.parameters(), args.lr)
-    sched = make_scheduler(opt, args.lr_schedule, args.rounds)
-    task = make_task(spec, args.rank, args.world_size, args.batch_size, args.seed)
+    t: training.TrainingSettings = args.training
+    spec = get_spec(t.model)
+    batch_size = t.batch_size or spec.batch_size
+    print(f"worker {args.rank}: training settings from "
+          f"{args.training_config or 'flags and defaults'}: {t.describe()}",
+          file=sys.stderr, flush=True)
+    torch.manual_seed(t.seed + 1000 * args.rank)  # dropout etc.; init uses build_model's seed
+    model = build_model(t.model, t.seed)
+    opt = make_optimizer(spec, model.parameters(), t.lr)
+    sched = make_scheduler(opt, t.lr_schedule, t.rounds)
+    task = make_task(spec, args.rank, args.world_size, batch_size, t.seed)
     gbytes = grad_bytes(model)
     print(f"worker {args.rank}/{args.world_size} arm={args.arm} ({args.integration}) "
-          f"model={args.model}: "
+          f"model={t.model}: "
           f"{num_params(model)} parameters, gradient {gbytes} bytes ({gbytes / 1024:.1f} KiB) per round",
           file=sys.stderr, flush=True)
-    log.write("start", pid=os.getpid(), model=args.model, params=num_params(model), grad_bytes=gbytes,
-              world_size=args.world_size, seed=args.seed, t_ns=time.time_ns(),
-              rounds=args.rounds, lr=opt.param_groups[0]["lr"], lr_schedule=args.lr_schedule,
-              batch_size=args.batch_size, data_sha256=task.data_sha256)
+    log.write("start", pid=os.getpid(), model=t.model, params=num_params(model), grad_bytes=gbytes,
+              world_size=args.world_size, seed=t.seed, t_ns=time.time_ns(),
+              rounds=t.rounds, lr=opt.param_groups[0]["lr"], lr_schedule=t.lr_schedule,
+              batch_size=batch_size, data_sha256=task.data_sha256)
     # Arms without a server announce rounds from worker rank 0.
     serverless = args.transport is None or args.transport.mode == "sharded"
-    announcer = (RoundAnnouncer(ex.arm_label(args), seed=args.seed)
+    announcer = (RoundAnnouncer(ex.arm_label(args), seed=t.seed)
                  if (args.rank == 0 and serverless) else None)
     evaluates = args.eval_ranks == "all" or args.rank == 0
     integration = make_integration(args, model)
@@ -162,7 +170,7 @@ def train(args, log: RunLog) -> dict:
     last_eval = None
     t_train0 = time.perf_counter()
     try:
-        for r in range(args.rounds):
+        for r in range(t.rounds):
             t_start = time.time_ns()
             if announcer:
                 announcer.round("start", r)
@@ -185,8 +193,8 @@ def train(args, log: RunLog) -> dict:
                       compute_s=max(0.0, (c3 - c0) - synced.comm_s), comm_s=synced.comm_s,
                       bound=res.bound, phase=res.phase, loss=loss.item(), stats=res.stats,
                       **_cpu_split(p3 - p0, synced.comm_cpu_s))
-            last_round = r == args.rounds - 1
-            if evaluates and (last_round or (args.eval_every and (r + 1) % args.eval_every == 0)):
+            last_round = r == t.rounds - 1
+            if evaluates and (last_round or (t.eval_every and (r + 1) % t.eval_every == 0)):
                 e0 = time.perf_counter()
                 acc, tloss = task.evaluate(model)
                 eval_s += time.perf_counter() - e0

@@ -2,9 +2,12 @@
 
 A built-in arm runs ``workloads.server`` (when the arm has a server) and
 ``workloads.worker``, started from argument lists (never a shell). Its
-transport settings cross into the processes as a config file in the unit's
-directory (``--transport-config``), never as argv strings to be parsed again;
-its key only in their environment (`testbed.run.launch.Unit.env`). The
+settings cross into the processes as files in the unit's directory, never as
+argv strings to be parsed again: what it trains as ``training.json``
+(``--training-config``, a ``workloads.training.TrainingSettings`` written
+once per unit and read by its server and every worker), how it exchanges as
+``transport.json`` (``--transport-config``); its key only in their
+environment (`testbed.run.launch.Unit.env`). The
 processes are forked on their hosts by the run's fork servers
 (`testbed.run.forkservers`, started here once per run by
 `start_fork_servers`), so torch is imported once per host, not once per
@@ -26,6 +29,7 @@ from testbed import output
 from testbed.config.spec import transport_config
 from testbed.run.forkservers import ForkServerError, ForkServers
 from testbed.run.launch import ArmFailed, Launcher, Unit
+from workloads.training import TRAINING_FILE, TrainingSettings
 
 
 def start_fork_servers(fab, run_dir: pathlib.Path, hosts: Sequence[str]) -> ForkServers:
@@ -46,16 +50,20 @@ class BuiltinLauncher(Launcher):
         self.forks = forks
 
     # -- argv builders: lists only, never a shell ---------------------------
-    def common_args(self) -> list[str]:
-        t = self.unit.spec["training"]
-        args = ["--model", t["model"], "--rounds", str(t["rounds"]), "--seed", str(self.unit.seed)]
-        if t["lr"]:
-            args += ["--lr", str(t["lr"])]
-        if t["lr_schedule"] != "constant":
-            args += ["--lr-schedule", t["lr_schedule"]]
-        if t["batch_size"]:
-            args += ["--batch-size", str(t["batch_size"])]
-        return args
+    def training_args(self) -> list[str]:
+        """``--training-config PATH``: the spec's training settings and the unit's seed as
+        ``raw/<arm>/seed-<seed>/training.json``, for the server and every worker alike.
+
+        The spec's 0 for a learning rate or a batch ("the model's own") is the file's null.
+        """
+        u = self.unit
+        t = u.spec["training"]
+        settings = TrainingSettings(model=t["model"], rounds=t["rounds"], seed=u.seed,
+                                    lr=t["lr"] or None, lr_schedule=t["lr_schedule"],
+                                    batch_size=t["batch_size"] or None, eval_every=t["eval_every"])
+        path = u.raw / TRAINING_FILE
+        settings.write(path)
+        return ["--training-config", str(path)]
 
     def transport_args(self, role: str) -> list[str]:
         """``--transport-config PATH``: the arm's settings as a file, never as argv strings.
@@ -94,24 +102,21 @@ class BuiltinLauncher(Launcher):
 
     def _start_processes(self, py: str) -> None:
         u = self.unit
+        trains = self.training_args()   # one file, written once, for every process of the unit
         if not u.serverless:
             u.procs.start(
                 "server", [py, "-m", "workloads.server", "--arm", u.arm.transport,
                            "--label", u.arm.name,
-                           "--log", str(u.raw / "server.jsonl"), "--port", str(u.port),
-                           "--rounds", str(u.spec["training"]["rounds"]),
-                           "--model", u.spec["training"]["model"],
-                           "--seed", str(u.seed)]
-                + self.transport_args("server"),
+                           "--log", str(u.raw / "server.jsonl"), "--port", str(u.port)]
+                + trains + self.transport_args("server"),
                 u.raw / "server.out", popen=self._popen(u.server),
                 env=u.env())
+        worker_transport = self.transport_args("worker")
         for rank, host in enumerate(u.workers):
             u.procs.start(
                 f"worker{rank}", [py, "-m", "workloads.worker", "--arm", u.arm.transport,
                                   "--label", u.arm.name,
                                   "--log", str(u.raw / f"worker{rank}.jsonl")]
-                + self.common_args() + self.transport_args("worker")
-                + self.integration_args()
-                + ["--eval-every", str(u.spec["training"]["eval_every"])],
+                + trains + worker_transport + self.integration_args(),
                 u.raw / f"worker{rank}.out", popen=self._popen(host),
                 env=u.env(rank))

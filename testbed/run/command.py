@@ -13,8 +13,9 @@ is the same contract in prose (a unit test holds the two equal):
   checks each against `LINES` and the order of rounds, and writes them as the
   project's own raw-log events (``workloads.runlog.EVENTS``: start, round,
   eval, end) into ``worker<rank>.jsonl``, so the analysis reads a command arm
-  exactly as it reads a built-in one. Rank 0's round starts and ends are
-  handed back to the runner, which announces them to the controller
+  exactly as it reads a built-in one. `CommandLog.poll` and `CommandLog.finish`
+  return the round starts and ends they adapted; the command launcher
+  (``testbed.run.commandlauncher``) announces rank 0's to the controller
   (``workloads.control.RoundAnnouncer``) so round-locked bursts follow the
   command's rounds.
 

@@ -22,7 +22,7 @@ ROUNDS, WORKERS = 8, 2
 def loopback_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("loopback")
     res = run_arm("dblp", str(out), workers=WORKERS, rounds=ROUNDS, timeout_s=150, seed=1,
-                  worker_args=["--eval-every", "4"])
+                  training={"eval_every": 4})
     assert res["status"] == "ok", res
     # The loopback launcher writes raw/ only; the settings the analysis reads
     # come from the spec and manifest a run directory always has.

@@ -173,8 +173,10 @@ def test_a_unit_trains_with_its_seed_and_writes_under_its_seed(tmp_path):
 
     run = _arm_run(tmp_path, "dblp", ["seed=3", "seeds=2"], seed=4)
     assert run.unit.raw == tmp_path / "raw" / "dblp" / "seed-4" and run.unit.raw.is_dir()
-    args = run.launcher.common_args()
-    assert args[args.index("--seed") + 1] == "4"
+    from workloads.training import TrainingSettings
+    argv = run.launcher.training_args()
+    assert argv == ["--training-config", str(run.unit.raw / "training.json")]
+    assert TrainingSettings.read(argv[1]).seed == 4
     assert run.launcher.transport_args("worker")[1] == str(run.unit.raw / "transport.json")
     assert run.label == unit_label("dblp", 4) == "dblp s4"
     assert _arm_run(tmp_path, "gloo", ["seed=3"]).unit.seed == 3     # no seed given: the spec's

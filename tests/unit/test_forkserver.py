@@ -18,6 +18,7 @@ import pytest
 from dblp.testing import free_port
 from testbed.run.forkservers import ForkServer, ForkServerError
 from testbed.run.processes import ProcessGroup
+from workloads.training import TRAINING_FILE, TrainingSettings
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +43,10 @@ def test_a_forked_server_and_workers_train_on_loopback_and_end_as_started_ones(f
     port, rounds = free_port(), 3
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                OMP_NUM_THREADS="1")
-    common = ["--arm", "reliable", "--rounds", str(rounds), "--model", "digits_cnn", "--seed", "1"]
+    # As the built-in launcher hands them: the unit's training settings as one file.
+    settings = tmp_path / TRAINING_FILE
+    TrainingSettings(model="digits_cnn", rounds=rounds, seed=1).write(settings)
+    common = ["--arm", "reliable", "--training-config", str(settings)]
     group = ProcessGroup()
     group.start("server", [sys.executable, "-m", "workloads.server", *common,
                            "--host", "127.0.0.1", "--log", str(tmp_path / "server.jsonl")],

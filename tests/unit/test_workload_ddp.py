@@ -54,9 +54,9 @@ def test_the_worker_refuses_ddp_where_the_torch_backend_cannot_run(tmp_path):
 
 def test_ddp_trains_as_the_flat_loop_does_and_logs_its_rounds_alike(tmp_path, monkeypatch):
     rounds, arm = 12, "reliable"   # bound 0: both loops average exactly the same gradients
-    common = dict(workers=3, rounds=rounds, timeout_s=180,
+    common = dict(workers=3, rounds=rounds, timeout_s=180, training={"eval_every": 6},
                   transport={"mode": "sharded", "round_timeout": 20.0})
-    evals = ["--eval-every", "6", "--eval-ranks", "all"]
+    evals = ["--eval-ranks", "all"]
     flat = run_arm(arm, str(tmp_path / "flat"), worker_args=evals, **common)
     sock = str(tmp_path / "ctl.sock")
     lis = ControlListener(sock)

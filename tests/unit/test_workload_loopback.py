@@ -21,7 +21,7 @@ from workloads.loopback import free_port, read_jsonl, run_arm, write_transport_c
 def test_gloo_three_workers_train_on_loopback(tmp_path):
     rounds = 100
     res = run_arm("gloo", str(tmp_path), workers=3, rounds=rounds, timeout_s=180,
-                  worker_args=["--eval-every", "50", "--eval-ranks", "all"])
+                  training={"eval_every": 50}, worker_args=["--eval-ranks", "all"])
     assert res["status"] == "ok", (res, open(tmp_path / "raw/gloo/seed-0/worker0.err").read())
     finals = []
     for rank in range(3):
@@ -105,7 +105,7 @@ def test_dblp_arms_train_through_the_transport_and_announce_rounds(tmp_path, mon
     rounds = 50
     try:
         res = run_arm(arm, str(tmp_path), workers=3, rounds=rounds, timeout_s=180,
-                      worker_args=["--eval-every", "25", "--eval-ranks", "all"],
+                      training={"eval_every": 25}, worker_args=["--eval-ranks", "all"],
                       transport={"round_timeout": 20.0})
     finally:
         lis.close()
