@@ -12,8 +12,15 @@ forks its workers from a process that has imported it, and
 multiprocessing's forkserver works the same way); the parent here starts no
 thread of its own and computes nothing before it forks.
 
+One fork server serves the whole machine: it runs in this machine's own
+namespaces, and each child enters its emulated host's network namespace
+(``setns``, as Mininet's ``mnexec -a`` does) before anything of it runs, so
+torch is imported once per run rather than once per host (five hosts took
+7.9 s on two cores, importing side by side), and before the fabric is up.
+
 A request is one JSON message, ``{"module": ..., "argv": [...], "env": {...},
-"cwd": ...}``, with three file descriptors (standard input, output and error);
+"cwd": ..., "ns_pid": ...}``, with three file descriptors (standard input, output and error);
+``ns_pid`` is a process of the host whose namespaces the child joins (None: this machine's);
 the answer is ``{"pid": ...}``, or ``{"error": ...}`` for a module that is not
 served. When a child ends the server sends ``{"pid": ..., "exit": ...}`` (a
 negative number for a signal, as ``subprocess`` says it). The child runs
@@ -22,6 +29,7 @@ negative number for a signal, as ``subprocess`` says it). The child runs
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -100,6 +108,8 @@ def _child(req: dict, fds: list[int], ctl: socket.socket, pidfds: list[int]) -> 
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
+        if req.get("ns_pid") is not None:
+            enter_namespaces(int(req["ns_pid"]))
         os.environ.clear()
         os.environ.update(req["env"])
         if req.get("cwd"):
@@ -115,6 +125,32 @@ def _child(req: dict, fds: list[int], ctl: socket.socket, pidfds: list[int]) -> 
         print(code, file=sys.stderr)
         code = 1
     leave(code)
+
+
+#: The namespaces a child joins, with ``setns``'s flag for each: the network one always (an
+#: emulated host is one), the mount one where the host has its own (Mininet's private dirs).
+NAMESPACES = (("net", 0x40000000), ("mnt", 0x00020000))
+
+
+def enter_namespaces(pid: int) -> None:
+    """Join process ``pid``'s network (and, where it differs, mount) namespace, as ``mnexec -a``.
+
+    Called in a freshly forked child, which has one thread: the mount namespace can be
+    joined only by a process with one thread, and sockets opened before would stay in
+    the old network namespace.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, flag in NAMESPACES:
+        path = f"/proc/{pid}/ns/{kind}"
+        if os.stat(path).st_ino == os.stat(f"/proc/self/ns/{kind}").st_ino:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if libc.setns(fd, flag) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into {path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
 
 
 def _name(name: str) -> None:

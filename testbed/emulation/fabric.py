@@ -551,6 +551,14 @@ class Fabric:
             self._save_state()
         return p
 
+    def adopt(self, proc: subprocess.Popen, tag: str) -> None:
+        """Track ``proc``, started here in this machine's namespaces as its own process
+        group's leader, as `popen` tracks what it starts: teardown and clean-up end its group."""
+        self._popens.append(proc)
+        if self._state is not None:
+            self._state["processes"].append(cleanup.record(proc.pid, tag, group=True))
+            self._save_state()
+
     def run(self, host, argv, timeout=None, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` in a host to completion (text output captured by default)."""
         kw.setdefault("capture_output", True)

@@ -10,7 +10,7 @@ once per unit and read by its server and every worker), how it exchanges as
 environment (`testbed.run.launch.Unit.env`). The
 processes are forked on their hosts by the run's fork servers
 (`testbed.run.forkservers`, started here once per run by
-`start_fork_servers`), so torch is imported once per host, not once per
+`start_fork_server`), so torch is imported once per run, not once per
 process and unit. They write the project's own raw logs, so there is
 nothing to read while they run: `poll`, `finish` and `close` are the
 contract's no-ops.
@@ -32,13 +32,17 @@ from testbed.run.launch import ArmFailed, Launcher, Unit
 from workloads.training import TRAINING_FILE, TrainingSettings
 
 
-def start_fork_servers(fab, run_dir: pathlib.Path, hosts: Sequence[str]) -> ForkServers:
-    """The run's fork servers on ``hosts``, ready (torch imported) before the first unit starts."""
+def start_fork_server(run_dir: pathlib.Path) -> ForkServers:
+    """The run's fork server, importing while the fabric starts (`ForkServers`)."""
+    return ForkServers(run_dir, dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def attach_fork_server(forks: ForkServers, fab, hosts: Sequence[str]) -> None:
+    """The fork server serving ``hosts`` of the running fabric, ready before the first unit."""
     t1 = time.monotonic()
-    forks = ForkServers(fab, run_dir, hosts, dict(os.environ, OMP_NUM_THREADS="1"))
-    output.say(f"fork servers ready in {time.monotonic() - t1:.1f} s on "
-               f"{len(forks.servers)} hosts (torch imported once per host)")
-    return forks
+    forks.attach(fab, hosts)
+    output.say(f"fork server ready {time.monotonic() - t1:.1f} s after the fabric, for "
+               f"{len(forks.hosts)} hosts (torch imported once)")
 
 
 class BuiltinLauncher(Launcher):

@@ -1,19 +1,22 @@
-"""A run's fork servers: its workers and servers forked on their hosts from warm processes.
+"""A run's fork server: its workers and servers forked on their hosts from a warm process.
 
-One ``workloads.forkserver`` per host of this machine that the run places a
-role on, started when the fabric is up and ready (torch and the rest
-imported) before the first unit starts, so its CPU falls before any unit's
-rounds; stopped with the run. A unit's built-in workers and server are then
-forked there instead of started as new interpreters: its processes begin
-training about 2 s of CPU each sooner (`workloads.forkserver` says why).
+One ``workloads.forkserver`` for the whole machine, started in this machine's
+own namespaces before the fabric is built, so its imports (torch and the
+rest, about 2.5 s of CPU) overlap the fabric's start-up, and ready before the
+first unit starts. Each child it forks joins its host's network namespace
+(`workloads.forkserver.enter_namespaces`) before anything of it runs. A
+unit's built-in workers and server are forked there instead of started as
+new interpreters: its processes begin training about 2 s of CPU each sooner
+(`workloads.forkserver` says why), and torch is imported once per run, not
+once per host (one server per host took 7.9 s for five hosts on two cores).
 Hosts on other machines (the cluster edition) and users' commands start as
 before, with the host's ``popen``.
 
 A forked process is supervised as a started one is (`Forked` answers what
 ``subprocess.Popen`` answers ``testbed.run.processes``): stopped by its PID,
 its exit status as its fork server reaped it. It stays in its fork server's
-process group, which the fabric records and ends on teardown or clean-up,
-so nothing it forked outlives the run.
+process group, which the fabric records once the fabric is up (`attach`) and
+ends on teardown or clean-up, so nothing it forked outlives the run.
 """
 from __future__ import annotations
 
@@ -120,8 +123,9 @@ class ForkServer:
                 raise ForkServerError(f"the fork server on {self.name} {why}; see {self._log}")
 
     def popen(self, argv: Sequence[str], *, stdout, stderr=None, stdin=None, env: dict | None = None,
-              cwd=None, **_ignored) -> Forked:
-        """Fork ``python -m MODULE ARGS...`` (``argv``) as ``subprocess.Popen`` would start it."""
+              cwd=None, ns_pid: int | None = None, **_ignored) -> Forked:
+        """Fork ``python -m MODULE ARGS...`` (``argv``) as ``subprocess.Popen`` would start it,
+        in the namespaces of process ``ns_pid`` (an emulated host's shell; None: the server's)."""
         argv = [os.fspath(a) for a in argv]
         if len(argv) < 3 or argv[1] != "-m":
             raise ValueError(f"a fork server runs `python -m MODULE ...`, not {argv[:3]}")
@@ -129,7 +133,7 @@ class ForkServer:
         err = out if stderr in (None, subprocess.STDOUT) else stderr.fileno()
         null = os.open(os.devnull, os.O_RDONLY)
         req = {"module": argv[2], "argv": argv[3:], "env": dict(os.environ if env is None else env),
-               "cwd": os.fspath(cwd) if cwd is not None else os.getcwd()}
+               "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(), "ns_pid": ns_pid}
         try:
             with self._lock:
                 try:
@@ -206,35 +210,38 @@ def _alive(pid: int) -> bool:
 
 
 class ForkServers:
-    """The run's fork servers, one per host here that holds a role."""
+    """The run's fork server, shared by the hosts of this machine that hold a role.
 
-    def __init__(self, fab, run_dir: pathlib.Path, hosts: Sequence[str], env: dict):
+    Two steps, so that its imports overlap the fabric's start-up: made before the
+    fabric is built, then attached to it (`attach`) once it is up.
+    """
+
+    #: Where its output goes, under the run directory.
+    LOG = pathlib.Path("raw") / "forkserver.out"
+
+    def __init__(self, run_dir: pathlib.Path, env: dict):
+        self.server = ForkServer("this machine",
+                                 lambda argv, **kw: subprocess.Popen(argv, start_new_session=True, **kw),
+                                 run_dir / self.LOG, env)
+        self.fab = None
+        self.hosts: list[str] = []
+
+    def attach(self, fab, hosts: Sequence[str]) -> None:
+        """Serve ``hosts`` of ``fab`` (those on this machine), the server ready.
+
+        The fabric records the server's process group, which its teardown and
+        ``dblp-testbed clean`` end, as it does for what it starts itself."""
         self.fab = fab
-        self.servers: dict[str, ForkServer] = {}
-        here = [h for h in dict.fromkeys(hosts) if fab.server_of(h) == "local"]
-        try:
-            for h in here:
-                self.servers[h] = ForkServer(
-                    h, lambda argv, _h=h, **kw: fab.popen(_h, argv, **kw),
-                    run_dir / "raw" / f"forkserver-{h}.out", env)
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            for s in self.servers.values():
-                s.wait_ready(deadline)
-        except BaseException:
-            self.close()
-            raise
+        self.hosts = [h for h in dict.fromkeys(hosts) if fab.server_of(h) == "local"]
+        fab.adopt(self.server.proc, "workloads.forkserver")
+        self.server.wait_ready(time.monotonic() + READY_TIMEOUT_S)
 
     def popen_for(self, host: str) -> Callable[..., subprocess.Popen | Forked]:
         """How to start a built-in worker or server on ``host``."""
-        s = self.servers.get(host)
-        if s is None:
+        if host not in self.hosts:
             return lambda argv, **kw: self.fab.popen(host, argv, **kw)
-        return s.popen
+        pid = self.fab.host(host).pid
+        return lambda argv, **kw: self.server.popen(argv, ns_pid=pid, **kw)
 
     def close(self) -> None:
-        # Every server is told first, then each is waited for: a server holding torch takes
-        # about 0.6 s to exit, and they exit side by side instead of one after another.
-        for s in self.servers.values():
-            s.hang_up()
-        for s in self.servers.values():
-            s.close()
+        self.server.close()

@@ -36,7 +36,7 @@ from testbed.config.arms import get as get_arm
 from testbed.config.spec import Spec, transport_config
 from testbed.errors import InputError, MachineError
 from testbed.run.budget import UnitCpu, pacing_late_frac, rounds_window
-from testbed.run.builtinlauncher import BuiltinLauncher, start_fork_servers
+from testbed.run.builtinlauncher import BuiltinLauncher, attach_fork_server, start_fork_server
 from testbed.run.commandlauncher import CommandLauncher
 from testbed.run.fidelity import BottleneckMonitor
 from testbed.run.forkservers import ForkServers
@@ -134,28 +134,35 @@ def _run_on_fabric(spec: Spec, run_dir: pathlib.Path, manifest: Manifest,
         more = {"servers": servers, "ssh_options": spec["cluster"]["ssh_options"]}
         workers = local_first(topo, servers, list(workers))
     manifest.update(placement={"server": server, "workers": list(workers)})
+    units = run_order(spec)
+    # Only the built-in arms' processes are forked (`testbed.run.builtinlauncher`); the fork
+    # server imports while the fabric starts.
+    forks = start_fork_server(run_dir) if any(get_arm(arm).command is None for arm, _ in units) \
+        else None
     t0 = time.monotonic()
-    with fabric_cls(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
-                    queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
-                    roles={"server": server, "workers": list(workers)},
-                    chunk_bytes=spec["transport"]["chunk_bytes"], **more) as fab:
-        if len(servers) > 1:
-            manifest.update(cluster=fab.fidelity())
-        manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2), dblp_port=DEFAULT_PORT,
-                        rtt_ms=measure_rtt_ms(fab, workers[0], server))
-        output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
-                   f"server {server}, workers {', '.join(workers)}")
-        units = run_order(spec)
-        clock = RunClock(units)
-        # Only the built-in arms' processes are forked (`testbed.run.builtinlauncher`).
-        forks = start_fork_servers(fab, run_dir, [server, *workers]) \
-            if any(get_arm(arm).command is None for arm, _ in units) else None
-        try:
-            return _run_units(spec, run_dir, manifest, fab, server, list(workers), units, clock,
-                              forks)
-        finally:
-            if forks is not None:
-                forks.close()
+    try:
+        with fabric_cls(topo, run_dir=run_dir, bw_mbps=spec["topology"]["bw_mbps"],
+                        queue_pkts=spec["topology"]["queue_pkts"], bursts=schedule,
+                        roles={"server": server, "workers": list(workers)},
+                        chunk_bytes=spec["transport"]["chunk_bytes"], **more) as fab:
+            if len(servers) > 1:
+                manifest.update(cluster=fab.fidelity())
+            manifest.update(fabric_startup_s=round(time.monotonic() - t0, 2),
+                            dblp_port=DEFAULT_PORT, rtt_ms=measure_rtt_ms(fab, workers[0], server))
+            output.say(f"fabric up in {time.monotonic() - t0:.1f} s: {len(topo.hosts())} hosts, "
+                       f"server {server}, workers {', '.join(workers)}")
+            clock = RunClock(units)
+            try:
+                if forks is not None:
+                    attach_fork_server(forks, fab, [server, *workers])
+                return _run_units(spec, run_dir, manifest, fab, server, list(workers), units,
+                                  clock, forks)
+            finally:
+                if forks is not None:
+                    forks.close()  # before the fabric's teardown ends its group
+    finally:
+        if forks is not None:
+            forks.close()  # the fabric never came up: the server ends here
 
 
 def _run_units(spec: Spec, run_dir: pathlib.Path, manifest: Manifest, fab, server: str,

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 from dblp.testing import free_port
 from testbed.run.forkservers import ForkServer, ForkServerError
 from testbed.run.processes import ProcessGroup
+from workloads.forkserver import enter_namespaces
 from workloads.training import TRAINING_FILE, TrainingSettings
 
 pytestmark = pytest.mark.unit
@@ -117,3 +119,37 @@ def test_a_fork_server_closed_while_it_imports_is_killed_at_once(tmp_path):
     fs.close()
     assert time.monotonic() - t0 < 2.0
     assert fs.proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joining another network namespace needs root")
+def test_a_child_joins_the_network_namespace_of_the_host_it_is_forked_for():
+    """What the fork server's children do first (as ``mnexec -a``): the host's network
+    namespace, its own loopback only; the server stays in this machine's."""
+    host = subprocess.Popen(["unshare", "--net", "sleep", "30"])
+    try:
+        want = os.stat(f"/proc/{host.pid}/ns/net").st_ino
+        deadline = time.monotonic() + 5
+        while want == os.stat("/proc/self/ns/net").st_ino and time.monotonic() < deadline:
+            time.sleep(0.05)  # unshare has not made its namespace yet
+            want = os.stat(f"/proc/{host.pid}/ns/net").st_ino
+        assert want != os.stat("/proc/self/ns/net").st_ino
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                enter_namespaces(host.pid)
+                links = [name for _, name in socket.if_nameindex()]
+                os.write(w, f"{os.stat('/proc/self/ns/net').st_ino} {','.join(links)}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        ino, links = os.read(r, 4096).decode().split()
+        os.close(r)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert int(ino) == want and links.split(",") == ["lo"]
+        assert os.stat("/proc/self/ns/net").st_ino != want
+    finally:
+        host.kill()
+        host.wait()
