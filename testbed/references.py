@@ -322,6 +322,66 @@ register(CommandReference(
                    "--losses", "0,0.1", "--controls", "udp", "--bounds", "0", "--auth", "both",
                    "--reps", "7", "--round-timeout", "60"))
           for i in range(1, LINE_RUNS + 1) for r, m in LINE_RATES)))
+#: The paper's burst levels, each as a loss on the data path alone that lasts every pass
+#: of the round: the regime where the bounds' pass-count ratio (5.0, 4.7, 4.4 and 5.1x at
+#: 60-90 %) can show, with TCP control still moving (issue 57).
+BURST_LEVELS = (0.6, 0.7, 0.8, 0.9)
+#: Runs of the whole set, one command each, so the ratio's interval has the run as its unit
+#: (`testbed.analysis.pages.bound_ratio`); five give t(0.975, 4) = 2.78 where three give 4.30.
+BURST_RUNS = 5
+# One run: 2 bounds x 2 control paths x 2 costs = 8 PS rows with a secret (sharded mode and
+# gloo add nothing here: sharded's control is UDP only, gloo's TCP meets no data-path loss),
+# two round trips each at every level. At 100 Mbit/s a 4 MiB round trip's bytes take
+# 0.336 s x 2(1 - P)/(1 - p) (push and pull, each pass resending what is missing): 22.2 s
+# for the tight and the loose round trip of one (control, costs) pair over the four
+# levels, 25.5 s at the
+# transport reference's 1.1-1.15x of its bound, 102 s for the four pairs; each of the
+# tight bound's 184 passes and the loose bound's 38 in that sum adds one control round trip
+# (under a millisecond; up to a 40 ms delayed ACK with the prototype's Nagle: at most 9 s),
+# and each round trip ~0.1 s of the driver's: ~114 s a repetition, ~250 s a run with the
+# agents' start-up, ~21 minutes for five runs. A bigger gradient or a faster link would
+# only scale the bytes (the ratio is dimensionless); 100 Mbit/s and 4 MiB are the
+# `transport` references' own. Deadline: with the prototype's 1 s probe wait paid on every
+# pass (it is paid only for an unanswered PROBE, which a data-path loss never leaves), the
+# tight bound's round at 90 % would take 46 push + 46 pull passes, ~92 s, plus 6.7 s of
+# bytes; 1000 s is ten times that, so no row should meet it, and one that does is reported
+# as capped (a run that meets it twice in a row gives that row up and costs ~35 minutes
+# more).
+register(CommandReference(
+    "burstround", "the round-long burst: the transport bench at the paper's 60/70/80/90 % loss "
+    "on the data path only, lasting every pass, both bounds and control paths, PS mode with a "
+    f"secret, this transport's costs and the prototype's, {BURST_RUNS} runs",
+    tuple(Command(f"bench-transport-run{i}.json",
+                  ("bench", "transport", "--losses", ",".join(f"{x:g}" for x in BURST_LEVELS),
+                   "--loss-on", "data", "--bounds", "0.008,0.408", "--controls", "udp,tcp",
+                   "--no-sharded", "--no-gloo", "--auth", "on", "--costs", "both",
+                   "--rate-mbps", "100", "--mbytes", "4", "--reps", "2",
+                   "--round-timeout", "1000"))
+          for i in range(1, BURST_RUNS + 1))))
+#: Link rates (Mbit/s) and gradient sizes (MiB) of the bound ratio at line rate.
+BOUND_RATES = ((1000, 64), (1000, 256), (10000, 64), (10000, 256))
+# The loose bound against the tight one above 100 Mbit/s (`linerate` runs the reliable bound
+# alone): 0/30/60/90 % on the data path only, both control paths, PS with a secret, no
+# gloo, one run of three round trips per rate and size. A row's round trips over the four
+# losses move 0.992 x 14.9 + 0.592 x 14.9 = 23.6 gradients each way (sum of 1/(1 - p) over
+# the losses); push and pull, both control paths, three repetitions: at 1 Gbit/s (1.15x the
+# bound, as `linerate` measured with loss) ~3.4 min for 64 MiB and ~12.8 min for 256 MiB;
+# at 10 Gbit/s a lossy row is CPU-bound (GRO off: 4.6x its bound at 10 % in `linerate`),
+# ~1.4 and ~4.7 min at 4x its bound, ~1.9 and ~6.4 at 6x: 22-25 minutes in all, with the
+# agents' start-up. One run, not several: a second would pass 40 minutes; the table gives
+# each ratio's range at the repetitions' extremes. Deadline: the slowest round expected is
+# the tight bound at 90 % with 256 MiB at 1 Gbit/s, 2.15 s x 19.8 x 1.15 = 49 s; 300 s is
+# six times it.
+register(CommandReference(
+    "linerate-bounds", "the transport bench's tight bound against its loose one at 1 and "
+    "10 Gbit/s with 64 and 256 MiB gradients, 0/30/60/90 % loss on the data path only, both "
+    "control paths, PS mode with a secret",
+    tuple(Command(f"bench-transport-{r}mbit-{m}mib.json",
+                  ("bench", "transport", "--rate-mbps", str(r), "--mbytes", str(m),
+                   "--losses", "0,0.3,0.6,0.9", "--loss-on", "data", "--bounds", "0.008,0.408",
+                   "--controls", "udp,tcp", "--no-sharded", "--no-gloo", "--auth", "on",
+                   "--reps", "3", "--round-timeout", "300"))
+          for r, m in BOUND_RATES)))
 #: The fat-tree sizes `net check` builds for its results page (k=8 routes in ~20 s).
 FABRIC_KS = (4, 6, 8)
 register(CommandReference(

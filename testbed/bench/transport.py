@@ -10,7 +10,10 @@ for a loss-free row and off for a lossy one, whose drops must see every
 packet; each row records which (``gro``). One round trip = push of the
 gradient to the aggregator + pull of the aggregate (one DBLP round, measured
 at the worker); gloo's row is one ``all_reduce`` of the same tensor between
-the same hosts.
+the same hosts. ``--loss-on data`` restricts the loss to the transport's DATA
+datagrams, and ``--costs prototype`` (or ``both``) runs the DBLP rows with the
+authors' prototype's costs as the README's cost table's first step has them
+(`testbed.bench.transport_doc.prototype_costs`); each row records its ``costs``.
 
 This module is the driver and the CLI: the agents that run in the namespaces
 are `testbed.bench.agents`, the document and its rows `testbed.bench.transport_doc`.
@@ -30,6 +33,7 @@ from controllers.traffic import TRAFFIC
 from testbed import output
 from testbed.bench.agents import Agent
 from testbed.bench.transport_doc import (
+    COSTS,
     HEADER,
     OFFLOADS_SOFTWARE,
     SIDES,
@@ -39,12 +43,14 @@ from testbed.bench.transport_doc import (
     default_configs,
     format_row,
     format_table,
+    prototype_costs,
 )
 from testbed.cpustat import CpuTally
 from testbed.emulation.netns import DEFAULT_RATE, NetnsPair
 from testbed.errors import ExperimentFailed
 from testbed.options import rate_option
 from testbed.output import json_option, results
+from testbed.references import PROTOTYPE_COSTS
 
 __all__ = ["Config", "NetnsPair", "default_configs", "format_table", "run_bench", "transport_cmd"]
 
@@ -54,7 +60,8 @@ DEFAULT_NUMEL = 1 << 20  # 4 MiB of float32
 
 def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
               rate_bps: float = DEFAULT_RATE, configs=None, round_timeout: float = 30.0,
-              log=print, rows: list[dict] | None = None, traffic: str = "all") -> dict:
+              log=print, rows: list[dict] | None = None, traffic: str = "all",
+              prototype: dict | None = None) -> dict:
     """Run every config at every loss on one shaped veth pair; return the JSON document.
 
     The configs' round trips are interleaved: at each loss, repetition k of every
@@ -75,11 +82,17 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
     "data" spares the control path (PROBE/BITMAP/STOP/FINAL and the TCP control
     connection), so a high loss measures passes, not TCP's own stall. gloo's
     TCP is no DBLP data: under "data" it meets no loss, under "control" all of it.
+
+    ``prototype`` (`prototype_costs`, made here when None and a config needs
+    it): the settings the configs with ``costs="prototype"`` run with.
     """
     configs = configs or default_configs()
     rows = [] if rows is None else rows
     first_row = len(rows)  # this bench's rows start here: measured loss by loss
-    doc = bench_doc(losses, reps, numel, rate_bps, rows, traffic)
+    if prototype is None and any(c.costs == "prototype" for c in configs):
+        prototype = prototype_costs()
+    doc = bench_doc(losses, reps, numel, rate_bps, rows, traffic, prototype)
+    settings = (prototype or {}).get("settings", {})
     nbytes, floor_s, chunks = doc["bytes"], doc["floor_s"], doc["chunks"]
     port = [47000]
     # Made in the document's row order, before anything runs.
@@ -87,7 +100,7 @@ def run_bench(losses=DEFAULT_LOSSES, reps: int = 5, numel: int = DEFAULT_NUMEL,
 
     def start(cfg):
         port[0] += 1
-        return _start(pair, cfg, numel, rate_bps, round_timeout, port[0])
+        return _start(pair, cfg, numel, rate_bps, round_timeout, port[0], settings)
 
     agents: dict[int, list[Agent]] = {}
     with NetnsPair(rate_bps) as pair:
@@ -195,7 +208,10 @@ def _one_rep(pair: NetnsPair, run: _RowRun, agents: list[Agent], loss: float,
 
 
 
-def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -> list[Agent]:
+def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port,
+           prototype_settings: dict | None = None) -> list[Agent]:
+    """Start ``cfg``'s two agents; a DBLP row with the prototype's costs gets
+    ``prototype_settings`` (``dblp.TransportConfig`` keywords) beside its bound."""
     if cfg.impl == "gloo":
         base = {"kind": "gloo", "master": pair.ip[0], "port": port, "numel": numel,
                 "round_timeout": round_timeout}
@@ -204,6 +220,8 @@ def _start(pair: NetnsPair, cfg: Config, numel, rate_bps, round_timeout, port) -
         ready_timeout = 120
     else:
         knobs = {"p": cfg.bound} if cfg.policy == "static" else {}
+        if cfg.costs == "prototype":
+            knobs.update(prototype_settings or {})
         base = {"kind": "dblp", "policy": cfg.policy, "knobs": knobs, "control": cfg.control,
                 "rate_bps": rate_bps, "round_timeout": round_timeout, "port": port,
                 "numel": numel, "session": int(uuid.uuid4().int >> 65) | 1}
@@ -287,11 +305,15 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config, befo
 @click.option("--loss-on", "traffic", type=click.Choice(TRAFFIC), default="all", show_default=True,
               help="Which packets the loss takes: all, the transport's DATA datagrams only, "
                    "or its control path only (controllers.traffic).")
+@click.option("--costs", type=click.Choice([*COSTS, "both"]), default="ours", show_default=True,
+              help="What the DBLP rows' passes cost: this transport's own settings, the "
+                   f"authors' prototype's ({PROTOTYPE_COSTS[0].adds}: the first step of the "
+                   "README's cost table), or both side by side.")
 @click.option("--quick", is_flag=True,
               help="Short run for tests: 1 MiB, 2 reps, losses 0 and 0.5, UDP, no gloo, "
                    "authenticated.")
 def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, no_gloo,
-                  no_sharded, auth, round_timeout, traffic, quick):
+                  no_sharded, auth, round_timeout, traffic, costs, quick):
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
         raise click.UsageError("bench transport needs root (network namespaces)")
@@ -316,18 +338,21 @@ def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, n
     numel = int(mbytes * (1 << 20)) // 4
     cfgs = default_configs(bound_list, ctl, gloo=not no_gloo,
                            sharded=not no_sharded and "udp" in ctl,
-                           auth={"both": (False, True), "on": (True,), "off": (False,)}[auth])
+                           auth={"both": (False, True), "on": (True,), "off": (False,)}[auth],
+                           costs=COSTS if costs == "both" else (costs,))
+    prototype = prototype_costs() if costs != "ours" else None
     # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     output.say(HEADER)
     rows: list[dict] = []
     try:
         doc = run_bench(loss_list, reps, numel, rate_mbit * 1e6, cfgs, round_timeout,
-                        log=output.say, rows=rows, traffic=traffic)
+                        log=output.say, rows=rows, traffic=traffic, prototype=prototype)
     except ExperimentFailed as e:
         # Keep what was measured: the rows before the failure, and the failure itself.
         if json_out:
-            partial = bench_doc(loss_list, reps, numel, rate_mbit * 1e6, rows, traffic)
+            partial = bench_doc(loss_list, reps, numel, rate_mbit * 1e6, rows, traffic,
+                                prototype)
             results({**partial, "failed": str(e)}, json_out, lambda: None)
         raise
     results(doc, json_out, lambda: click.echo(format_table(doc)))

@@ -7,6 +7,13 @@ bound ``bound_s``, passes against the ideal, CPU per GB); ``bench_doc``
 declares the document around the rows and ``format_table`` prints it.
 The ideal passes are `testbed.physics.passes`, the same formula the
 run's bounds use.
+
+A DBLP row runs with this transport's costs ("ours") or with the authors'
+prototype's (``costs = "prototype"``): the prototype-mode settings of
+``dblp.TransportConfig`` as the first step of the README's cost table
+(`testbed.references.PROTOTYPE_COSTS`) has them, read from that step's
+preset and overrides by `prototype_costs`, so the bench and the fabric run
+the same costs and no value is typed twice.
 """
 from __future__ import annotations
 
@@ -31,29 +38,74 @@ class Config:
     control: str  # udp | tcp
     mode: str = "ps"  # dblp: "ps" (worker + aggregator) or "sharded" (two peers)
     auth: bool = False  # dblp: the job has a secret (every message carries a MAC)
+    costs: str = "ours"  # dblp: this transport's costs, or the prototype's (`COSTS`)
 
     @property
     def label(self) -> str:
         if self.impl == "gloo":
             return "gloo all_reduce"
         return (f"{self.policy} P={self.bound:.1%} {self.control} {self.mode}"
-                + (" auth" if self.auth else ""))
+                + (" auth" if self.auth else "")
+                + (" prototype costs" if self.costs == "prototype" else ""))
+
+
+#: What a DBLP row's passes cost: this transport's own settings, or the prototype's.
+COSTS = ("ours", "prototype")
+
+#: The prototype-mode settings of ``dblp.TransportConfig`` (its class docstring): the
+#: six the `paper-prototype` preset sets beyond `paper`'s transport.
+PROTOTYPE_MODE = ("chunk_bytes", "chunk_order", "probe_wait", "nagle", "bucket_s",
+                  "no_progress_probes")
+
+
+def prototype_costs() -> dict:
+    """The prototype's costs as the first step of the cost table runs them on the fabric.
+
+    Returns ``{"reference", "adds", "settings"}``: the step's run reference,
+    what the step says it adds, and the ``dblp.TransportConfig`` settings
+    (of `PROTOTYPE_MODE`) that differ from the transport's own, resolved from
+    the reference's preset and its ``--set`` overrides through the spec's one
+    mapping to transport settings (`testbed.config.spec.transport_config`).
+    Why the first step: it is the one that keeps this transport's sender and
+    chunks (its later steps add the 100 ms bucket, the no-progress rule and
+    8 KB chunks), so a bench row differs from its "ours" twin by the costs of
+    a pass alone (fixed chunk order, the 1 s probe wait, Nagle on TCP control).
+    """
+    from dblp.config import default_of
+    from testbed.config import spec as specmod
+    from testbed.config.arms import ARMS
+    from testbed.config.presets import PRESETS
+    from testbed.references import PROTOTYPE_COSTS, REFERENCES, RunReference
+
+    step = PROTOTYPE_COSTS[0]
+    ref = REFERENCES[step.reference]
+    if not isinstance(ref, RunReference):
+        raise TypeError(f"the cost table's first step {step.reference!r} is no run reference")
+    transport = specmod.load(None, PRESETS[ref.preset], list(ref.overrides))["transport"]
+    # The bound the arm brings is the bench row's own; only the prototype-mode settings count.
+    cfg = specmod.transport_config(transport, ARMS["static"])
+    settings = {name: getattr(cfg, name) for name in PROTOTYPE_MODE
+                if getattr(cfg, name) != default_of(name)}
+    return {"reference": step.reference, "adds": step.adds, "settings": settings}
 
 
 def default_configs(bounds=(0.0, 0.008, 0.408), controls=("udp", "tcp"), gloo=True,
-                    sharded=True, auth=(False, True)):
-    """Every bound x control (and sharded UDP), once per ``auth`` setting, side by side."""
+                    sharded=True, auth=(False, True), costs=("ours",)):
+    """Every bound x control (and sharded UDP), once per ``auth`` and ``costs`` setting, side
+    by side (gloo's row has no costs of ours to change)."""
     cfgs = []
     for control in controls:
         for b in bounds:
             for a in auth:
-                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control,
-                                   auth=a))
+                for c in costs:
+                    cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, control,
+                                       auth=a, costs=c))
     if sharded:  # like gloo: both hosts send at once (UDP control; TCP is PS-only)
         for b in bounds:
             for a in auth:
-                cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp",
-                                   "sharded", auth=a))
+                for c in costs:
+                    cfgs.append(Config("dblp", "reliable" if b == 0 else "static", b, "udp",
+                                       "sharded", auth=a, costs=c))
     if gloo:
         cfgs.append(Config("gloo", "reliable", 0.0, "tcp"))
     return cfgs
@@ -95,14 +147,21 @@ LOSS_APPLIES_TO = {
 
 
 def bench_doc(losses, reps: int, numel: int, rate_bps: float, rows: list[dict],
-              traffic: str = "all") -> dict:
-    """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished)."""
+              traffic: str = "all", prototype: dict | None = None) -> dict:
+    """The bench's JSON document around ``rows`` (all of them, or those a failed bench finished).
+
+    ``prototype`` (`prototype_costs`), where any row ran with the prototype's
+    costs: which step of the cost table they are and the settings they ran with.
+    """
     from dblp.wire import CHUNK_ELEMS
     nbytes = numel * 4
-    return {"floor_s": nbytes * 8 / rate_bps, "bytes": nbytes, "rate_bps": rate_bps,
-            "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
-            "rows": rows, "loss_on": traffic, "loss_applies_to": LOSS_APPLIES_TO[traffic],
-            "offloads": OFFLOADS, "order": ORDER}
+    doc = {"floor_s": nbytes * 8 / rate_bps, "bytes": nbytes, "rate_bps": rate_bps,
+           "chunks": -(-numel // CHUNK_ELEMS), "reps": reps, "losses": list(losses),
+           "rows": rows, "loss_on": traffic, "loss_applies_to": LOSS_APPLIES_TO[traffic],
+           "offloads": OFFLOADS, "order": ORDER}
+    if prototype is not None:
+        doc["prototype_costs"] = prototype
+    return doc
 
 
 def _cpu_per_gb(cpu: dict[str, list[float]] | None, moved_bytes: int | None) -> dict:
@@ -140,6 +199,7 @@ def bench_row(cfg: Config, loss: float, stats: list[dict], errors: list[str], ti
     bound_s = floor_s * need
     row = {"impl": cfg.impl, "policy": cfg.policy, "bound": cfg.bound, "control": cfg.control,
            "mode": cfg.mode if cfg.impl == "dblp" else "allreduce", "auth": cfg.auth,
+           "costs": cfg.costs if cfg.impl == "dblp" else None,
            "loss": loss, "round_trip_s": rt, "bound_s": bound_s,
            "ratio": (rt / bound_s) if rt else None, "passes": made, "ideal_passes": ideal,
            "reps": len(stats), "timeouts": timeouts, "round_timeout_s": round_timeout,
@@ -177,6 +237,8 @@ def format_row(r: dict) -> str:
          f"{_fmt(r.get('cpu_s_per_gb_worker'), '10.2f')} "
          f"{_fmt(r.get('cpu_s_per_gb_server'), '10.2f')} "
          f"{_fmt(r.get('cpu_steal_frac'), '5.1%')}")
+    if r.get("costs") == "prototype":
+        s += "  prototype costs"
     if r.get("tcp"):
         s += f"  tcp RTOs {r['tcp']['TcpExtTCPTimeouts']}"
     if r.get("timeouts"):
@@ -195,29 +257,35 @@ def format_table(doc: dict) -> str:
     for r in doc["rows"]:
         twin = _auth_twin(doc, r)
         if r.get("auth") and twin and r["round_trip_s"] and twin["round_trip_s"]:
+            tag = " (prototype costs)" if r.get("costs") == "prototype" else ""
             lines.append(f"  {r['policy']:8} {r['bound']:6.1%} {r['control']} {r['mode']:7} "
-                         f"loss {r['loss']:4.0%}: {r['round_trip_s'] / twin['round_trip_s']:.3f}x")
+                         f"loss {r['loss']:4.0%}: {r['round_trip_s'] / twin['round_trip_s']:.3f}x"
+                         + tag)
     lines += ["", "speedup of the 40.8 % bound over static 0.8 % (same control):"]
-    for control in ("udp", "tcp"):
-        for loss in doc["losses"]:
-            a = _find(doc, "static", 0.008, control, loss)
-            b = _find(doc, "static", 0.408, control, loss)
-            if not (a and b and b["round_trip_s"]):
-                continue
-            if a["round_trip_s"]:
-                lines.append(f"  {control} loss {loss:4.0%}: "
-                             f"{a['round_trip_s'] / b['round_trip_s']:.2f}x")
-            else:
-                lines.append(f"  {control} loss {loss:4.0%}: > "
-                             f"{a['round_timeout_s'] / b['round_trip_s']:.1f}x (static 0.8 % "
-                             "missed the deadline)")
+    # The rows without a secret where there are any (the auth section above compares them).
+    auth = not any(r["impl"] == "dblp" and not r.get("auth") for r in doc["rows"])
+    for costs in COSTS:
+        tag = " (prototype costs)" if costs == "prototype" else ""
+        for control in ("udp", "tcp"):
+            for loss in doc["losses"]:
+                a = _find(doc, "static", 0.008, control, loss, auth, costs)
+                b = _find(doc, "static", 0.408, control, loss, auth, costs)
+                if not (a and b and b["round_trip_s"]):
+                    continue
+                if a["round_trip_s"]:
+                    lines.append(f"  {control} loss {loss:4.0%}: "
+                                 f"{a['round_trip_s'] / b['round_trip_s']:.2f}x{tag}")
+                else:
+                    lines.append(f"  {control} loss {loss:4.0%}: > "
+                                 f"{a['round_timeout_s'] / b['round_trip_s']:.1f}x (static 0.8 % "
+                                 f"missed the deadline){tag}")
     return "\n".join(lines)
 
 
-def _find(doc, policy, bound, control, loss, auth=False):
+def _find(doc, policy, bound, control, loss, auth=False, costs="ours"):
     for r in doc["rows"]:
         if r["impl"] == "dblp" and r.get("mode", "ps") == "ps" and r["policy"] == policy \
-                and abs(r["bound"] - bound) < 1e-9 \
+                and abs(r["bound"] - bound) < 1e-9 and r.get("costs", "ours") == costs \
                 and r["control"] == control and r["loss"] == loss and r.get("auth", False) == auth:
             return r
     return None
@@ -227,6 +295,7 @@ def _auth_twin(doc, row):
     """The row measured under the same conditions without authentication."""
     for r in doc["rows"]:
         if r is not row and r["impl"] == row["impl"] == "dblp" and not r.get("auth") \
+                and r.get("costs", "ours") == row.get("costs", "ours") \
                 and (r["policy"], r["bound"], r["control"], r["mode"], r["loss"]) == \
                 (row["policy"], row["bound"], row["control"], row["mode"], row["loss"]):
             return r

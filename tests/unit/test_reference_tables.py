@@ -488,7 +488,10 @@ def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, mo
     ("capacity", "goodput", "| shaping Mbit/s | 1 flow | 4 flows, each (range) | 4 flows, total |"),
     ("bursts", "bursts", "fattree-k4, 20 Mbit/s links, 100-packet queues, 500 ms windows:"),
     ("transport", "round-trips", "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS |"),
-    ("linerate", "line-rate", "| link, gradient | reliable PS, 0 % | reliable sharded, 0 % |")])
+    ("linerate", "line-rate", "| link, gradient | reliable PS, 0 % | reliable sharded, 0 % |"),
+    ("burstround", "bound-levels", "| loss p | mode, control | costs | P 0.8 % round trip |"),
+    ("linerate-bounds", "bound-ratio", "| link, gradient | loss p | mode, control | P 0.8 % "
+                                       "round trip |")])
 def test_each_registered_command_reference_renders_its_table(tmp_path, fake_machine, name, table, first):
     """The registered commands, run by the real CLI, write the files their README table reads."""
     import dataclasses
@@ -571,11 +574,11 @@ def test_the_line_rate_runs_of_a_row_meet_in_medians_and_counts():
     rows = [{"round_trip_s": t, "ratio": None if t is None else t / 0.1, "round_timeout_s": 60,
              "cpu_s_per_gb_worker": c, "cpu_s_per_gb_server": c}
             for t, c in ((0.11, 2.0), (0.13, 3.0), (None, None))]
-    over = line_rate._over_runs(rows)
+    over = line_rate.over_runs(rows)
     assert over["round_trip_s"] == pytest.approx(0.13) and over["ratio"] == pytest.approx(1.3)
     assert over["cpu_s_per_gb_worker"] == pytest.approx(2.5)
-    assert trip(line_rate._over_runs([rows[0], rows[2], rows[2]])) == "> 60 s"
-    assert line_rate._over_runs([None, None]) is None
+    assert trip(line_rate.over_runs([rows[0], rows[2], rows[2]])) == "> 60 s"
+    assert line_rate.over_runs([None, None]) is None
     assert line_rate._in_runs([1.1, 1.25, 1.2], 1.2) == "2 of 3 runs"
     assert line_rate._in_runs([1.1, 1.0], 1.2) == "every run"
     assert line_rate._in_runs([0.9, 1.0], 1.0, below=True) == "1 of 2 runs"

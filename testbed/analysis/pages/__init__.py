@@ -17,6 +17,9 @@ command reference); the modules register their renderers by name
 - `rounds`: a run's rounds and evaluations (loss levels, phases, seeds);
 - `transport`: a `bench transport` (round trips, the loose bound's speedup);
 - `line_rate`: `bench transport` at several link rates over runs;
+- `bound_ratio`: the tight bound's round trip over the loose one's over runs
+  of `bench transport` (the paper's burst levels, line rate), and the
+  sentence on where the paper's range comes from;
 - `fabric`: `net check` and `bench bursts` (fat-trees, goodput, bursts);
 - `every`: the tables of every reference at once (wall times, the
   prototype's costs), whose blocks name ``all`` (`testbed.references.EVERY`);
@@ -31,10 +34,11 @@ empty. No figure in a marked block is typed by hand.
 # The renderer modules register their tables on import, in this order (the
 # order a refusal lists the known tables in), so the order is kept by hand.
 # isort: off
-from testbed.analysis.pages import verdicts, rounds, transport, line_rate, fabric, every, analyses
+from testbed.analysis.pages import (verdicts, rounds, transport, line_rate, bound_ratio, fabric,
+                                    every, analyses)
 # isort: on
 from testbed.analysis.pages.markers import BLOCK_RE, blocks, render, stale, update
 from testbed.analysis.pages.registry import TABLES, register
 
-__all__ = ["BLOCK_RE", "TABLES", "analyses", "blocks", "every", "fabric", "line_rate", "register",
-           "render", "rounds", "stale", "transport", "update", "verdicts"]
+__all__ = ["BLOCK_RE", "TABLES", "analyses", "blocks", "bound_ratio", "every", "fabric", "line_rate",
+           "register", "render", "rounds", "stale", "transport", "update", "verdicts"]

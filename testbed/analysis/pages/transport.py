@@ -15,6 +15,10 @@ from testbed.analysis.pages.cells import num, pct
 from testbed.analysis.pages.files import read_json
 from testbed.analysis.pages.registry import register
 
+#: What a DBLP bench row's passes cost (`testbed.bench.transport_doc.COSTS`, which the
+#: analysis may not import: the bench sits a floor above it).
+COSTS = ("ours", "prototype")
+
 #: The smallest burst-round speedup the paper reports (its 4.0-5.88x).
 PAPER_LEAST_SPEEDUP = 4.0
 
@@ -121,13 +125,14 @@ def _ratio_range(tight: dict, loose: dict) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def _loose_bound_pairs(doc: dict) -> list[dict]:
-    """Each (loss, mode, control) of a transport bench: its tightest and loosest static rows.
+def loose_bound_pairs(doc: dict) -> list[dict]:
+    """Each (loss, mode, control, costs) of a transport bench: its tightest and loosest static rows.
 
     The authenticated rows when there are any (a deployment has a secret).
     ``ratio`` is the median round trip of the tight bound over the loose one's
     (None when either missed its deadline), ``lo``/``hi`` its range at the
-    repetitions' extremes.
+    repetitions' extremes. ``costs``: the rows' costs ("ours", or the
+    prototype's with ``bench transport --costs``; documents before it: ours).
     """
     dblp = [r for r in doc["rows"] if r["impl"] == "dblp" and r["policy"] == "static"]
     auth = any(r.get("auth") for r in dblp)
@@ -135,26 +140,37 @@ def _loose_bound_pairs(doc: dict) -> list[dict]:
     if not shown:
         return []
     tight_b, loose_b = min(r["bound"] for r in shown), max(r["bound"] for r in shown)
+    costs = [c for c in COSTS if any(costs_of(r) == c for r in shown)]
     pairs = []
     for loss in doc["losses"]:
         for mode in sorted({r["mode"] for r in shown}, key=lambda m: m != "ps"):
             for ctl in sorted({r["control"] for r in shown}):
-                pick = {r["bound"]: r for r in shown
-                        if (r["loss"], r["mode"], r["control"]) == (loss, mode, ctl)}
-                tight, loose = pick.get(tight_b), pick.get(loose_b)
-                if tight is None or loose is None:
-                    continue
-                t, lt = tight.get("round_trip_s"), loose.get("round_trip_s")
-                lo, hi = _ratio_range(tight, loose)
-                pairs.append({"loss": loss, "mode": mode, "control": ctl, "tight": tight,
-                              "loose": loose, "ratio": t / lt if t and lt else None,
-                              "lo": lo, "hi": hi})
+                for cost in costs:
+                    pick = {r["bound"]: r for r in shown if costs_of(r) == cost
+                            and (r["loss"], r["mode"], r["control"]) == (loss, mode, ctl)}
+                    tight, loose = pick.get(tight_b), pick.get(loose_b)
+                    if tight is None or loose is None:
+                        continue
+                    t, lt = tight.get("round_trip_s"), loose.get("round_trip_s")
+                    lo, hi = _ratio_range(tight, loose)
+                    pairs.append({"loss": loss, "mode": mode, "control": ctl, "costs": cost,
+                                  "tight": tight, "loose": loose,
+                                  "ratio": t / lt if t and lt else None, "lo": lo, "hi": hi})
     return pairs
+
+
+def costs_of(row: dict) -> str:
+    """A DBLP bench row's costs (`COSTS`); rows made before the bench recorded them: ours."""
+    return row.get("costs") or "ours"
+
+
+def _costs_tag(pair: dict) -> str:
+    return ", prototype costs" if pair.get("costs") == "prototype" else ""
 
 
 def _pair_where(pair: dict) -> str:
     return (f"{pct(pair['loss'])} loss, {'PS' if pair['mode'] == 'ps' else pair['mode']} "
-            f"{pair['control'].upper()}")
+            f"{pair['control'].upper()}{_costs_tag(pair)}")
 
 
 def _missed_ratio(pair: dict) -> str | None:
@@ -188,7 +204,7 @@ def loose_bound_table(ref_dir: pathlib.Path) -> str:
     4.0-5.88x.
     """
     doc = read_json(ref_dir / "bench-transport.json")
-    pairs = _loose_bound_pairs(doc)
+    pairs = loose_bound_pairs(doc)
     if not pairs:
         raise ValueError(f"{ref_dir}: the bench has no pair of static-bound rows")
     tight_l = _bound_label("static", pairs[0]["tight"]["bound"])
@@ -204,7 +220,7 @@ def loose_bound_table(ref_dir: pathlib.Path) -> str:
         rto = " / ".join(str((r.get("tcp") or {}).get("TcpExtTCPTimeouts", "–"))
                          for r in (tight, loose)) if pair["control"] == "tcp" else "–"
         out.append(f"| {pct(pair['loss'])} | {'PS' if pair['mode'] == 'ps' else pair['mode']}, "
-                   f"{pair['control'].upper()} | {trip(tight)} | {trip(loose)} "
+                   f"{pair['control'].upper()}{_costs_tag(pair)} | {trip(tight)} | {trip(loose)} "
                    f"| {_pair_ratio(pair)} | {passes} |" + (f" {rto} |" if tcp else ""))
     text = "\n".join(out) + "\n\n"
     text += (f"Medians of {doc['reps']} round trips of {doc['bytes'] / (1 << 20):g} MiB at "
@@ -242,7 +258,7 @@ def _loose_bound_sentence(pairs: list[dict]) -> str:
 
 def sustained_sentence(name: str, doc: dict) -> str:
     """A bench reference's tight-over-loose ratio at each loss, in one sentence for the cost table."""
-    pairs = _loose_bound_pairs(doc)
+    pairs = loose_bound_pairs(doc)
     if not pairs:
         raise ValueError(f"{name}: the bench has no pair of static-bound rows")
 
