@@ -358,6 +358,27 @@ register(CommandReference(
                    "--rate-mbps", "100", "--mbytes", "4", "--reps", "2",
                    "--round-timeout", "1000"))
           for i in range(1, BURST_RUNS + 1))))
+#: Runs of the fixed-cost variant below: three, each about four and a half minutes.
+FIXED_COST_RUNS = 3
+# The same ratio where a pass costs a fixed time: the loss also takes the control path, so a
+# PROBE or its BITMAP is lost (both arrive with probability (1 - p)^2 = 0.16 at 60 %) and the
+# prototype's sender waits its fixed 1 s before probing again, about (1 - 0.16) / 0.16 = 5.25 s
+# a pass, far above a pass's bytes (0.34 s at most). UDP control only: TCP's retransmission
+# timeouts back off past 30 s from 50 % loss (`transport-tcp`). 60 % only: at 70 % a pass
+# would wait ~11 s and the tight bound's 28 passes (push and pull) five minutes a round.
+# Expected per run: the prototype's tight round trip ~105 s and its loose one ~21 s, twice,
+# and this transport's rows (adaptive timers, RTT-scale) seconds: ~4.5 minutes. Deadline
+# 1000 s, about ten times the tight round trip.
+register(CommandReference(
+    "burstround-control", "the round-long burst where a pass costs a fixed time: the transport "
+    "bench at 60 % loss on every datagram, data and UDP control alike, both bounds, PS mode with a "
+    f"secret, this transport's costs and the prototype's (its 1 s probe wait), {FIXED_COST_RUNS} runs",
+    tuple(Command(f"bench-transport-run{i}.json",
+                  ("bench", "transport", "--losses", "0.6", "--loss-on", "all",
+                   "--bounds", "0.008,0.408", "--controls", "udp", "--no-sharded", "--no-gloo",
+                   "--auth", "on", "--costs", "both", "--rate-mbps", "100", "--mbytes", "4",
+                   "--reps", "2", "--round-timeout", "1000"))
+          for i in range(1, FIXED_COST_RUNS + 1))))
 #: Link rates (Mbit/s) and gradient sizes (MiB) of the bound ratio at line rate.
 BOUND_RATES = ((1000, 64), (1000, 256), (10000, 64), (10000, 256))
 # The loose bound against the tight one above 100 Mbit/s (`linerate` runs the reliable bound

@@ -490,6 +490,7 @@ def test_update_readme_leaves_the_blocks_of_references_without_data(tmp_path, mo
     ("transport", "round-trips", "| loss p | reliable PS | P 0.8 % PS | P 40.8 % PS |"),
     ("linerate", "line-rate", "| link, gradient | reliable PS, 0 % | reliable sharded, 0 % |"),
     ("burstround", "bound-levels", "| loss p | mode, control | costs | P 0.8 % round trip |"),
+    ("burstround-control", "bound-levels", "| loss p | mode, control | costs | P 0.8 % round trip |"),
     ("linerate-bounds", "bound-ratio", "| link, gradient | loss p | mode, control | P 0.8 % "
                                        "round trip |")])
 def test_each_registered_command_reference_renders_its_table(tmp_path, fake_machine, name, table, first):
