@@ -11,11 +11,12 @@ The harness runs it as ``python examples/udp_average.py worker`` on every
 worker's host and ``... server`` on the server's (examples/udp_average.toml),
 with the contract of docs/commands.md: it reads its settings from the
 environment the harness sets and writes one JSON line per round start, round
-end and evaluation to ``$TESTBED_LOG``.
+end and evaluation to ``$TESTBED_LOG``, through the contract's own writer
+(``testbed.run.commandlog``), which stamps the lines, times the exchange and
+checks every line as it is written.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -26,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from testbed.run.commandlog import CommandLogWriter
 from workloads.models import build_model, get_spec, make_optimizer
 from workloads.tasks import make_task
 
@@ -111,11 +113,7 @@ def server() -> None:
 
 def worker() -> None:
     rank = int(ENV["RANK"])
-    log = open(ENV["TESTBED_LOG"], "a", buffering=1)
-
-    def write(event: str, **fields) -> None:
-        log.write(json.dumps({"event": event, **fields}) + "\n")
-
+    log = CommandLogWriter()                  # $TESTBED_LOG, the contract's lines
     spec = get_spec(MODEL)
     torch.manual_seed(SEED + 1000 * rank)
     model = build_model(MODEL, SEED)
@@ -136,32 +134,29 @@ def worker() -> None:
         send(sock, JOIN, rank, np.zeros(1, np.float32), [server])
         if receive(sock, JOIN, 1, time.perf_counter() + 0.5, lambda *a: None):
             break
-    write("start", t_ns=time.time_ns(), params=size, grad_bytes=4 * size)
+    log.start(params=size, grad_bytes=4 * size)
     for rnd in range(ROUNDS):
-        write("round_start", round=rnd, t_ns=time.time_ns())
-        cpu0 = time.process_time()
+        log.round_start(rnd)
         x, y = task.batches.batch(rnd)
         opt.zero_grad(set_to_none=False)
         loss = task.loss_fn(model(x), y)
         loss.backward()
         grad = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
-        t0, cpu1 = time.perf_counter(), time.process_time()
-        sent = send(sock, rnd, rank, grad, [server])
-        average[:] = grad                     # a chunk that never comes back stays our own
-        got = receive(sock, rnd, math.ceil(size / FLOATS), time.perf_counter() + wait_s, put)
-        comm_s, cpu2 = time.perf_counter() - t0, time.process_time()
+        with log.exchange():                  # comm_s and the CPU split: the time in here
+            sent = send(sock, rnd, rank, grad, [server])
+            average[:] = grad                 # a chunk that never comes back stays our own
+            got = receive(sock, rnd, math.ceil(size / FLOATS), time.perf_counter() + wait_s, put)
         off = 0
         for p in params:
             p.grad.copy_(torch.from_numpy(average[off:off + p.numel()]).view_as(p))
             off += p.numel()
         opt.step()
-        write("round_end", round=rnd, t_ns=time.time_ns(), comm_s=comm_s, loss=loss.item(),
-              epoch=task.batches.epoch_of(rnd),
-              stats={"bytes_sent": sent, "dropped": math.ceil(size / FLOATS) - got},
-              compute_cpu_s=cpu1 - cpu0 + time.process_time() - cpu2, comm_cpu_s=cpu2 - cpu1)
+        log.round_end(loss=loss.item(), epoch=task.batches.epoch_of(rnd),
+                      stats={"bytes_sent": sent, "dropped": math.ceil(size / FLOATS) - got})
         if rank == 0 and ((rnd + 1) % every == 0 or rnd == ROUNDS - 1):   # replicas agree
             acc, test_loss = task.evaluate(model)
-            write("eval", round=rnd, test_accuracy=acc, test_loss=test_loss, t_ns=time.time_ns())
+            log.eval(rnd, test_accuracy=acc, test_loss=test_loss)
+    log.close()
 
 
 if __name__ == "__main__":

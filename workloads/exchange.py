@@ -5,7 +5,8 @@ place) and ``close()``. Keeping the training loop identical and swapping only
 this object is what makes the arms comparable.
 
 The transports a process can run are one list, `transports()`: the
-baselines registered here (`BASELINES`) and every loss-bound policy of
+baselines registered here (`BASELINES`), `C10D` (a torch.distributed backend
+the arm names, reached through DDP only) and every loss-bound policy of
 ``dblp.POLICIES``, read when asked, so a policy a researcher registers there
 is an ``--arm`` of the worker and the server (and an arm of the harness,
 ``testbed.config.arms``) without a name written anywhere else. This module
@@ -29,8 +30,8 @@ def dblp_transports() -> tuple[str, ...]:
 
 
 def transports() -> tuple[str, ...]:
-    """Every transport a worker may run: the baselines, then dblp's policies."""
-    return tuple(BASELINES) + dblp_transports()
+    """Every transport a worker may run: the baselines, `C10D`, then dblp's policies."""
+    return tuple(BASELINES) + (C10D,) + dblp_transports()
 
 
 def uses_dblp(transport: str) -> bool:
@@ -129,3 +130,11 @@ class GlooExchange:
 #: The transports that do not use dblp, by name (the worker builds one with
 #: ``from_args``); listed first wherever arms are listed.
 BASELINES: dict[str, type] = {"local": LocalExchange, "gloo": GlooExchange}
+#: The transport of an arm whose collectives are a torch.distributed backend
+#: the arm names (``--backend``; a spec's ``[ddp.NAME]``), neither dblp nor
+#: gloo: a researcher's own c10d backend, or one torch ships (mpi, ucc). It has
+#: no exchange of its own for the flat loop: only DistributedDataParallel
+#: reaches it (``workloads.ddp_exchange``), as a PyTorch job would.
+C10D = "c10d"
+#: The transports whose workers meet at rank 0 (``--master-port``): torch.distributed's.
+RENDEZVOUS = ("gloo", C10D)

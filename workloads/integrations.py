@@ -10,17 +10,20 @@ the worker's ``--integration``):
   communication time is exactly the exchange's.
 * ``ddp``: what PyTorch users run. The model is wrapped in an unmodified
   ``torch.nn.parallel.DistributedDataParallel`` over
-  ``init_process_group("dblp")`` (``dblp.torch_backend``); DDP cuts the
-  gradient into its buckets and all-reduces each one during backward
+  ``init_process_group(BACKEND)``: ``dblp`` (``dblp.torch_backend``) for
+  the transport's policies, ``gloo`` for the gloo transport, or any
+  registered c10d backend the arm names (the ``c10d`` transport); DDP cuts
+  the gradient into its buckets and all-reduces each one during backward
   (``workloads.ddp_exchange``).
 
 The loop around them is the same (``workloads.worker.train``): batches,
 loss, optimizer, evaluation and the round log, so the two are compared on
 what differs and nothing else. An integration is a class with
 
-* ``name`` and ``refuses(transport, control, mode)``: why it cannot carry
-  that transport run that way (None: it can). The harness asks it when an
-  arm is registered, without importing torch;
+* ``name`` and ``refuses(transport, control, mode, backend, module)``: why
+  it cannot carry that transport run that way, over that torch.distributed
+  backend registered by that module (None: it can). The harness asks it
+  when an arm is registered, without importing torch;
 * ``__init__(args, model)``: joins the job (the worker's resolved arguments);
 * ``module``: what the forward pass runs through;
 * ``sync() -> Synced``: called after backward; the gradients are averaged
@@ -32,8 +35,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from .ddp_exchange import DdpIntegration
-from .exchange import BASELINES, Synced
+from .ddp_exchange import DdpIntegration, backend_for
+from .exchange import BASELINES, C10D, Synced
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +49,8 @@ class Integration(Protocol):
     module: Any
 
     @classmethod
-    def refuses(cls, transport: str, control: str | None, mode: str | None) -> str | None: ...
+    def refuses(cls, transport: str, control: str | None, mode: str | None,
+                backend: str | None = None, module: str | None = None) -> str | None: ...
 
     def sync(self) -> Synced: ...
 
@@ -63,8 +67,15 @@ class FlatIntegration:
     name: ClassVar[str] = "flat"
 
     @classmethod
-    def refuses(cls, transport: str, control: str | None, mode: str | None) -> str | None:
-        return None   # every exchange is written for this loop
+    def refuses(cls, transport: str, control: str | None, mode: str | None,
+                backend: str | None = None, module: str | None = None) -> str | None:
+        if transport == C10D:
+            return (f"transport {C10D!r} has no flat exchange: a backend the arm names is "
+                    "reached through DDP (integration 'ddp')")
+        if backend is not None or module is not None:
+            return ("the flat loop runs the arm's own exchange; a torch.distributed backend "
+                    "is named only under integration 'ddp'")
+        return None   # every other exchange is written for this loop
 
     def __init__(self, args, model: torch.nn.Module):
         import torch
@@ -120,15 +131,33 @@ def make_exchange(args):
 INTEGRATIONS: dict[str, type] = {c.name: c for c in (FlatIntegration, DdpIntegration)}
 #: The default integration's name.
 FLAT = FlatIntegration.name
+#: The name of DistributedDataParallel's integration.
+DDP = DdpIntegration.name
 
 
-def refusal(integration: str, transport: str, control: str | None, mode: str | None
-            ) -> str | None:
+def refusal(integration: str, transport: str, control: str | None, mode: str | None,
+            backend: str | None = None, module: str | None = None) -> str | None:
     """Why ``integration`` cannot carry ``transport`` run that way (None: it can)."""
     cls = INTEGRATIONS.get(integration)
     if cls is None:
         return f"integration {integration!r} is not one of {list(INTEGRATIONS)}"
-    return cls.refuses(transport, control, mode)
+    return cls.refuses(transport, control, mode, backend, module)
+
+
+def default_backend(integration: str, transport: str) -> str | None:
+    """The torch.distributed backend ``integration`` reaches ``transport`` by when the arm
+    names none (None: the flat loop, which names none, or a transport with no default)."""
+    return backend_for(transport) if integration == DDP else None
+
+
+def integration_argv(integration: str, backend: str | None = None,
+                     module: str | None = None) -> list[str]:
+    """The worker's flags for an arm's integration (none for the default): the one place
+    the launcher's argv and the worker's parser meet."""
+    if integration == FLAT:
+        return []
+    return (["--integration", integration] + (["--backend", backend] if backend else [])
+            + (["--backend-module", module] if module else []))
 
 
 def make_integration(args, model) -> Integration:

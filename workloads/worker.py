@@ -9,8 +9,9 @@ transport's settings from ``--transport-config``. It says on stderr which
 settings it read, and from where. Synchronous data
 parallel training: one gradient exchange per step, and only the exchange
 differs between arms: by default one flat exchange after backward, nothing
-overlapped; with ``--integration ddp`` DistributedDataParallel over the dblp
-torch.distributed backend (``workloads.integrations``). Writes the raw-log events that
+overlapped; with ``--integration ddp`` DistributedDataParallel over a
+torch.distributed backend: dblp's, gloo's, or the one ``--backend`` names
+(registered by ``--backend-module``; ``workloads.integrations``). Writes the raw-log events that
 ``workloads.runlog.EVENTS`` declares to ``--log`` (stdout if omitted); human
 messages go to stderr.
 """
@@ -30,7 +31,7 @@ from dblp import wire
 from . import exchange as ex
 from . import training
 from .control import RoundAnnouncer
-from .integrations import FLAT, INTEGRATIONS, make_integration, refusal
+from .integrations import FLAT, INTEGRATIONS, default_backend, make_integration, refusal
 from .leave import leave
 from .models import (
     LR_SCHEDULES,
@@ -84,16 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=None, help="default: $RANK")
     p.add_argument("--world-size", type=int, default=None, help="number of workers; default: $WORLD_SIZE")
     p.add_argument("--master-addr", default=None,
-                   help="gloo: rank 0's address; dblp arms: the server's. Default: $MASTER_ADDR")
+                   help="gloo, c10d: rank 0's address; dblp arms: the server's. "
+                        "Default: $MASTER_ADDR")
     p.add_argument("--master-port", type=int, default=None,
                    help=f"default: $MASTER_PORT; dblp arms fall back to {wire.DEFAULT_PORT}")
     p.add_argument("--timeout-s", type=float, default=None,
-                   help=f"gloo arm: give up when peers are silent this long (default "
+                   help=f"gloo, c10d arms: give up when peers are silent this long (default "
                         f"{DEFAULT_TIMEOUT_S:g}); dblp arms: round_timeout in --transport-config")
     p.add_argument("--integration", choices=list(INTEGRATIONS), default=FLAT,
                    help="how the loop hands the gradient to the transport: flat (one flat "
                         "exchange after backward) or ddp (DistributedDataParallel over "
-                        "init_process_group('dblp'); workloads.integrations)")
+                        "init_process_group(BACKEND); workloads.integrations)")
+    p.add_argument("--backend", default=None, metavar="NAME",
+                   help="--integration ddp: the torch.distributed backend (default: the "
+                        "transport's own, dblp for its policies, gloo for gloo; the c10d arm "
+                        "names one)")
+    p.add_argument("--backend-module", default=None, metavar="MODULE",
+                   help="--integration ddp, arm c10d: a module imported first, which "
+                        "registers the backend (torch.distributed.Backend.register_backend)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (hosts share cores)")
     p.add_argument("--transport-config", default=None, metavar="PATH",
                    help="dblp arms: a dblp.TransportConfig JSON file (RUN/<arm>/transport.json) "
@@ -114,7 +123,7 @@ def resolve(args) -> argparse.Namespace:
     args.training = training.from_args(args, TRAINING_FLAGS, MODELS)
     if ex.uses_dblp(args.arm):
         if args.timeout_s is not None:
-            raise SystemExit("--timeout-s is for the gloo arm; dblp arms take round_timeout "
+            raise SystemExit("--timeout-s is for the gloo and c10d arms; dblp arms take round_timeout "
                              "from --transport-config")
         from .dblp_exchange import load_transport_config
         args.transport = load_transport_config(args.arm, args.transport_config)
@@ -127,11 +136,13 @@ def resolve(args) -> argparse.Namespace:
             raise SystemExit(f"--timeout-s must be > 0, got {args.timeout_s}")
     if args.master_port is None and ex.uses_dblp(args.arm):
         args.master_port = wire.DEFAULT_PORT          # the transport's well-known port
-    if args.arm == "gloo" and args.master_port is None:
-        raise SystemExit("arm gloo needs --master-port or MASTER_PORT (rank 0's rendezvous port)")
+    if args.arm in ex.RENDEZVOUS and args.master_port is None:
+        raise SystemExit(f"arm {args.arm} needs --master-port or MASTER_PORT (rank 0's "
+                         "rendezvous port)")
     cfg = args.transport
+    args.backend = args.backend or default_backend(args.integration, args.arm)
     why = refusal(args.integration, args.arm, cfg.control if cfg else None,
-                  cfg.mode if cfg else None)
+                  cfg.mode if cfg else None, args.backend, args.backend_module)
     if why:
         raise SystemExit(f"--integration {args.integration}: {why}")
     return args
@@ -151,7 +162,8 @@ def train(args, log: RunLog) -> dict:
     sched = make_scheduler(opt, t.lr_schedule, t.rounds)
     task = make_task(spec, args.rank, args.world_size, batch_size, t.seed)
     gbytes = grad_bytes(model)
-    print(f"worker {args.rank}/{args.world_size} arm={args.arm} ({args.integration}) "
+    over = f" over {args.backend}" if args.backend else ""
+    print(f"worker {args.rank}/{args.world_size} arm={args.arm} ({args.integration}{over}) "
           f"model={t.model}: "
           f"{num_params(model)} parameters, gradient {gbytes} bytes ({gbytes / 1024:.1f} KiB) per round",
           file=sys.stderr, flush=True)

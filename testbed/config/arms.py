@@ -26,15 +26,25 @@ so the runner, the analysis and the verdicts find it as they find a
 built-in arm.
 
 An arm's *integration* (``workloads.integrations.INTEGRATIONS``) is how its
-workers' training loop hands the gradient to the transport: ``flat`` (every
-arm but one: one flat exchange after backward) or ``ddp`` (an unmodified
-DistributedDataParallel over ``init_process_group("dblp")``). The ``ddp`` arm
-is the dblp policy the way ``dblp-sharded`` runs it (UDP control, sharded
-mode: the only way the torch backend runs), reached through DDP instead of
-the flat loop, so its rounds compare with ``dblp-sharded``'s and every table,
-interval and verdict of a dblp arm applies to it (its static partner is
-``static-sharded``). There is no ``ddp-sharded``: the backend has no other
-mode, so ``ddp`` is the sharded one.
+workers' training loop hands the gradient to the transport: ``flat`` (one
+flat exchange after backward) or ``ddp`` (an unmodified
+DistributedDataParallel over ``init_process_group(BACKEND)``), and a ``ddp``
+arm's *backend* (`Arm.backend`) is that torch.distributed backend, a
+property of the arm that the launcher hands its workers (``--backend``):
+
+* ``ddp``: the dblp policy the way ``dblp-sharded`` runs it (UDP control,
+  sharded mode: the only way the torch backend runs) over the ``dblp``
+  backend, so its rounds compare with ``dblp-sharded``'s and every table,
+  interval and verdict of a dblp arm applies to it (its static partner is
+  ``static-sharded``). There is no ``ddp-sharded``: the backend has no
+  other mode, so ``ddp`` is the sharded one.
+* ``ddp-gloo``: the ``gloo`` transport over gloo's backend, what a PyTorch
+  user runs today: ``ddp``'s like-for-like baseline (`Arm.gloo_peer`), as
+  ``gloo`` (one flat all-reduce after backward) is the flat arms'.
+* a spec's ``[ddp.NAME]`` section (`register_ddp_backend`): transport
+  ``c10d`` (``workloads.exchange.C10D``) over the c10d backend it names,
+  registered by a module the workers import first, so a researcher's own
+  torch.distributed backend runs unmodified DDP beside the others.
 """
 from __future__ import annotations
 
@@ -53,6 +63,8 @@ SHARDED = "sharded"
 RELIABLE = "reliable"
 #: The transport of every command arm: a user's own command (`Command`).
 COMMAND = "command"
+#: The transport of an arm over a c10d backend the arm names (`register_ddp_backend`).
+C10D = exchange.C10D
 
 
 def policies() -> tuple[str, ...]:
@@ -126,7 +138,15 @@ class Arm:
 
     ``integration``: how the workers' loop reaches the transport
     (``workloads.integrations``); the integration refuses a transport it
-    cannot carry (``ddp``: only the dblp policies, UDP control, sharded mode).
+    cannot carry (``ddp``: the dblp policies with UDP control in sharded
+    mode, gloo, or the ``c10d`` transport).
+
+    ``backend``: under ``ddp``, the torch.distributed backend DDP runs over;
+    left out, the transport's own (``dblp`` for its policies, ``gloo`` for
+    gloo), filled in when the arm is made, so the registry always says it.
+    ``backend_module``: for a ``c10d`` arm, the module its workers import
+    before ``init_process_group`` (it registers the backend); None for a
+    backend torch already knows.
     """
 
     name: str
@@ -137,6 +157,8 @@ class Arm:
     slowdown: float = 0.0
     command: Command | None = None
     integration: str = integrations.FLAT
+    backend: str | None = None
+    backend_module: str | None = None
 
     def __post_init__(self):
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
@@ -145,10 +167,11 @@ class Arm:
             raise ValueError(f"arm {self.name!r}: a command arm has transport {COMMAND!r} and "
                              "a command; no other arm has either")
         if self.command is not None:
-            if (self.control, self.mode, self.bound_from, self.slowdown, self.integration) != \
-                    (None, None, None, 0.0, integrations.FLAT):
+            if (self.control, self.mode, self.bound_from, self.slowdown, self.integration,
+                    self.backend, self.backend_module) != \
+                    (None, None, None, 0.0, integrations.FLAT, None, None):
                 raise ValueError(f"arm {self.name!r}: a command arm has no control path, mode, "
-                                 "bound, slowdown or integration")
+                                 "bound, slowdown, integration or backend")
             return
         if self.transport not in transports():
             raise ValueError(f"arm {self.name!r}: transport {self.transport!r} is not one of "
@@ -162,12 +185,16 @@ class Arm:
                                  f"{list(modes())}")
         elif self.control is not None or self.mode is not None:
             raise ValueError(f"arm {self.name!r}: {self.transport} has no control path or mode")
+        if self.backend is None:   # frozen: the one field filled in, from the arm's own
+            object.__setattr__(self, "backend",
+                               integrations.default_backend(self.integration, self.transport))
         if self.bound_from is not None and "p" not in _knobs(self.transport):
             raise ValueError(f"arm {self.name!r}: policy {self.transport!r} takes no fixed "
                              "bound p, so bound_from means nothing")
         if self.slowdown and not self.uses_dblp:
             raise ValueError(f"arm {self.name!r}: only a dblp arm can be slowed on purpose")
-        why = integrations.refusal(self.integration, self.transport, self.control, self.mode)
+        why = integrations.refusal(self.integration, self.transport, self.control, self.mode,
+                                   self.backend, self.backend_module)
         if why:
             raise ValueError(f"arm {self.name!r}: {why}")
 
@@ -187,6 +214,23 @@ class Arm:
         if self.command is not None:
             return self.command.server is None
         return not self.uses_dblp or self.mode == SHARDED
+
+    @property
+    def worker_args(self) -> list[str]:
+        """The worker's flags for this arm's integration and backend (none for the flat loop)."""
+        return integrations.integration_argv(self.integration, self.backend, self.backend_module)
+
+    def gloo_peer(self) -> Arm | None:
+        """The registered gloo arm reached the same way (same integration): what a PyTorch
+        user would run instead, like for like. ``gloo`` for a flat arm (one all-reduce after
+        backward, nothing overlapped), ``ddp-gloo`` for a DDP arm (DDP's buckets over gloo,
+        overlapped with backward); None for a gloo arm itself and for a command arm."""
+        if self.transport == "gloo" or self.command is not None:
+            return None
+        for arm in ARMS.values():
+            if arm.transport == "gloo" and arm.integration == self.integration:
+                return arm
+        return None
 
     def peer(self, transport: str, bound_from: str | None = None) -> Arm | None:
         """The registered arm running ``transport`` the same way (same control, mode, integration).
@@ -239,6 +283,23 @@ def register_command(name: str, command: Command) -> Arm:
     return arm
 
 
+def register_ddp_backend(name: str, backend: str, module: str | None = None) -> Arm:
+    """Register (or redefine) ``name``: unmodified DDP over the c10d backend ``backend``.
+
+    Its workers import ``module`` first (None: a backend torch knows), which
+    registers the backend; the transport is ``c10d``. A built-in arm's name
+    or a command arm's is refused; redefining one of these is allowed, as a
+    spec owns them (see `register_command`).
+    """
+    old = ARMS.get(name)
+    if old is not None and old.transport != C10D:
+        kind = "a command arm" if old.command is not None else "a built-in arm"
+        raise ValueError(f"arm {name!r} is {kind}; give the DDP arm another name")
+    arm = Arm(name, C10D, integration=integrations.DDP, backend=backend, backend_module=module)
+    ARMS[name] = arm
+    return arm
+
+
 def _knobs(transport: str) -> tuple[str, ...]:
     from dblp.policy import POLICIES
     return tuple(getattr(POLICIES.get(transport), "KNOBS", ()))
@@ -280,4 +341,7 @@ SLOWED_BY = 0.10
 register(Arm(SLOWED, "dblp", "udp", "ps", slowdown=SLOWED_BY))
 #: DBLP under unmodified DistributedDataParallel: dblp-sharded reached through torch's DDP.
 DDP = "ddp"
-register(Arm(DDP, "dblp", "udp", SHARDED, integration="ddp"))
+register(Arm(DDP, "dblp", "udp", SHARDED, integration=integrations.DDP))
+#: gloo under unmodified DistributedDataParallel: ddp's like-for-like baseline.
+DDP_GLOO = "ddp-gloo"
+register(Arm(DDP_GLOO, "gloo", integration=integrations.DDP))

@@ -19,9 +19,11 @@ import tomli_w
 
 from controllers.bursts import SPEC_KEYS, BurstError, BurstEvery, BurstSchedule, spec_bursts
 from controllers.targets import TargetError, resolve_target
-from testbed.config.arms import ARMS, Command, register_command
+from testbed.config import armtables
+from testbed.config.arms import ARMS
+from testbed.config.armtables import COMMANDS, DDP
+from testbed.config.fields import NAME_RE, NUMBER, SpecError, check_type
 from testbed.config.servers import ServerError, parse_servers
-from testbed.errors import InputError
 from topologies import TOPOLOGIES  # pure graphs: no side effects
 from topologies.placement import PlacementError, place_pods
 
@@ -36,7 +38,6 @@ LR_SCHEDULES = ("constant", "cosine")
 DIGITS_TRAIN_EXAMPLES = 1437
 #: Training examples of the Fashion-MNIST task (workloads.data.FMNIST_TRAIN_EXAMPLES).
 FMNIST_TRAIN_EXAMPLES = 6000
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: A link must drain its full drop-tail queue within this long. dblp's
 #: retransmission timer never waits longer than 1 s (its maximum RTO) and
 #: TCP's minimum RTO is 200 ms: on a slower link a full queue holds a sender's
@@ -46,14 +47,6 @@ MAX_QUEUE_DRAIN_S = 1.0
 MTU_BYTES = 1500
 #: Most seeds one run repeats every arm over; a run is the arms' time times this.
 MAX_SEEDS = 1000
-
-
-class SpecError(InputError):
-    """A spec field is wrong; the message names it and the fix."""
-
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field = field
-        super().__init__(f"spec field '{field}': {problem}; {fix}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +112,6 @@ def _range(s: Setting) -> str:
     return f"{'(' if s.lo_open else '['}{s.lo}, {s.hi}{')' if s.hi_open else ']'}"
 
 
-_NUMBER = (int, float)
 
 
 class TopologySettings(Mapping):
@@ -134,7 +126,7 @@ class TopologySettings(Mapping):
 
     LINKS = {
         # Also at least the rate that drains a full queue in MAX_QUEUE_DRAIN_S.
-        "bw_mbps": Setting(_NUMBER, 20.0, lo=0, hi=1000, lo_open=True,
+        "bw_mbps": Setting(NUMBER, 20.0, lo=0, hi=1000, lo_open=True,
                            fix="use a rate in (0, 1000] Mbit/s"),
         "queue_pkts": Setting(int, 100, lo=2, hi=1000, fix="use a queue of 2..1000 packets"),
     }
@@ -184,23 +176,23 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
         # Also at most a worker's shard of the training set (checked with the workers).
         "batch_size": Setting(int, 0, lo=1, hi=4096, unset=0,
                               fix="use 0 (the model's default) or a batch of 1..4096"),
-        "lr": Setting(_NUMBER, 0.0, lo=0, hi=10, lo_open=True, unset=0,
+        "lr": Setting(NUMBER, 0.0, lo=0, hi=10, lo_open=True, unset=0,
                       fix="use 0 (the model's default) or a rate in (0, 10]"),
         # "cosine": decay to zero over the rounds.
         "lr_schedule": Setting(str, "constant", choices=lambda: LR_SCHEDULES, noun="schedule"),
         "eval_every": Setting(int, 50, lo=1, hi=100_000, fix="evaluate every 1..100000 rounds"),
         # Test accuracy whose first arrival times each arm ("time to accuracy");
         # 0: derived from the run (testbed.analysis.claims.target_metric).
-        "target_accuracy": Setting(_NUMBER, 0.0, lo=0, hi=1, unset=0,
+        "target_accuracy": Setting(NUMBER, 0.0, lo=0, hi=1, unset=0,
                                    fix="use 0 (derive it from the run) or an accuracy in (0, 1]"),
     },
     "transport": {
         "missing": Setting(str, "zero", transport="missing"),
-        "p_static": Setting(_NUMBER, 0.008, transport="p", fix="use a loss bound in [0, 1)"),
-        "p_low": Setting(_NUMBER, 0.008, transport="p_low", fix="use a loss bound in [0, 1)"),
-        "p_high": Setting(_NUMBER, 0.408, transport="p_high",
+        "p_static": Setting(NUMBER, 0.008, transport="p", fix="use a loss bound in [0, 1)"),
+        "p_low": Setting(NUMBER, 0.008, transport="p_low", fix="use a loss bound in [0, 1)"),
+        "p_high": Setting(NUMBER, 0.408, transport="p_high",
                           fix="use a loss bound in [0, 1), at least p_low"),
-        "threshold": Setting(_NUMBER, 0.5, transport="threshold", fix="use a positive threshold"),
+        "threshold": Setting(NUMBER, 0.5, transport="threshold", fix="use a positive threshold"),
         # Rounds between phase checks, or "epoch": once per epoch, as the paper does.
         "check_every": Setting((int, str), 10, transport="check_every",
                                fix="check the phase every 1 or more rounds, or write \"epoch\""),
@@ -212,9 +204,9 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
         "signal": Setting(str, "delivered", transport="signal",
                           fix="use the drop-corrected signal, or the zero-filled one to ablate"),
         # 0: each sender paces at its fair share of the link (the runner's rule).
-        "rate_mbps": Setting(_NUMBER, 0.0, lo=0, hi=10_000, lo_open=True, unset=0,
+        "rate_mbps": Setting(NUMBER, 0.0, lo=0, hi=10_000, lo_open=True, unset=0,
                              fix="use 0 (the link's fair share) or a rate in (0, 10000] Mbit/s"),
-        "round_deadline_s": Setting(_NUMBER, 30.0, transport="round_timeout",
+        "round_deadline_s": Setting(NUMBER, 30.0, transport="round_timeout",
                                     fix="use a deadline in seconds, e.g. 30"),
         # Prototype mode (dblp.TransportConfig, "prototype mode"): the authors'
         # prototype's costs, one field each; the defaults are the transport's own.
@@ -226,12 +218,12 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
         "chunk_order": Setting(str, "shuffled", transport="chunk_order",
                                fix="use shuffled (a per-round order) or fixed (the prototype's)"),
         # 0: the adaptive probe timer (RTO from the measured RTT).
-        "probe_wait": Setting(_NUMBER, 0.0, unset=0, transport="probe_wait",
+        "probe_wait": Setting(NUMBER, 0.0, unset=0, transport="probe_wait",
                               fix="use 0 (adaptive) or a fixed wait in seconds, e.g. 1.0"),
         "nagle": Setting(bool, False, transport="nagle",
                          fix="use false (TCP_NODELAY) or true (the prototype's Nagle)"),
         # 0: the transport's own sender (a continuous bucket into enlarged buffers).
-        "bucket_s": Setting(_NUMBER, 0.0, unset=0, transport="bucket_s",
+        "bucket_s": Setting(NUMBER, 0.0, unset=0, transport="bucket_s",
                             fix="use 0 (the transport's sender) or the prototype's bucket "
                                 "step in seconds, e.g. 0.1"),
         "no_progress_probes": Setting(int, 0, transport="no_progress_probes",
@@ -248,7 +240,7 @@ SCHEMA: dict[str, Mapping[str, Setting]] = {
         "snaplen": Setting(int, 96, lo=64, hi=65535, fix="use a snap length of 64..65535 bytes"),
     },
     "limits": {
-        "arm_timeout_s": Setting(_NUMBER, 600.0, lo=1, hi=86_400,
+        "arm_timeout_s": Setting(NUMBER, 600.0, lo=1, hi=86_400,
                                  fix="use an arm timeout of 1..86400 s"),
     },
     # The machines the fabric spans, this one ("local") first; each name's form and the
@@ -315,6 +307,11 @@ class Spec:
         """The spec's ``[commands.NAME]`` sections, as written (registered as arms)."""
         return dict(self.data.get("commands", {}))
 
+    @property
+    def ddp_backends(self) -> dict[str, dict]:
+        """The spec's ``[ddp.NAME]`` sections, as written (registered as arms)."""
+        return dict(self.data.get(DDP, {}))
+
     def to_toml(self) -> str:
         return dumps_toml(self.data)
 
@@ -323,27 +320,9 @@ def defaults() -> dict:
     data = {sec: {k: copy.deepcopy(v.default) for k, v in fields.items()}
             for sec, fields in SCHEMA.items()}
     data["bursts"] = []
-    data["commands"] = {}
+    data[COMMANDS] = {}
+    data[DDP] = {}
     return data
-
-
-def _type_name(t) -> str:
-    if t == _NUMBER:
-        return "number"
-    if isinstance(t, tuple):
-        return " or ".join(map(_type_name, t))
-    return {int: "integer", float: "number", str: "string", bool: "true/false",
-            list: "list", dict: "table"}[t]
-
-
-def _check_type(field: str, value, t):
-    ok = isinstance(value, t) and not (t is not bool and not (isinstance(t, tuple) and bool in t)
-                                       and isinstance(value, bool))
-    if not ok:
-        raise SpecError(field, f"expected {_type_name(t)}, got {value!r}",
-                        f"write it as a TOML {_type_name(t)}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise SpecError(field, f"{value!r} is not a finite number", "use a finite number")
 
 
 def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
@@ -353,7 +332,9 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
         if key == "bursts":
             out["bursts"] = _bursts(value)
         elif key == COMMANDS:
-            out[COMMANDS] = {**out.get(COMMANDS, {}), **_commands(value)}
+            out[COMMANDS] = {**out.get(COMMANDS, {}), **armtables.commands(value)}
+        elif key == DDP:
+            out[DDP] = {**out.get(DDP, {}), **armtables.ddp_backends(value)}
         elif key in SCHEMA and key != "":
             if not isinstance(value, dict):
                 raise SpecError(key, "expected a table", f"write it as [{key}]")
@@ -361,74 +342,15 @@ def merge(base: dict, doc: dict, origin: str = "spec") -> dict:
                 if fkey not in SCHEMA[key]:
                     raise SpecError(f"{key}.{fkey}", "unknown field",
                                     f"remove it; known fields: {', '.join(SCHEMA[key])}")
-                _check_type(f"{key}.{fkey}", fval, SCHEMA[key][fkey].type)
+                check_type(f"{key}.{fkey}", fval, SCHEMA[key][fkey].type)
                 out[key][fkey] = fval
         elif key in SCHEMA[""]:
-            _check_type(key, value, SCHEMA[""][key].type)
+            check_type(key, value, SCHEMA[""][key].type)
             out[""][key] = value
         else:
-            known = [k for k in SCHEMA if k] + list(SCHEMA[""]) + ["bursts", COMMANDS]
+            known = [k for k in SCHEMA if k] + list(SCHEMA[""]) + ["bursts", COMMANDS, DDP]
             raise SpecError(key, "unknown field", f"remove it; known: {', '.join(sorted(known))}")
     return out
-
-
-#: The section that declares command arms: ``[commands.NAME]``, one table per arm.
-COMMANDS = "commands"
-#: A command arm's fields: name -> (TOML type, required, what to write).
-COMMAND_FIELDS = {
-    "worker": (list, True, "a list of strings, e.g. [\"python\", \"examples/udp_average.py\", "
-                           "\"worker\"]"),
-    "server": (list, False, "a list of strings, or leave it out (no aggregation server)"),
-    "silence_s": (_NUMBER, False, "seconds a worker may write nothing to its log, e.g. 60"),
-}
-
-
-def _commands(tables) -> dict[str, dict]:
-    """``[commands.NAME]`` tables, each checked field by field (the arm is made in `validate`)."""
-    if not isinstance(tables, dict):
-        raise SpecError(COMMANDS, "expected a table of command arms",
-                        "write each as [commands.NAME] with worker = [...]")
-    out = {}
-    for name, table in tables.items():
-        where = f"{COMMANDS}.{name}"
-        if not isinstance(table, dict):
-            raise SpecError(where, "expected a table", f"write it as [{where}]")
-        for key, value in table.items():
-            if key not in COMMAND_FIELDS:
-                raise SpecError(f"{where}.{key}", "unknown field",
-                                f"remove it; known fields: {', '.join(COMMAND_FIELDS)}")
-            typ, _, fix = COMMAND_FIELDS[key]
-            _check_type(f"{where}.{key}", value, typ)
-            if typ is list and not (value and all(isinstance(a, str) and a for a in value)):
-                raise SpecError(f"{where}.{key}", f"{value!r} is not a non-empty list of "
-                                "non-empty strings", f"write {fix}")
-        for key, (_, required, fix) in COMMAND_FIELDS.items():
-            if required and key not in table:
-                raise SpecError(f"{where}.{key}", "missing", f"write {fix}")
-        out[name] = copy.deepcopy(table)
-    return out
-
-
-def register_commands(commands: dict[str, dict]) -> None:
-    """Register each command section as an arm (`testbed.config.arms.register_command`)."""
-    for name, table in commands.items():
-        where = f"{COMMANDS}.{name}"
-        if not NAME_RE.match(name):
-            raise SpecError(where, f"{name!r} is not a plain name",
-                            "name the arm with letters, digits, '.', '_' or '-'")
-        try:
-            cmd = Command(tuple(table["worker"]),
-                          tuple(table["server"]) if "server" in table else None,
-                          float(table.get("silence_s", Command.silence_s)))
-        except ValueError as exc:
-            field = str(exc).split(" ", 1)[0]
-            raise SpecError(f"{where}.{field}" if field in COMMAND_FIELDS else where, str(exc),
-                            f"write {COMMAND_FIELDS.get(field, COMMAND_FIELDS['worker'])[2]}") \
-                from None
-        try:
-            register_command(name, cmd)
-        except ValueError as exc:
-            raise SpecError(where, str(exc), "rename the command arm") from None
 
 
 def _bursts(tables) -> list[dict]:
@@ -463,7 +385,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         name = f"{section}.{field}" if section else field
         if SCHEMA[section][field].type is list and isinstance(value, str):
             value = [v for v in value.split(",") if v]
-        _check_type(name, value, SCHEMA[section][field].type)
+        check_type(name, value, SCHEMA[section][field].type)
         out[section][field] = value
     return out
 
@@ -479,9 +401,11 @@ def _in(field, value, lo, hi, fix, lo_open=False, hi_open=False):
 def validate(data: dict) -> Spec:
     """Check every value against its declaration, then the fields' consistency.
 
-    The spec's command arms are registered first, so its ``arms`` may name them.
+    The spec's command arms and DDP arms are registered first, so its ``arms``
+    may name them.
     """
-    register_commands(data.get(COMMANDS, {}))
+    armtables.register_commands(data.get(COMMANDS, {}))
+    armtables.register_ddp_backends(data.get(DDP, {}))
     for section, settings in SCHEMA.items():
         for key, setting in settings.items():
             setting.check(f"{section}.{key}" if section else key, data[section][key])
@@ -681,4 +605,6 @@ def dumps_toml(data: dict) -> str:
     doc["bursts"] = data.get("bursts", [])
     if data.get(COMMANDS):
         doc[COMMANDS] = data[COMMANDS]
+    if data.get(DDP):
+        doc[DDP] = data[DDP]
     return tomli_w.dumps(doc)

@@ -87,9 +87,9 @@ class BuiltinLauncher(Launcher):
         return ["--transport-config", str(path)]
 
     def integration_args(self) -> list[str]:
-        """``--integration NAME`` for an arm whose loop is not the default (``ddp``)."""
-        from workloads.integrations import FLAT
-        return [] if self.unit.arm.integration == FLAT else ["--integration", self.unit.arm.integration]
+        """``--integration NAME`` and its ``--backend`` for an arm whose loop is not the
+        default (``ddp``, ``ddp-gloo``, a spec's ``[ddp.NAME]``): the arm's `worker_args`."""
+        return self.unit.arm.worker_args
 
     # -- the contract ---------------------------------------------------------
     def start(self) -> None:

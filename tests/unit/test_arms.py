@@ -15,14 +15,15 @@ def test_the_shipped_arms_and_what_each_one_is():
     assert list(ARMS) == ["local", "gloo", "reliable", "static", "dblp", "reliable-tcp",
                           "static-tcp", "dblp-tcp", "reliable-sharded", "static-sharded",
                           "dblp-sharded", "static-high", "static-high-tcp",
-                          "static-high-sharded", "dblp-slowed", "ddp"]
+                          "static-high-sharded", "dblp-slowed", "ddp", "ddp-gloo"]
     assert ARMS["dblp-slowed"] == Arm("dblp-slowed", "dblp", "udp", "ps", slowdown=0.10)
     assert ARMS["dblp"].peer("dblp") is ARMS["dblp"]     # never the slowed twin
     assert ARMS["dblp-tcp"] == Arm("dblp-tcp", "dblp", "tcp", "ps")
     assert ARMS["static-high"] == Arm("static-high", "static", "udp", "ps", bound_from="p_high")
     assert [a for a in ARMS if ARMS[a].serverless] == ["local", "gloo", "reliable-sharded",
                                                        "static-sharded", "dblp-sharded",
-                                                       "static-high-sharded", "ddp"]
+                                                       "static-high-sharded", "ddp",
+                                                       "ddp-gloo"]
     assert [a for a in ARMS if ARMS[a].bounded] == ["static", "dblp", "static-tcp", "dblp-tcp",
                                                     "static-sharded", "dblp-sharded",
                                                     "static-high", "static-high-tcp",
@@ -35,7 +36,15 @@ def test_the_shipped_arms_and_what_each_one_is():
     assert ARMS["ddp"] == Arm("ddp", "dblp", "udp", "sharded", integration="ddp")
     assert ARMS["dblp-sharded"].peer("dblp") is ARMS["dblp-sharded"]   # never the ddp arm
     assert ARMS["ddp"].peer("dblp") is ARMS["ddp"] and ARMS["ddp"].peer("static") is None
-    assert {a.integration for a in ARMS.values() if a.name != "ddp"} == {"flat"}
+    assert {a.integration for a in ARMS.values() if not a.name.startswith("ddp")} == {"flat"}
+    # The backend is the arm's, asked of the registry: DDP over dblp's, and over gloo's.
+    assert (ARMS["ddp"].backend, ARMS["ddp-gloo"].backend) == ("dblp", "gloo")
+    assert ARMS["ddp-gloo"] == Arm("ddp-gloo", "gloo", integration="ddp", backend="gloo")
+    assert {a.backend for a in ARMS.values() if a.integration == "flat"} == {None}
+    # Like for like: each loop against gloo reached the same way.
+    assert ARMS["ddp"].gloo_peer() is ARMS["ddp-gloo"]
+    assert ARMS["dblp-sharded"].gloo_peer() is ARMS["gloo"]
+    assert ARMS["gloo"].gloo_peer() is None and ARMS["ddp-gloo"].gloo_peer() is None
 
 
 @pytest.mark.unit
@@ -45,7 +54,8 @@ def test_names_come_from_the_transport_registries():
 
     assert arms.policies() == tuple(POLICIES)
     assert (arms.controls(), arms.modes(), arms.missing_policies()) == (CONTROLS, MODES, MISSING)
-    assert {a.transport for a in ARMS.values()} == set(arms.transports())
+    # Every transport has a built-in arm but c10d, whose arms a spec declares ([ddp.NAME]).
+    assert {a.transport for a in ARMS.values()} == set(arms.transports()) - {arms.C10D}
 
 
 @pytest.mark.unit
@@ -243,10 +253,16 @@ def test_progress_names_the_arm_and_the_seed(tmp_path, capsys):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("bad,why", [
-    (dict(transport="gloo"), "carries the dblp transport's policies"),
+    (dict(transport="local"), "'local' has none"),
     (dict(transport="dblp", control="tcp", mode="ps"), "sharded"),
     (dict(transport="dblp", control="udp", mode="ps"), "sharded"),
     (dict(transport="static", control="tcp", mode="sharded"), "sharded"),
+    (dict(transport="gloo", backend="dblp"), "reached by backend 'gloo', not 'dblp'"),
+    (dict(transport="dblp", control="udp", mode="sharded", backend="gloo"), "backend 'dblp'"),
+    (dict(transport="c10d"), "name one"),
+    (dict(transport="c10d", backend="gloo"), "built-in arm 'ddp-gloo'"),
+    (dict(transport="c10d", backend="dblp"), "built-in arm 'ddp'"),
+    (dict(transport="gloo", backend_module="mine"), "only a 'c10d' arm imports a module"),
 ])
 def test_the_ddp_integration_refuses_what_the_torch_backend_cannot_run(bad, why):
     with pytest.raises(ValueError, match=why):
@@ -262,6 +278,13 @@ def test_an_integration_is_one_of_the_registry_and_commands_have_none():
         Arm("x", "dblp", "udp", "sharded", integration="nope")
     with pytest.raises(ValueError, match="a command arm has no"):
         Arm("x", arms.COMMAND, command=arms.Command(("true",)), integration="ddp")
+    with pytest.raises(ValueError, match="a command arm has no"):
+        Arm("x", arms.COMMAND, command=arms.Command(("true",)), backend="gloo")
+    # The flat loop names no backend, and has no exchange for a backend the arm names.
+    with pytest.raises(ValueError, match="named only under integration 'ddp'"):
+        Arm("x", "gloo", backend="gloo")
+    with pytest.raises(ValueError, match="'c10d' has no flat exchange"):
+        Arm("x", arms.C10D)
     # Any dblp policy can run under DDP the one way the backend runs.
     assert Arm("x", "static", "udp", "sharded", integration="ddp").serverless
 
@@ -289,7 +312,7 @@ def test_the_ddp_arm_is_accepted_everywhere_an_arm_is_and_mirrors_dblp_sharded(t
     # rank 0 on the server's host (no server of its own).
     run = _arm_run(tmp_path, "ddp")
     assert run.unit.serverless and run.unit.workers[0] == "h000"
-    assert run.launcher.integration_args() == ["--integration", "ddp"]
+    assert run.launcher.integration_args() == ["--integration", "ddp", "--backend", "dblp"]
     assert _arm_run(tmp_path, "dblp-sharded").launcher.integration_args() == []
     run.launcher.transport_args("worker")
     cfg = json.loads((_unit(tmp_path, "ddp", run) / "transport.json").read_text())
