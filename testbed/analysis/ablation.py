@@ -309,7 +309,7 @@ def _num(v, scale, spec) -> str:
 
 def write(out: pathlib.Path, plan: dict) -> dict:
     """Analyse the finished runs and write the summary, table, report and plots; return the summary."""
-    from testbed.analysis import plots
+    from testbed.analysis import study_plots
 
     out = pathlib.Path(out)
     doc = analyse(out, plan)
@@ -318,8 +318,8 @@ def write(out: pathlib.Path, plan: dict) -> dict:
     (out / "plots").mkdir(exist_ok=True)
     for axis in doc["axes"]:
         field = axis["setting"].rsplit(".", 1)[-1]
-        plots.ablation_axis(doc, axis, out / "plots" / f"ablation-{field}.png")
-        plots.ablation_phases(doc, axis, out / "plots" / f"phases-{field}.png")
+        study_plots.ablation_axis(doc, axis, out / "plots" / f"ablation-{field}.png")
+        study_plots.ablation_phases(doc, axis, out / "plots" / f"phases-{field}.png")
     (out / "report.md").write_text(text(doc) + "\n")
     return doc
 

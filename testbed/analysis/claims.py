@@ -13,9 +13,9 @@ The verdict rule, never read from a point estimate:
   and when the interval could not be computed (the arms did not run, no
   burst rounds, ...), with the reason;
 - **unresolved: too few seeds** for a figure with one value per seed
-  (``Estimator.per_seed``: the training-time cut, time to target and the
-  accuracy difference) that this many seeds
-  cannot settle: one seed or seeds with no spread (no interval), or an
+  (``Estimator.per_seed``: the training-time cut, time to target, the
+  accuracy difference and the p99 and mean round latencies) that this many
+  seeds cannot settle: one seed or seeds with no spread (no interval), or an
   interval that straddles an edge, or a decisive interval from fewer than
   `MIN_DECISIVE_SEEDS` seeds. The verdict's ``too_few_seeds`` says how
   many seeds there were and about how many would let an interval around the
@@ -36,7 +36,20 @@ dblp/static, dblp-tcp/static-tcp, dblp-sharded/static-sharded; a command arm,
 a user's own transport, against every static arm at P_low): one verdict
 per claim and pair, and one unresolved verdict, with no pair, for a claim
 none of whose pairs ran. Pairs are not merged into one verdict: a claim can
-hold with UDP control and fail with TCP, and that is the finding.
+hold with UDP control and fail with TCP, and that is the finding. The tail
+and mean latency claims are judged against each baseline (``baselines``:
+the paper's pairs, and each DBLP or command arm against gloo).
+
+A claim the paper states without a number (the abstract's "tail-latency
+collapse") is judged against `NO_FIGURE`, "> 1x": DBLP faster, the whole
+interval above 1x; its source says that the paper gives no figure and that
+"> 1x" is this testbed's reading.
+
+The burst claim is also judged per requested loss level and per DBLP phase
+(`burst_levels`, from `testbed.analysis.burstlevels`), beside each level's
+pass-count ratio; a level with fewer than `burstlevels.MIN_BURSTS` bursts or
+`MIN_DECISIVE_SEEDS` seeds is "too few bursts/seeds" (`TOO_FEW_BURSTS`). The
+pooled verdict stays, and says what it pools (``pools``).
 
 Besides the claims, `judge` measures the figures the paper has no number for
 but a reader needs to place them (``COMPARISONS``): what the loose bound buys
@@ -54,6 +67,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from testbed.analysis import burstlevels as bl
 from testbed.analysis import intervals as iv
 from testbed.analysis.arms import (
     arm_kind,
@@ -66,11 +80,14 @@ from testbed.analysis.arms import (
 
 REPRODUCED, REFUTED, UNRESOLVED = "reproduced", "refuted", "unresolved"
 NOT_JUDGED = "not judged"
+#: A burst level's verdict when it has fewer than `burstlevels.MIN_BURSTS` bursts or fewer than
+#: `MIN_DECISIVE_SEEDS` seeds, and when a round-locked burst's cap set its rounds.
+TOO_FEW_BURSTS, CAPPED = "too few bursts/seeds", "capped"
 #: Why a verdict is not judged, in a word: every invariant is one the emulator
 #: keeps only while the machine running it keeps up.
 NOT_JUDGED_CAUSE = "emulator saturated"
 #: The sections `judge` writes, which `rejudge` replaces.
-JUDGED_SECTIONS = ("intervals", "verdicts", "time_to_target")
+JUDGED_SECTIONS = ("intervals", "verdicts", "time_to_target", "burst_levels")
 #: How `with_verdicts`'s one-seed warning starts (a rejudged summary gets it afresh).
 ONE_SEED_WARNING = "one seed per arm ("
 # With no spec value, the target is this fraction of the converged accuracy of the
@@ -93,11 +110,18 @@ TARGET_FIELD = ("training", "target_accuracy")
 #: and five seeds. Fewer seeds than this: "unresolved: too few seeds", however narrow.
 MIN_DECISIVE_SEEDS = 3
 
+#: The paper's figure of a claim it states without a number (the abstract's "tail-latency
+#: collapse"): DBLP faster than the baseline, i.e. a speedup whose whole interval lies above 1x.
+#: Its source says so; a reader should not take it for a number the paper gives.
+NO_FIGURE = "> 1x"
+
 DEFINITIONS = {
     "interval": "the seed is the unit: the training-time cut (one cut per seed), time to "
                 "target (one ratio per seed, on the log scale) and the accuracy difference (one "
-                "difference per seed): 95 % Student t interval over the paired seeds; none from "
-                "one seed or from equal values. The burst speedup (a ratio of medians over every "
+                "difference per seed), the p99 and mean round latencies (one ratio per seed over "
+                "all its rounds, log scale) and each burst level and phase (one ratio of medians "
+                "per seed, log scale): 95 % Student t interval over the paired seeds; none from "
+                "one seed or from equal values. The pooled burst speedup (a ratio of medians over every "
                 "seed's burst rounds): 95 % percentile bootstrap interval, hierarchical: seeds "
                 "with replacement, then rounds within each drawn seed (one seed: a round "
                 f"bootstrap, blind to seed-to-seed spread); {iv.RESAMPLES} replicates, numpy rng "
@@ -112,7 +136,19 @@ DEFINITIONS = {
                 "verdicts: a seed takes part only when both of its units are valid",
     "source": "where each of the paper's figures in a verdict comes from: abstract, the abstract "
               "of arXiv 2605.01989v1; full text, a reading of the paper's full text, whose "
-              "versions differ slightly (one gives 5.97x and 24.8 %)",
+              "versions differ slightly (one gives 5.97x and 24.8 %); a claim with no figure "
+              f"(\"tail-latency collapse\") is judged against {NO_FIGURE!r}: DBLP faster",
+    "burst_levels": "each DBLP arm against its static partner, per requested loss level (the "
+                    "bursts table's requested_loss) and per DBLP phase at the burst: the speedup "
+                    "(per seed, the baseline's median burst-round latency / DBLP's; geometric "
+                    "mean, Student t over the seeds), the bursts and seeds behind it, and the "
+                    "pass-count ratio ceil(ln P_baseline / ln p) / ceil(ln P_dblp / ln p), the "
+                    "bounds from the spec's transport section; judged by the burst claim's "
+                    f"region, except {TOO_FEW_BURSTS!r} below {bl.MIN_BURSTS} bursts or "
+                    f"{MIN_DECISIVE_SEEDS} seeds and {CAPPED!r} where a round-locked burst's cap "
+                    "set the rounds",
+    "pools": "what a pooled burst verdict pools: the requested loss levels, the bursts per phase "
+             "of the arm (none: no phase), the bursts and the seeds",
     "time_to_target": "wall time from an (arm, seed)'s first round start to the end of the first "
                       "evaluated round whose test accuracy reaches the target",
     "target": f"spec {'.'.join(TARGET_FIELD)}; unset: {TARGET_FRACTION:.0%} of the reliable "
@@ -175,8 +211,19 @@ def _loose_against_tight(arms):
 
 
 def _sharded_against_gloo(arms):
-    return [(a, g) for g in arms if arm_kind(g)[0] == "gloo"
-            for a in arms if arm_kind(a)[2] == "sharded"]
+    """Each sharded arm (and each DDP arm over another c10d backend) against the gloo arm
+    reached the same way (`Arm.gloo_peer`): flat against the flat loop, DDP against DDP."""
+    from testbed.config.arms import ARMS, C10D
+    return [(a, p.name) for a in arms if arm_kind(a)[2] == "sharded" or arm_kind(a)[0] == C10D
+            for p in [ARMS[a].gloo_peer()] if p is not None and p.name in arms]
+
+
+def _candidates_against_baselines(arms):
+    """The paper's pairs (`_candidates_against_static`), then each DBLP or command arm against
+    every gloo arm that ran: the baselines a user could run instead."""
+    return _candidates_against_static(arms) + [
+        (a, g) for a in arms if is_dblp_arm(a) or is_command_arm(a)
+        for g in arms if arm_kind(g)[0] == "gloo"]
 
 
 COMPARISONS: dict[str, Comparison] = {c.name: c for c in (
@@ -188,6 +235,9 @@ COMPARISONS: dict[str, Comparison] = {c.name: c for c in (
                "its own P_high", _dblp_against_static("p_high")),
     Comparison("against_gloo", "like for like: each sharded arm against gloo's all-reduce",
                _sharded_against_gloo),
+    Comparison("baselines", "DBLP against each baseline: the paper's (the static bound at "
+               "P_low, same control path and mode) and gloo's all-reduce",
+               _candidates_against_baselines),
 )}
 
 
@@ -236,6 +286,22 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           "the claim is about what dropping gradients costs: losing at most 0.5 points "
           "reproduces it, a gain does not contradict it; the worst case, 1.55, is context",
           source="\"comparable\": abstract; 0.5, 1.55: full text"),
+    Claim("tail_latency",
+          "DBLP's tail round latency (the 99th percentile over every round) is lower than each "
+          "baseline's: the abstract's \"tail-latency collapse\"",
+          NO_FIGURE, "baselines", "round_p99_speedup", Region(1.0),
+          "the paper gives no figure: DBLP faster (the whole interval at or above 1x) "
+          "reproduces it, DBLP slower (the whole interval below 1x) refutes it",
+          source="\"tail-latency collapse\": abstract, which gives no figure; > 1x (DBLP "
+                 "faster): this testbed's reading"),
+    Claim("mean_latency",
+          "DBLP's mean round latency is lower than each baseline's, beside its tail (a tail "
+          "bought with a slower mean would not be the collapse the abstract names)",
+          NO_FIGURE, "baselines", "round_mean_speedup", Region(1.0),
+          "the paper gives no figure: DBLP faster (the whole interval at or above 1x) "
+          "reproduces it, DBLP slower (the whole interval below 1x) refutes it",
+          source="no figure in the abstract or the full text's reading; > 1x (DBLP faster): "
+                 "this testbed's reading of \"tail-latency collapse\" (abstract) for the mean"),
 )}
 
 
@@ -424,17 +490,21 @@ def _figures(frames: iv.RunFrames, arm: str, base: str, units: list[dict], judge
 
 
 def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame | None,
-          invalid: Invalid | None = None, *,
+          invalid: Invalid | None = None, *, bursts: pd.DataFrame | None = None,
           resamples: int = iv.RESAMPLES, rng_seed: int = iv.RNG_SEED) -> dict:
-    """summary.json's ``intervals``, ``verdicts`` and ``time_to_target`` sections (formats.py).
+    """summary.json's ``intervals``, ``verdicts``, ``time_to_target`` and ``burst_levels``
+    sections (formats.py).
 
     ``invalid``: (arm, seed) -> reasons for the units that broke an invariant
     (`tables.invalid_units`); their rows are left out of everything here.
+    ``bursts``: the bursts table, whose requested loss levels cut the burst
+    rounds by level (`burstlevels`); None: no level is known.
     """
     seed = int(getattr(spec, "seed", 0))
     invalid = dict(invalid or {})
     rounds, evals = _seeded(rounds, seed), _seeded(evals, seed)
     rounds, evals = _without(rounds, invalid), _without(evals, invalid)
+    bursts = _seeded(bursts, seed)
     target, source = target_metric(spec, evals)
     frames = iv.RunFrames(rounds, evals, target)
     found: dict[str, dict] = {}
@@ -477,7 +547,9 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
                              "verdict": v, "reason": why,
                              "interval": dict(fig["interval"]) if fig["interval"] else None,
                              "left_out": pair["left_out"],
-                             **({"too_few_seeds": short[1]} if short else {})})
+                             **({"too_few_seeds": short[1]} if short else {}),
+                             **(_pools(claim, rounds, bursts, arm, base) if pair["judged"]
+                                else {})})
         if not pairs:
             verdicts.append({**head, "pair": None, "arm": None, "baseline": None,
                              "verdict": UNRESOLVED, "interval": None, "left_out": [],
@@ -488,7 +560,62 @@ def judge(spec, arms: Sequence[str], rounds: pd.DataFrame, evals: pd.DataFrame |
         for fig in pair["figures"].values():
             del fig["_short"]  # said by the verdicts' too_few_seeds
     return {"intervals": found, "verdicts": verdicts,
-            "time_to_target": _time_to_target(rounds, evals, target, source, arms)}
+            "time_to_target": _time_to_target(rounds, evals, target, source, arms),
+            "burst_levels": burst_levels(spec, arms, rounds, bursts)}
+
+
+def _pools(claim: Claim, rounds: pd.DataFrame, bursts: pd.DataFrame | None, arm: str,
+           base: str) -> dict:
+    """For the burst claim's verdict, what its pooled figure pools (``pools``: levels, bursts per
+    phase, bursts, seeds; `burstlevels.pools`); nothing for the other claims."""
+    if claim.estimator != "burst_speedup":
+        return {}
+    try:
+        return {"pools": bl.pools(bl.labelled(rounds, bursts, arm, base), arm, base)}
+    except ValueError:
+        return {}   # no burst ids: the per-level section says so
+
+
+def burst_levels(spec, arms: Sequence[str], rounds: pd.DataFrame,
+                 bursts: pd.DataFrame | None) -> dict:
+    """summary.json's ``burst_levels``: each DBLP arm against its static partner, the burst
+    speedup per requested loss level and phase (`burstlevels.pair_levels`), each row judged.
+
+    The region is the burst claim's; the rule that of every per-seed figure
+    (`verdict`, `enough_seeds`, `too_few_seeds`), after two of the rows' own:
+    a round-locked burst's cap set the rows' rounds (`CAPPED`), or fewer than
+    `burstlevels.MIN_BURSTS` bursts or `MIN_DECISIVE_SEEDS` seeds stand
+    behind it (`TOO_FEW_BURSTS`, whatever its interval). ``rounds``: valid rows only.
+    """
+    region = CLAIMS["burst_speedup"].region
+    out = {}
+    for arm, base in COMPARISONS["paper"].pairs(arms):
+        if not is_dblp_arm(arm):
+            continue    # a command arm has no phase to cut its bursts by
+        entry = bl.pair_levels(rounds, bursts, spec, arm, base)
+        for row in entry["rows"]:
+            _judge_level(row, region)
+        out[f"{arm}_vs_{base}"] = entry
+    return out
+
+
+def _judge_level(row: dict, region: Region) -> None:
+    """``row``'s verdict and reason (and too_few_seeds, where more seeds could settle it)."""
+    got = iv.Interval(**row["interval"]) if row["interval"] else None
+    if row["capped"]:
+        row["verdict"] = CAPPED
+        return
+    if row["bursts"] < bl.MIN_BURSTS or row["seeds"] < MIN_DECISIVE_SEEDS:
+        row["verdict"] = TOO_FEW_BURSTS
+        row["reason"] = (f"{row['bursts']} burst(s) over {row['seeds']} seed(s): a level and "
+                         f"phase is judged on at least {bl.MIN_BURSTS} bursts and "
+                         f"{MIN_DECISIVE_SEEDS} seeds")
+        return
+    v, why = enough_seeds(got, verdict(got, region, row["reason"] or ""))
+    short = too_few_seeds(got, region, (v, why), None)
+    if short:
+        why, row["too_few_seeds"] = short
+    row["verdict"], row["reason"] = v, why
 
 
 def _time_to_target(rounds, evals, target, source, arms) -> dict:
@@ -510,7 +637,8 @@ def _time_to_target(rounds, evals, target, source, arms) -> dict:
 def with_verdicts(summary: dict, spec, rounds: pd.DataFrame, evals: pd.DataFrame | None,
                   invalid: Invalid | None = None, **kw) -> dict:
     """``summary`` with the sections of `judge`, their definitions, each arm's median time
-    to target (arms.<arm>.time_to_target_s) and a warning when the intervals have one seed."""
+    to target (arms.<arm>.time_to_target_s) and a warning when the intervals have one seed.
+    ``kw``: `judge`'s keywords (``bursts``, ``resamples``, ``rng_seed``)."""
     out = dict(summary, **judge(spec, summary["arms_order"], rounds, evals, invalid, **kw))
     out["definitions"] = {**summary["definitions"], **DEFINITIONS}
     per_arm = out["time_to_target"]["per_arm"]
@@ -532,12 +660,12 @@ def rejudge(run_dir) -> dict:
     Why: the committed references keep their rounds, evaluations and spec
     beside the summary (`testbed.references.KEPT_FILES`), and a change to
     how a figure's interval is computed (Student's t for the accuracy
-    difference, "too few seeds") should reach their verdicts without
-    running them again. Everything but the judged sections (intervals,
-    verdicts, time to target, their definitions and the one-seed warning)
-    is kept as the run wrote it; the invalid units are the summary's. The
-    figures of rounds come out as the run's own analysis gave them (same
-    tables, same bootstrap seed). A summary from before the invariants
+    difference, "too few seeds", the per-level burst verdicts) should reach
+    their verdicts without running them again. Everything but the judged
+    sections (intervals, verdicts, time to target, burst levels, their
+    definitions and the one-seed warning) is kept as the run wrote it; the
+    invalid units are the summary's. The figures of rounds come out as the
+    run's own analysis gave them (same tables, same bootstrap seed). A summary from before the invariants
     (versions 1-3: fidelity_flags, no invalid_units) keeps its version
     number, since its per-arm figures still pool every unit; its verdicts
     may then carry version 6's too_few_seeds. Returns the new summary,
@@ -552,6 +680,8 @@ def rejudge(run_dir) -> dict:
     summary = formats.read_summary(run_dir / "summary.json")
     rounds = pd.read_csv(run_dir / "rounds.csv")
     evals = pd.read_csv(run_dir / "evals.csv")
+    # The bursts' requested levels (`burst_levels`); a folder that kept none has no levels.
+    bursts = pd.read_csv(run_dir / "bursts.csv") if (run_dir / "bursts.csv").exists() else None
     if "valid" in evals.columns:
         evals = evals[evals["valid"].astype(bool)]
     invalid = {(u["arm"], int(u["seed"])): list(u["reasons"])
@@ -562,6 +692,6 @@ def rejudge(run_dir) -> dict:
     # (fidelity_flags decided nothing), and calling it version 4 or later would say that
     # invariants had left units out. Its judged sections are today's all the same.
     kept["schema"] = formats.SUMMARY_SCHEMA if summary["schema"] >= 4 else summary["schema"]
-    out = with_verdicts(kept, load_spec(run_dir), rounds, evals, invalid)
+    out = with_verdicts(kept, load_spec(run_dir), rounds, evals, invalid, bursts=bursts)
     formats.write_summary(run_dir / "summary.json", out)
     return out

@@ -152,8 +152,9 @@ def plateau(evals, arm: str) -> list[dict]:
 
 
 def curves_table(ref_dir: pathlib.Path) -> str:
-    """The per-seed curves (the figure `draw_curves` kept) and, per arm, whether every seed
-    reached its plateau: the last fifth of its evaluations within `PLATEAU_SPREAD`."""
+    """The per-seed curves (the figure `testbed.analysis.reference_figures` keeps) and, per arm,
+    whether every seed reached its plateau: the last fifth of its evaluations within
+    `PLATEAU_SPREAD`."""
     summary, evals = _summary(ref_dir), _evals(ref_dir)
     name = ref_dir.name
     rows = [f"![test accuracy, test loss and training loss per seed and round, the mean over "
@@ -172,46 +173,3 @@ def curves_table(ref_dir: pathlib.Path) -> str:
                    "yes" if widest <= PLATEAU_SPREAD else "no")
         rows.append(f"| {arm} | {len(p)} | {finals} | {100 * widest:.2f} | {verdict} |")
     return "\n".join(rows) + "\n"
-
-
-def draw_curves(ref_dir: pathlib.Path) -> pathlib.Path:
-    """Draw `CURVES` from a reference's kept evaluations and rounds: test accuracy, test loss
-    and training loss against the round, one thin line per seed, the mean over seeds thick.
-
-    Written as a byte-stable SVG (a fixed hash salt, no date), so drawing it again from the
-    same files changes nothing a commit would see.
-    """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary, evals, rounds = _summary(ref_dir), _evals(ref_dir), _rounds(ref_dir)
-    arms = summary.get("arms_order") or sorted(evals["arm"].unique())
-    train = rounds.groupby(["arm", "seed", "round"], as_index=False)["loss"].mean()
-    with plt.rc_context({"svg.hashsalt": "dblp-testbed", "svg.fonttype": "none"}):
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-        panels = ((axes[0], evals, "test_accuracy", "test accuracy"),
-                  (axes[1], evals, "test_loss", "test loss"),
-                  (axes[2], train, "loss", "training loss (workers' mean)"))
-        for k, arm in enumerate(arms):
-            colour = f"C{k}"
-            for ax, df, col, _ in panels:
-                d = df[df["arm"] == arm]
-                if not len(d):
-                    continue
-                for _, g in d.groupby("seed"):
-                    ax.plot(g["round"], g[col], color=colour, lw=0.5, alpha=0.5)
-                m = d.groupby("round")[col].mean()
-                ax.plot(m.index, m.to_numpy(), color=colour, lw=1.6, label=arm)
-        for ax, _, _, label in panels:
-            ax.set_xlabel("round")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        fig.suptitle(f"{ref_dir.name}: per seed (thin) and the mean over seeds (thick)",
-                     fontsize=9)
-        fig.tight_layout()
-        out = ref_dir / CURVES
-        fig.savefig(out, format="svg", metadata={"Date": None})
-        plt.close(fig)
-    return out

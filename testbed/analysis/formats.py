@@ -55,8 +55,15 @@ from workloads.runlog import Field, MalformedEvent, check_fields
 #   8: environment (what the run ran on, from its manifest:
 #      testbed.analysis.provenance.environment_of). Optional, so versions 1-7
 #      still read.
-SUMMARY_SCHEMA = 8
-KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
+#   9: the tail and mean latency claims (verdicts of tail_latency and
+#      mean_latency, the round_p99_speedup and round_mean_speedup figures,
+#      and the "baselines" pairs: DBLP against gloo too); burst_levels (the
+#      burst speedup per requested loss level and DBLP phase, each judged,
+#      beside its pass-count ratio: testbed.analysis.burstlevels); the burst
+#      claim's verdicts say what they pool (verdicts[].pools). Optional, so
+#      versions 1-8 still read.
+SUMMARY_SCHEMA = 9
+KNOWN_SUMMARY_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
 
 
 def _num(name: str, doc: str = "") -> Field:
@@ -101,6 +108,9 @@ SUMMARY_FIELDS = (
           doc="what the run ran on: python, torch, kernel, machine, cpus, ovs, datapath, "
               "c_core, revision, dirty (testbed.analysis.provenance); null: the manifest "
               "records none. Version 8 on"),
+    Field("burst_levels", "dict", required=False,
+          doc="'<arm>_vs_<baseline>' (each DBLP arm and its static partner) -> "
+              "SUMMARY_BURST_LEVELS_PAIR_FIELDS. Version 9 on"),
 )
 SUMMARY_ARM_FIELDS = (
     Field("transport", "str"), Field("status", "str"),
@@ -181,6 +191,39 @@ SUMMARY_VERDICT_FIELDS = (
     Field("too_few_seeds", "dict", required=False,
           doc="SUMMARY_TOO_FEW_SEEDS_FIELDS: the verdict is unresolved because a figure with one "
               "value per seed had too few seeds. Version 6 on"),
+    Field("pools", "dict", required=False,
+          doc="the burst claim's verdicts: SUMMARY_POOLS_FIELDS, what its pooled figure pools. "
+              "Version 9 on"),
+)
+SUMMARY_POOLS_FIELDS = (
+    Field("levels", "list", doc="the requested loss levels of the bursts it pools"),
+    Field("phases", "dict", doc="the arm's phase at the burst (none: no phase) -> bursts"),
+    Field("bursts", "int", doc="distinct bursts (seed, burst id) of the paired seeds"),
+    Field("seeds", "int", doc="seeds with burst rounds of both arms"),
+)
+SUMMARY_BURST_LEVELS_PAIR_FIELDS = (
+    Field("arm", "str"), Field("baseline", "str"),
+    Field("bounds", "dict", doc="baseline, critical, relaxed: the loss bounds from the spec "
+                                "(null: the spec has none)"),
+    Field("pools", "dict", nullable=True, doc="SUMMARY_POOLS_FIELDS; null: no burst ids"),
+    Field("rows", "list", doc="SUMMARY_BURST_LEVEL_FIELDS, levels ascending, relaxed first"),
+    Field("reason", "str", nullable=True, doc="why there are no rows"),
+)
+SUMMARY_BURST_LEVEL_FIELDS = (
+    Field("level", "num", doc="the requested loss (a fraction)"),
+    Field("phase", "str", doc="relaxed | critical: DBLP's phase at the burst"),
+    Field("bursts", "int", doc="distinct bursts behind the figure"),
+    Field("seeds", "int", doc="seeds with burst rounds of both arms at this level and phase"),
+    Field("rounds", "list", doc="[the arm's, the baseline's] burst rounds"),
+    Field("capped", "int", doc="burst rounds a round-locked burst's cap ended"),
+    Field("bounds", "list", doc="[the baseline's, the arm's in this phase] loss bound"),
+    Field("passes", "list", doc="[the baseline's, the arm's] ceil(ln P / ln p) (physics.passes)"),
+    Field("pass_ratio", "num", nullable=True, doc="the baseline's passes / the arm's"),
+    Field("interval", "dict", nullable=True, doc="INTERVAL_FIELDS; null: not measurable"),
+    Field("verdict", "str", doc="reproduced | refuted | unresolved | too few bursts/seeds | "
+                                "capped (the burst claim's region, claims.burst_levels)"),
+    Field("reason", "str", nullable=True),
+    Field("too_few_seeds", "dict", required=False, doc="SUMMARY_TOO_FEW_SEEDS_FIELDS"),
 )
 SUMMARY_TOO_FEW_SEEDS_FIELDS = (
     Field("seeds", "int", doc="the seeds both arms had"),
@@ -307,7 +350,17 @@ def _check_verdict_sections(summary: dict, where: str) -> None:
         _check_interval(v["interval"], f"{w}.interval")
         if "too_few_seeds" in v:
             check_fields(v["too_few_seeds"], SUMMARY_TOO_FEW_SEEDS_FIELDS, f"{w}.too_few_seeds")
+        if "pools" in v:
+            check_fields(v["pools"], SUMMARY_POOLS_FIELDS, f"{w}.pools")
         _check_units(v.get("left_out", []), f"{w}.left_out")
+    for pair, entry in summary.get("burst_levels", {}).items():
+        w = f"{where} burst_levels.{pair}"
+        check_fields(entry, SUMMARY_BURST_LEVELS_PAIR_FIELDS, w)
+        if entry["pools"] is not None:
+            check_fields(entry["pools"], SUMMARY_POOLS_FIELDS, f"{w}.pools")
+        for i, row in enumerate(entry["rows"]):
+            check_fields(row, SUMMARY_BURST_LEVEL_FIELDS, f"{w}.rows[{i}]")
+            _check_interval(row["interval"], f"{w}.rows[{i}].interval")
     if "time_to_target" in summary:
         ttt = check_fields(summary["time_to_target"], SUMMARY_TIME_TO_TARGET_FIELDS,
                            f"{where} time_to_target")

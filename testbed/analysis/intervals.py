@@ -43,6 +43,10 @@ A against baseline B, registered in ``ESTIMATORS``:
   wall time from its first round's start to the end of the first evaluated
   round whose metric reaches the target (evaluations before it included:
   every arm evaluates at the same rounds).
+- ``round_p99_speedup`` and ``round_mean_speedup``: B's 99th-percentile
+  (mean) round latency / A's, each taken over every round of one seed, one
+  ratio per seed, and their geometric mean: the abstract's "tail-latency
+  collapse", which gives no number.
 
 The seed is the unit of replication for every figure but the burst speedup
 (``Estimator.per_seed``). Why, for the training-time cut and time to
@@ -378,6 +382,19 @@ def _need(df: pd.DataFrame | None, name: str, arm: str) -> pd.DataFrame:
     return df
 
 
+def _refuse_capped(r: pd.DataFrame, arm: str, base: str) -> None:
+    """ValueError when a burst round of ``arm`` or ``base`` hit a round-locked burst's cap."""
+    if "burst_capped" not in r.columns:
+        return
+    capped = r[r["arm"].isin([arm, base]) & r["in_burst"].astype(bool)
+               & r["burst_capped"].astype(bool)]
+    if len(capped):
+        # The cap, not the transports, set those rounds: never a speedup.
+        raise ValueError(f"{len(capped)} burst round(s) of {arm} or {base} hit a round-locked "
+                         "burst's cap: the cap set them; use fixed-duration bursts "
+                         "(burst_every.duration_ms or a burst's duration_ms)")
+
+
 def burst_speedup(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
     """Burst-round speedup of ``arm`` over ``base``: ratio of the burst-round latency medians."""
     r = frames.rounds
@@ -385,14 +402,8 @@ def burst_speedup(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
         _need(r, "rounds", a)
         if not r[(r["arm"] == a) & r["in_burst"].astype(bool)].shape[0]:
             raise ValueError(f"arm {a}: no burst rounds")
+    _refuse_capped(r, arm, base)
     hit = r[r["in_burst"].astype(bool)]
-    if "burst_capped" in hit.columns:
-        capped = hit[hit["arm"].isin([arm, base]) & hit["burst_capped"].astype(bool)]
-        if len(capped):
-            # The cap, not the transports, set those rounds: never a speedup.
-            raise ValueError(f"{len(capped)} burst round(s) of {arm} or {base} hit a round-locked "
-                             "burst's cap: the cap set them; use fixed-duration bursts "
-                             "(burst_every.duration_ms or a burst's duration_ms)")
     return ratio_of_medians(_groups(hit, arm, "latency_ms"), _groups(hit, base, "latency_ms"),
                             what="burst rounds", **kw)
 
@@ -522,6 +533,59 @@ def time_to_target_ratio(frames: RunFrames, arm: str, base: str, **kw) -> Interv
                       **{k: v for k, v in kw.items() if k in ("level", "rng_seed")})
 
 
+#: The statistics of one seed's round latencies the tail and mean figures compare: the 99th
+#: percentile (numpy's linear interpolation, as summary.json's round_ms_p99) and the mean.
+ROUND_STATS: dict[str, Callable[[np.ndarray], float]] = {
+    "p99": lambda x: float(np.percentile(x, 99)),
+    "mean": lambda x: float(np.mean(x)),
+}
+
+
+def per_seed_ratio(arm: Mapping, base: Mapping, stat: Callable[[np.ndarray], float],
+                   what: str = "rounds") -> dict:
+    """seed -> stat(B's values) / stat(A's), over the seeds both arms have (> 1: A is faster)."""
+    seeds = _paired(arm, base, what)
+    out = {}
+    for s, ga, gb in zip(seeds, _arrays(arm, seeds), _arrays(base, seeds), strict=True):
+        den = stat(ga)
+        if not den > 0:
+            raise ValueError(f"seed {s}: the arm's {what} give {den:g}: no ratio")
+        out[s] = stat(gb) / den
+    return out
+
+
+def round_latency_speedup(frames: RunFrames, arm: str, base: str, stat: str, **kw) -> Interval:
+    """Speedup of ``arm`` over ``base`` in one statistic of every round's latency (``ROUND_STATS``):
+    per seed, the baseline's statistic over all its rounds / the arm's; their geometric mean and
+    its t interval over the seeds (`over_seeds`, log scale).
+
+    The seed is the unit, as for the training-time cut: a seed's p99 is one of
+    its few slowest rounds, which its burst and phase schedule place, so its
+    rounds are not independent draws. Every round counts, burst or not (the
+    tail a user meets); a burst round a round-locked burst's cap ended is
+    refused, as in `burst_speedup`: the cap, not the transport, set it.
+    """
+    r = frames.rounds
+    for a in (arm, base):
+        _need(r, "rounds", a)
+    _refuse_capped(r, arm, base)
+    ga, gb = _groups(r, arm, "latency_ms"), _groups(r, base, "latency_ms")
+    ratios = per_seed_ratio(ga, gb, ROUND_STATS[stat], f"round latencies ({stat})")
+    n = sum(len(ga[s]) + len(gb[s]) for s in ratios)
+    return over_seeds(ratios, method=T_LOG_METHOD, n_samples=n,
+                      **{k: v for k, v in kw.items() if k in ("level", "rng_seed")})
+
+
+def round_p99_speedup(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
+    """Tail round latency: the baseline's p99 / the arm's, one ratio per seed."""
+    return round_latency_speedup(frames, arm, base, "p99", **kw)
+
+
+def round_mean_speedup(frames: RunFrames, arm: str, base: str, **kw) -> Interval:
+    """Mean round latency: the baseline's mean / the arm's, one ratio per seed."""
+    return round_latency_speedup(frames, arm, base, "mean", **kw)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunFrames:
     """What the estimators read: the rounds and evals tables, and the time-to-target setting."""
@@ -558,4 +622,9 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     Estimator("time_to_target", "x", "wall time to the target metric: baseline / arm, one "
               "ratio per seed where both reached it, geometric mean", time_to_target_ratio,
               per_seed=True),
+    Estimator("round_p99_speedup", "x", "round latency, 99th percentile over every round: "
+              "baseline's / the arm's, one ratio per seed, geometric mean", round_p99_speedup,
+              per_seed=True),
+    Estimator("round_mean_speedup", "x", "round latency, mean over every round: baseline's / "
+              "the arm's, one ratio per seed, geometric mean", round_mean_speedup, per_seed=True),
 )}

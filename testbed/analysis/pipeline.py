@@ -106,7 +106,7 @@ def summarize(t: Tables) -> dict:
     (`testbed.analysis.summary.summarize`), then the claims' intervals and verdicts."""
     summary = sm.summarize(t)
     return claims.with_verdicts(summary, t.raw.spec, t.rounds, tb.valid_rows(t.evals),
-                                tb.invalid_units(t.raw))
+                                tb.invalid_units(t.raw), bursts=t.bursts)
 
 
 def write_outputs(run_dir, t: Tables, summary: dict, figures: bool = True) -> None:

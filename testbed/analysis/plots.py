@@ -1,15 +1,26 @@
-"""The report's figures, drawn from the derived tables only (so they rebuild from raw/).
+"""The figures of a run and of a run reference, drawn from the derived tables only.
 
-Each function writes one figure twice, a PNG at print resolution
-(``PRINT_DPI``) for the report and an SVG beside it for papers and slides,
-and returns the PNG's path. Matplotlib runs headless (Agg), every input is
-sorted, the SVG's element ids are salted with a constant and neither file
-carries a date, so re-running on the same tables gives byte-identical files:
-the report's rebuild check relies on it.
+A run's report (`testbed.analysis.report`) draws each figure twice, a PNG at
+print resolution (``PRINT_DPI``) and an SVG beside it for papers and slides;
+a run reference keeps the SVG alone, drawn from its kept files
+(`testbed.analysis.reference_figures`): ``_save`` writes both for a path
+ending in .png and the SVG only for one ending in .svg. Matplotlib runs
+headless (Agg), every input is sorted, the SVG's element ids are salted with
+a constant, its text stays text and neither file carries a date, so drawing
+again from the same tables gives byte-identical files: the report's rebuild
+check and the references' page test rely on it.
+
+Every figure says what the verdicts say: a unit the fidelity check flagged
+(``valid`` false) decides nothing, so no figure draws it; each unit's time
+series starts at its own first round (an arm's seeds ran at different times,
+between other arms' units); and a series over rounds is one line per seed,
+in round order, with the mean over seeds beside it where one is drawn.
 """
 from __future__ import annotations
 
+import io
 import pathlib
+import re
 
 import matplotlib
 
@@ -21,7 +32,25 @@ from matplotlib import ticker  # noqa: E402
 
 # No version string or date: rebuilds stay identical across upgrades and days.
 _META = {"png": {"Software": "dblp-testbed"}, "svg": {"Creator": "dblp-testbed", "Date": None}}
+#: The SVG settings that make a file a function of its figure alone: fixed element ids, text
+#: as text (no glyph outlines, which follow the installed font's version) naming the one font
+#: it was laid out with (not the whole fallback list in every text element).
+_SVG_RC: dict = {"svg.hashsalt": "dblp-testbed", "svg.fonttype": "none",
+                 "font.sans-serif": ["DejaVu Sans"]}
 PRINT_DPI = 300
+#: The most points one line draws. A longer series (a unit's 1,240 rounds) is cut into this
+#: many runs of consecutive rounds, one point each (their mean, or the run's slowest round
+#: where a spike is what the figure shows), and the figure says so: a kept SVG stays small.
+MAX_POINTS = 100
+#: Where an SVG holds coordinates (path data, a marker's position), and a coordinate's digits
+#: past 1/100 of a point (matplotlib writes six decimals; nothing on a page shows them).
+_COORDS = re.compile(rb'(?<= d=")[^"]*|(?<= [xy]=")[^"]*')
+_DIGITS = re.compile(rb"(\d\.\d\d)\d+")
+
+
+def _short_svg(svg: bytes) -> bytes:
+    """``svg`` with every coordinate cut to two decimals: a third of a dense figure's bytes."""
+    return _COORDS.sub(lambda m: _DIGITS.sub(rb"\1", m.group(0)), svg)
 
 
 def _colors(arms):
@@ -29,22 +58,85 @@ def _colors(arms):
     return {a: cycle[i % len(cycle)] for i, a in enumerate(arms)}
 
 
-def _save(fig, path):
-    """Write PATH (PNG, PRINT_DPI) and PATH.svg; return the PNG's path."""
+def _save(fig, path, tight=True):
+    """Write PATH.svg, and PATH itself at PRINT_DPI when it is a PNG; return PATH.
+
+    ``tight``: lay the figure out with tight_layout (not for figures with a shared
+    colour bar, which it cannot place: those are cropped to their contents instead)."""
     path = pathlib.Path(path)
-    fig.tight_layout()
-    fig.savefig(path, dpi=PRINT_DPI, metadata=_META["png"])
-    with matplotlib.rc_context({"svg.hashsalt": "dblp-testbed"}):  # fixed element ids
-        fig.savefig(path.with_suffix(".svg"), metadata=_META["svg"])
+    box = {} if tight else {"bbox_inches": "tight"}
+    if tight:
+        fig.tight_layout()
+    if path.suffix != ".svg":
+        fig.savefig(path, dpi=PRINT_DPI, metadata=_META["png"], **box)
+    buf = io.BytesIO()
+    with matplotlib.rc_context(_SVG_RC):
+        fig.savefig(buf, format="svg", metadata=_META["svg"], **box)
+    path.with_suffix(".svg").write_bytes(_short_svg(buf.getvalue()))
     plt.close(fig)
     return path
 
 
-def _per_arm_axes(arms, height=1.9):
-    """One row of axes per arm, sharing the y axis (the per-arm time plots)."""
+def _per_arm_axes(arms, height=1.9, sharey=True):
+    """One row of axes per arm (the per-arm plots), sharing the y axis unless told not to."""
     n = max(1, len(arms))
-    fig, axes = plt.subplots(n, 1, figsize=(8, height * n + 0.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(8, height * n + 0.6), sharey=sharey, squeeze=False)
     return fig, axes[:, 0]
+
+
+def _valid(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of valid units: a unit that broke an invariant is drawn nowhere."""
+    if len(df) and "valid" in df.columns:
+        return df[df["valid"].astype(bool)]
+    return df
+
+
+def _valid_units(rounds: pd.DataFrame) -> set:
+    """(arm, seed) of every valid unit with rounds."""
+    r = _valid(rounds)
+    return set(zip(r["arm"], r["seed"], strict=True)) if len(r) and "seed" in r else set()
+
+
+def _of_units(df: pd.DataFrame, units: set) -> pd.DataFrame:
+    """The rows of ``df`` (a table with arm and seed) that belong to ``units``."""
+    if not len(df) or "seed" not in df:
+        return df
+    keep = [(a, s) in units for a, s in zip(df["arm"], df["seed"], strict=True)]
+    return df[np.asarray(keep, dtype=bool)]
+
+
+def _thin(x, y, how: str = "mean", limit: int = MAX_POINTS):
+    """(x, y, k): the series in runs of k consecutive points, one point per run (k = 1: as is).
+
+    ``how`` "mean": each run's mean x and mean y (a curve's level); "peak": the point of
+    each run with the largest y (a latency's spikes stay, at their own time)."""
+    d = pd.DataFrame({"x": np.asarray(x, dtype=float), "y": np.asarray(y, dtype=float)})
+    d = d[d["y"].notna()].reset_index(drop=True)
+    if len(d) <= limit:
+        return d["x"].to_numpy(), d["y"].to_numpy(), 1
+    k = -(-len(d) // limit)
+    runs = np.arange(len(d)) // k
+    if how == "peak":
+        d = d.loc[d.groupby(runs)["y"].idxmax()]
+    else:
+        d = d.groupby(runs).mean()
+    return d["x"].to_numpy(), d["y"].to_numpy(), k
+
+
+def _every(k: int, how: str) -> str:
+    """What a thinned line's point is, for a title; empty when nothing was thinned."""
+    if k <= 1:
+        return ""
+    return f"; each point the {'slowest' if how == 'peak' else 'mean'} of {k} rounds"
+
+
+def _log_y(ax, subs=(1.0, 2.0, 5.0)):
+    """A log y axis labelled at ``subs`` of each decade, without minor ticks (each one an SVG
+    element): 1, 2 and 5 where an axis spans a decade or two, 1 alone where it spans more."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
 
 
 def _shade_bursts(ax, bursts: pd.DataFrame, arm, t0: int):
@@ -56,45 +148,60 @@ def _shade_bursts(ax, bursts: pd.DataFrame, arm, t0: int):
                        color="crimson", alpha=0.2, lw=0)
 
 
-def _unit_starts(r: pd.DataFrame) -> dict:
-    """Seed -> the unit's first round start (ns): each unit's series starts at its own zero.
+def _unit_windows(r: pd.DataFrame) -> dict:
+    """Seed -> (the unit's first round start, its last round end) in ns: each unit's series
+    starts at its own zero and ends with its rounds.
 
     The seeds of one arm run at different times, between other arms' units, so
     one zero per arm would leave most of the axis empty and lay the seeds end
-    to end; one per unit overlays them, as the per-seed verdicts compare them."""
-    return {s: int(g["t_start_ns"].min()) for s, g in r.groupby("seed", sort=True)}
+    to end; one per unit overlays them, as the per-seed verdicts compare them.
+    Samples outside the unit's rounds (its start-up, its tear-down) are left
+    out, so the axis is the rounds' time and no more."""
+    return {s: (int(g["t_start_ns"].min()), int(g["t_end_ns"].max()))
+            for s, g in r.groupby("seed", sort=True)}
+
+
+def _unit_starts(r: pd.DataFrame) -> dict:
+    """Seed -> the unit's first round start (ns)."""
+    return {s: w[0] for s, w in _unit_windows(r).items()}
 
 
 def _of_seed(df: pd.DataFrame, seed) -> pd.DataFrame:
     return df[df["seed"] == seed] if len(df) and "seed" in df else df
 
 
+def _in_window(df: pd.DataFrame, window: tuple[int, int], col: str = "t_ns") -> pd.DataFrame:
+    t = df[col].to_numpy(dtype=float)
+    return df[(t >= window[0]) & (t <= window[1])]
+
+
 def latency_over_time(rounds: pd.DataFrame, bursts: pd.DataFrame, arms, path):
-    """Round latency against time since each unit's first round, one line per seed;
-    the units' burst windows shaded."""
+    """Round latency against time since each unit's first round, one line per valid unit
+    (seed); the units' burst windows shaded, their burst rounds circled."""
+    rounds = _valid(rounds)
     fig, axes = _per_arm_axes(arms)
     col = _colors(arms)
+    thinned = 1
     for ax, arm in zip(axes, arms, strict=True):
-        r = rounds[rounds["arm"] == arm]
+        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
         if not len(r):
-            ax.set_title(f"{arm}: no rounds", fontsize=9)
+            ax.set_title(f"{arm}: no rounds of a valid unit", fontsize=9)
             continue
         for seed, t0 in _unit_starts(r).items():
-            u = _of_seed(r, seed)
-            x = (u["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9
-            ax.plot(x, u["latency_ms"], ".-", ms=2, lw=0.6, alpha=0.7, color=col[arm])
-            hit = u[u["in_burst"]]
+            u = _of_seed(r, seed).sort_values("round")
+            x, y, k = _thin((u["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9, u["latency_ms"],
+                            "peak")
+            thinned = max(thinned, k)
+            ax.plot(x, y, "-", lw=0.6, alpha=0.7, color=col[arm])
+            hit = u[u["in_burst"].astype(bool)]
             ax.plot((hit["t_end_ns"].to_numpy(dtype=float) - t0) / 1e9, hit["latency_ms"], "o",
                     ms=5, mfc="none", color="crimson")
             _shade_bursts(ax, _of_seed(bursts, seed), arm, t0)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        _log_y(ax)
         ax.set_ylabel("ms")
         ax.set_title(f"{arm}: round latency, one line per seed (shaded: burst windows, "
                      "circled: burst rounds)", fontsize=9)
-    axes[-1].set_xlabel("seconds since the unit's first round")
+    axes[-1].set_xlabel("seconds since the unit's first round" + _every(thinned, "peak"))
     return _save(fig, path)
 
 
@@ -105,7 +212,9 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
     Drawn from port counters: the rate towards the server against the
     shaped rate, and the switch's own drops (what `queue_over_time`, the
     occupancy, does not show); every panel says how coarse the sampling was.
+    Each valid unit on its own clock, over its rounds' time.
     """
+    rounds = _valid(rounds)
     fig, axes = _per_arm_axes(arms, height=2.1)
     col = _colors(arms)
     for ax, arm in zip(axes, arms, strict=True):
@@ -117,8 +226,9 @@ def bottleneck_over_time(link: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.Da
                          "(monitor off or no placement in the manifest)", fontsize=8)
             ax.set_axis_off()
             continue
-        for i, (seed, t0) in enumerate(_unit_starts(r).items()):
-            u = _of_seed(s, seed)
+        for i, (seed, window) in enumerate(_unit_windows(r).items()):
+            t0 = window[0]
+            u = _in_window(_of_seed(s, seed), window)
             x = (u["t_ns"].to_numpy(dtype=float) - t0) / 1e9
             ax.step(x, u["tx_mbps"].to_numpy(dtype=float), where="pre", color=col[arm], lw=0.8,
                     alpha=0.7, label=None if i else "tx rate towards the server, per seed")
@@ -146,8 +256,10 @@ def queue_over_time(queue: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFr
 
     Tail drops are marked at the limit in the samples where the queue's
     drop counter rose, so a burst that overflowed the queue shows as a
-    plateau at the line with crosses on it.
+    plateau at the line with crosses on it. Each valid unit on its own
+    clock, over its rounds' time.
     """
+    rounds = _valid(rounds)
     fig, axes = _per_arm_axes(arms, height=2.1)
     col = _colors(arms)
     for ax, arm in zip(axes, arms, strict=True):
@@ -159,8 +271,9 @@ def queue_over_time(queue: pd.DataFrame, rounds: pd.DataFrame, bursts: pd.DataFr
                          fontsize=8)
             ax.set_axis_off()
             continue
-        for i, (seed, t0) in enumerate(_unit_starts(r).items()):
-            u = _of_seed(q, seed)
+        for i, (seed, window) in enumerate(_unit_windows(r).items()):
+            t0 = window[0]
+            u = _in_window(_of_seed(q, seed), window)
             x = (u["t_ns"].to_numpy(dtype=float) - t0) / 1e9
             ax.step(x, u["backlog_packets"].to_numpy(dtype=float), where="post", lw=0.8,
                     alpha=0.7, color=col[arm], label=None if i else "packets queued, per seed")
@@ -238,65 +351,188 @@ def burst_rounds(summary: dict, arms, path):
     return _save(fig, path)
 
 
-def accuracy(evals: pd.DataFrame, arms, path):
-    """Test accuracy and test loss against rounds: each seed thin, the mean over seeds thick.
+def _per_seed(df: pd.DataFrame, column: str) -> pd.Series:
+    """``column`` per (seed, round), the mean over ranks, in round order."""
+    return df.groupby(["seed", "round"], sort=True)[column].mean().dropna()
+
+
+#: The panels of the learning curves: (table, column, label).
+CURVES = (("evals", "test_accuracy", "test accuracy"), ("evals", "test_loss", "test loss"),
+          ("rounds", "loss", "training loss (workers' mean)"))
+
+
+def learning_curves(evals: pd.DataFrame, rounds: pd.DataFrame, arms, path):
+    """Test accuracy, test loss and training loss against the round: each seed thin, the mean
+    over seeds thick, valid units only.
 
     Against rounds, not time: the arms train the same rounds in different times
-    (the training-time figures say how long), and each unit's clock restarts."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), squeeze=False)
+    (the training-time figures say how long), and each unit's clock restarts,
+    so a line over time would run back at every unit. Each seed's line is in
+    round order; the mean is over the seeds that reached that round.
+    """
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 3.6), squeeze=False)
     col = _colors(arms)
-    e_all = evals
-    if len(evals) and "valid" in evals:
-        e_all = evals[evals["valid"].astype(bool)]
-    for ax, column, label in ((axes[0, 0], "test_accuracy", "test accuracy"),
-                              (axes[0, 1], "test_loss", "test loss")):
+    tables = {"evals": _valid(evals), "rounds": _valid(rounds)}
+    thinned = 1
+    for ax, (table, column, label) in zip(axes[0], CURVES, strict=True):
+        t = tables[table]
         for arm in arms:
-            e = e_all[e_all["arm"] == arm] if len(e_all) else e_all
-            if not len(e) or column not in e or not e[column].notna().any():
+            d = t[t["arm"] == arm] if len(t) else t
+            if not len(d) or column not in d or not d[column].notna().any():
                 continue
-            per = e.groupby(["seed", "round"], sort=True)[column].mean()
+            per = _per_seed(d, column)
             for seed in per.index.get_level_values(0).unique():
                 s = per.loc[seed]
-                ax.plot(s.index, s.to_numpy(dtype=float), lw=0.6, alpha=0.5, color=col[arm])
+                x, y, k = _thin(s.index, s.to_numpy(dtype=float))
+                thinned = max(thinned, k)
+                ax.plot(x, y, lw=0.5, alpha=0.5, color=col[arm])
             mean = per.groupby(level=1).mean()
-            ax.plot(mean.index, mean.to_numpy(dtype=float), "o-", ms=3, lw=1.6, label=arm,
-                    color=col[arm])
+            x, y, _ = _thin(mean.index, mean.to_numpy(dtype=float))
+            ax.plot(x, y, lw=1.6, label=arm, color=col[arm])
         ax.set_xlabel("round")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle("per seed thin, mean over seeds thick (valid units)", fontsize=8)
+    if axes[0, 0].get_legend_handles_labels()[0]:
+        axes[0, 0].legend(fontsize=7)
+    fig.suptitle("per seed thin, the mean over seeds thick (valid units)"
+                 + _every(thinned, "mean"), fontsize=8)
     return _save(fig, path)
 
 
 def bytes_per_round(rounds: pd.DataFrame, packets: pd.DataFrame, arms, path):
-    """Wire bytes per round from the captures when present, else the transport's counters."""
+    """Wire bytes per round from the captures when present, else the transport's counters:
+    one line per valid unit, in round order."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     col = _colors(arms)
+    units = _valid_units(rounds)
+    rounds, packets = _valid(rounds), _of_units(packets, units)
     sources = set()
     for arm in arms:
         p = packets[packets["arm"] == arm] if len(packets) else packets
         r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
         if len(p):
-            s = p.groupby("round")["sent_bytes"].sum(min_count=1)
-            x, y = s.index.to_numpy(dtype=float), s.to_numpy(dtype=float)
+            per = p.groupby(["seed", "round"], sort=True)["sent_bytes"].sum(min_count=1)
             label = f"{arm} (capture)"
             sources.add("captures: bytes the captured hosts sent")
         elif "stats_bytes_sent" in r and r["stats_bytes_sent"].notna().any():
-            x, y = r["round"].to_numpy(dtype=float), r["stats_bytes_sent"].to_numpy(dtype=float)
+            per = r.groupby(["seed", "round"], sort=True)["stats_bytes_sent"].sum(min_count=1)
             label = f"{arm} (transport)"
             sources.add("transport: stats.bytes_sent summed over workers")
         else:
             continue
-        ax.plot(x, y / 1e3, ".-", ms=2, lw=0.8, label=label, color=col[arm])
+        for i, seed in enumerate(per.index.get_level_values(0).unique()):
+            s = per.loc[seed].dropna()
+            x, y, _ = _thin(s.index, s.to_numpy(dtype=float))
+            ax.plot(x, y / 1e3, "-", lw=0.8, label=None if i else label, color=col[arm])
     source = "; ".join(sorted(sources)) or "no byte counts in this run"
     ax.set_xlabel("round")
     ax.set_ylabel("kB per round")
-    ax.set_title(source, fontsize=8)
+    ax.set_title(source + " (one line per seed)", fontsize=8)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+#: The fraction of a round's chunks missing, as the transport's counters give it (rounds.csv):
+#: (column, line style, what it is). Each is the worst over workers (the counters' maximum).
+MISSING = (("stats_missing_at_stop", "-",
+            "pushed chunks the aggregator lacked at STOP, worst worker"),
+           ("stats_pull_missing", ":", "aggregate zero-filled on a replica, worst replica"))
+
+
+def _bounded(rounds: pd.DataFrame, arms) -> list:
+    """The arms whose rounds carry a loss bound and the transport's counters of what was
+    missing (the DBLP transports, static and phase-aware; not gloo)."""
+    cols = [c for c, _, _ in MISSING if c in rounds]
+    if not len(rounds) or "bound" not in rounds or not cols:
+        return []
+    return [a for a in arms if (rounds.loc[rounds["arm"] == a, ["bound", *cols]].notna().sum()
+                                > 0).all()]
+
+
+def bound_missing(rounds: pd.DataFrame, arms, path):
+    """Each bounded arm's loss bound P per round against the fraction actually missing.
+
+    The bound is what the transport may leave out of a round; the counters say
+    what it did leave out: the share of each worker's pushed chunks the
+    aggregator still lacked when it stopped the push, and the share of the
+    aggregate a replica zero-filled on the pull. A relaxed round that used its
+    allowance sits near its bound; one far below it paid for a looser bound it
+    did not need. One line per valid unit (seed), burst rounds circled.
+    """
+    rounds = _valid(rounds)
+    arms = _bounded(rounds, arms)
+    fig, axes = _per_arm_axes(arms, height=2.0, sharey=False)  # 0.8 % beside 40.8 %
+    if not arms:
+        axes[0].set_title("no arm with a loss bound in this run", fontsize=9)
+        axes[0].set_axis_off()
+        return _save(fig, path)
+    col = _colors(arms)
+    cols = [(c, m, w) for c, m, w in MISSING if c in rounds and rounds[c].notna().any()]
+    thinned = 1
+    for ax, arm in zip(axes, arms, strict=True):
+        r = rounds[rounds["arm"] == arm]
+        for i, (_, u) in enumerate(r.groupby("seed", sort=True)):
+            u = u.sort_values("round")
+            x, y, k = _thin(u["round"], 100 * u["bound"].astype(float), "peak")
+            thinned = max(thinned, k)
+            ax.step(x, y, where="post", color="k", lw=0.7, alpha=0.6,
+                    label=None if i else "bound P")
+            for c, style, what in cols:
+                x, y, _ = _thin(u["round"], 100 * u[c].astype(float), "peak")
+                ax.plot(x, y, style, lw=0.7, color=col[arm], alpha=0.6,
+                        label=None if i else what)
+            hit = u[u["in_burst"].astype(bool)]
+            if len(hit) and cols:
+                ax.plot(hit["round"], 100 * hit[cols[0][0]].astype(float), "o", ms=6,
+                        mfc="none", color="crimson", label=None if i else "burst rounds")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("% of chunks")
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{arm}: loss bound per round against the chunks actually missing, "
+                     "one line per seed", fontsize=9)
+    axes[0].legend(fontsize=6, loc="best")
+    axes[-1].set_xlabel("round" + _every(thinned, "peak").replace("slowest", "largest"))
+    return _save(fig, path)
+
+
+def compute_exchange(rounds: pd.DataFrame, arms, path):
+    """Per round, the longest worker's compute against its exchange, per arm.
+
+    The mean over valid seeds, on a log scale so a model whose rounds are
+    all exchange shows its compute too. The
+    title gives the exchange's share of the rounds' time: a training-time cut
+    can only come from that share.
+    """
+    rounds = _valid(rounds)
+    fig, axes = _per_arm_axes(arms, height=1.9)
+    col = _colors(arms)
+    parts = (("compute_ms_max", "compute (forward, backward, step)", "0.35"),
+             ("comm_ms_max", "exchange", None))
+    thinned = 1
+    for ax, arm in zip(axes, arms, strict=True):
+        r = rounds[rounds["arm"] == arm] if len(rounds) else rounds
+        if not len(r) or any(c not in r for c, _, _ in parts):
+            ax.set_title(f"{arm}: no compute and exchange times of a valid unit", fontsize=9)
+            ax.set_axis_off()
+            continue
+        for c, what, colour in parts:
+            mean = r.groupby("round", sort=True)[c].mean()
+            x, y, k = _thin(mean.index, mean.to_numpy(dtype=float))
+            thinned = max(thinned, k)
+            ax.plot(x, y, lw=1.0, color=colour or col[arm], label=what)
+        total = float(r["duration_ms"].sum()) if "duration_ms" in r else 0.0
+        share = f", the exchange {r['comm_ms_max'].sum() / total:.0%} of the rounds' time" \
+            if total > 0 else ""
+        _log_y(ax, subs=(1.0,))   # compute and exchange lie decades apart
+        ax.set_ylabel("ms")
+        ax.grid(alpha=0.3)
+        if ax is axes[0]:
+            ax.legend(fontsize=7, loc="best")
+        ax.set_title(f"{arm}: the longest worker's compute and exchange per round{share}\n"
+                     f"(the mean over {r['seed'].nunique()} seeds)", fontsize=8)
+    axes[-1].set_xlabel("round" + _every(thinned, "mean"))
     return _save(fig, path)
 
 
@@ -308,8 +544,10 @@ def all_plots(out_dir, rounds, bursts, packets, evals, summary, arms, link,
         latency_over_time(rounds, bursts, arms, out / "latency_over_time.png"),
         latency_cdf(rounds, arms, out / "latency_cdf.png"),
         burst_rounds(summary, arms, out / "burst_rounds.png"),
-        accuracy(evals, arms, out / "accuracy.png"),
+        learning_curves(evals, rounds, arms, out / "curves.png"),
         bytes_per_round(rounds, packets, arms, out / "bytes_per_round.png"),
+        bound_missing(rounds, arms, out / "bound_missing.png"),
+        compute_exchange(rounds, arms, out / "compute_exchange.png"),
         bottleneck_over_time(link, rounds, bursts, arms, out / "bottleneck_over_time.png"),
         queue_over_time(queue, rounds, bursts, arms, out / "queue_over_time.png"),
     ]
@@ -322,6 +560,7 @@ def phase_timeline(rounds: pd.DataFrame, arms, path):
     flaps (each step is a switch that summary.json counts as phase_switches).
     ``arms``: the arms that have a phase (the caller picks the dblp ones).
     """
+    rounds = _valid(rounds)
     fig, axes = _per_arm_axes(arms, height=1.3)
     col = _colors(arms)
     for ax, arm in zip(axes, arms, strict=True):
@@ -404,219 +643,3 @@ def forest(summary: dict, path):
     fig.suptitle("point and 95 % interval per pair; green: the paper's claim reproduces there",
                  fontsize=9)
     return _save(fig, path)
-
-
-def ablation_axis(doc: dict, axis: dict, path):
-    """One axis of an ablation: final accuracy, and each point against each baseline.
-
-    Left, the final metric of every seed (dots) and its mean (line), with
-    the baselines' means as dashed lines; then the training-time cut and the
-    time-to-target speedup against each baseline, point and 95 % interval.
-    The preset's own value is marked: it is the point every axis shares.
-    """
-    pts = [p for p in axis["points"] if not p.get("missing")]
-    xs = np.arange(len(pts), dtype=float)
-    labels = [f"{p['value']}*" if p["base"] else str(p["value"]) for p in pts]
-    bases = list(doc["baselines"])
-    col = _colors(["point", *bases])
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-    ax = axes[0]
-    for x, p in zip(xs, pts, strict=True):
-        vals = [100 * v for v in p["final_accuracy"].values()]
-        ax.scatter([x] * len(vals), vals, s=12, color=col["point"], alpha=0.6)
-    ax.plot(xs, [100 * (p["final_accuracy_mean"] or np.nan) for p in pts], color=col["point"],
-            label=doc["arm"])
-    for b in bases:
-        m = doc["baseline_points"][b]["final_accuracy_mean"]
-        if m is not None:
-            ax.axhline(100 * m, color=col[b], ls="--", lw=1, label=b)
-    ax.set_ylabel("final accuracy (%)")
-    ax.legend(fontsize=7)
-    for ax, name, ylabel, ref in ((axes[1], "train_time_cut", "training-time cut vs baseline (%)", 0.0),
-                                  (axes[2], "time_to_target", "time-to-target speedup (x)", 1.0)):
-        for j, b in enumerate(bases):
-            off = (j - (len(bases) - 1) / 2) * 0.15
-            ivs = [p["against"][b][name]["interval"] for p in pts]
-            ok = [(x + off, i) for x, i in zip(xs, ivs, strict=True) if i]
-            if ok:
-                ax.errorbar([x for x, _ in ok], [i["point"] for _, i in ok],
-                            yerr=[[i["point"] - i["lo"] for _, i in ok],
-                                  [i["hi"] - i["point"] for _, i in ok]],
-                            fmt="o", ms=4, capsize=3, color=col[b], label=f"vs {b}")
-        ax.axhline(ref, color="grey", lw=0.8)
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-    for ax in axes:
-        ax.set_xticks(xs, labels)
-        ax.set_xlabel(f"{axis['label']} (* the preset's)")
-    fig.suptitle(f"ablation {doc['ablation']}: {doc['arm']} over {axis['label']} "
-                 f"({doc['preset']} preset; 95 % intervals)", fontsize=10)
-    return _save(fig, path)
-
-
-def ablation_phases(doc: dict, axis: dict, path):
-    """Where each point's detector called critical, under where drops actually hurt.
-
-    Top (when the ablation ran its loss-tolerance sweep): each drop window's
-    accuracy cost right after it and at the end, in points. Below, one row
-    per point of the axis: the share of seeds whose detector was critical in
-    each round. A detector that matters calls critical where the top panel
-    shows drops hurt, and relaxes elsewhere.
-    """
-    pts = [p for p in axis["points"] if not p.get("missing")]
-    h = doc.get("harm")
-    rows = len(pts) + (1 if h else 0)
-    fig, axes = plt.subplots(rows, 1, figsize=(9, 0.6 + 1.1 * rows), sharex=True, squeeze=False)
-    axes = axes[:, 0]
-    if h:
-        ax = axes[0]
-        for w in h["windows"]:
-            mid = (w["start"] + w["stop"]) / 2
-            ax.bar(mid - 1.5, 100 * w["gap_after"], width=3, color="crimson", alpha=0.7,
-                   label="right after" if w is h["windows"][0] else None)
-            ax.bar(mid + 1.5, 100 * w["final_delta"], width=3, color="grey", alpha=0.8,
-                   label="at the end" if w is h["windows"][0] else None)
-            ax.axvspan(w["start"], w["stop"], color="crimson", alpha=0.06, lw=0)
-        ax.axhline(0, color="black", lw=0.6)
-        ax.set_ylabel("points", fontsize=8)
-        ax.legend(fontsize=7, loc="lower right")
-        ax.set_title(f"cost of dropping {h['drop_fraction']:.0%} in one window (no network)",
-                     fontsize=9)
-    for ax, p in zip(axes[1:] if h else axes, pts, strict=True):
-        crit = p.get("critical_by_round") or {}
-        xs = sorted(int(k) for k in crit)
-        ax.step(xs, [crit[k] if k in crit else crit[str(k)] for k in xs], where="post", lw=1.2)
-        ax.set_ylim(-0.1, 1.1)
-        ax.set_yticks([0, 1], ["relaxed", "critical"], fontsize=7)
-        name = f"{axis['label']} = {p['value']}" + (" (the preset's)" if p["base"] else "")
-        ax.set_title(f"{name}: share of seeds critical", fontsize=8)
-        if h:
-            for w in h["windows"]:
-                ax.axvspan(w["start"], w["stop"], color="crimson", alpha=0.06, lw=0)
-    axes[-1].set_xlabel("round")
-    return _save(fig, path)
-
-
-def _regime_grid(doc: dict):
-    """The heat-maps' axes: durations (ms, then round-locked) x losses, drop on the downlink only."""
-    cells = [c for c in doc["cells"] if c["target"] == "server-downlink" and c["kind"] == "loss"]
-    durs = sorted({c["duration"] for c in cells}, key=lambda d: (isinstance(d, str), d if not
-                                                                   isinstance(d, str) else 0))
-    losses = sorted({c["p"] for c in cells})
-    return cells, durs, losses
-
-
-def _heat(ax, grid: np.ndarray, durs, losses, title: str, fmt: str, vmin: float, vmax: float,
-          cmap: str, notes: np.ndarray | None = None):
-    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax,
-                   aspect="auto")
-    for i in range(grid.shape[0]):
-        for j in range(grid.shape[1]):
-            note = notes[i, j] if notes is not None else ""
-            if np.isfinite(grid[i, j]):
-                r, g, b, _ = im.cmap(im.norm(grid[i, j]))
-                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
-                ax.text(j, i, fmt.format(grid[i, j]) + note, ha="center", va="center", fontsize=7,
-                        color=ink)
-            elif note:
-                ax.text(j, i, note, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(durs)), [f"{d:g} ms" if not isinstance(d, str) else d for d in durs],
-                  fontsize=7)
-    ax.set_yticks(range(len(losses)), [f"{p:.0%}" for p in losses], fontsize=7)
-    ax.set_title(title, fontsize=8)
-    return im
-
-
-def regime_speedup(doc: dict, path):
-    """Burst-round speedup of each bounded pair over burst duration x loss, per control path.
-
-    The colour scale runs from 1x to the pass-bound ratio, with the
-    bandwidth-bound ratio in each title: a cell's colour says where it sits
-    in the physics envelope. "cap" marks a cell whose figure a round-locked
-    burst's cap decided (not reported).
-    """
-    cells, durs, losses = _regime_grid(doc)
-    panels = [(ctl, arm, base) for ctl, arm, base in (
-        ("udp", "static-high", "static"), ("udp", "static-high-sharded", "static-sharded"),
-        ("udp", "static-high-sharded", "gloo"), ("tcp", "static-high-tcp", "static-tcp"))
-        if any(c["control"] == ctl and any(p["arm"] == arm and p["baseline"] == base
-                                           for p in c["pairs"]) for c in cells)]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(3.6 * max(1, len(panels)), 3.1),
-                             squeeze=False)
-    hi = 1.0
-    for c in cells:
-        for p in c["pairs"]:
-            for v in (p["pass_ratio"], p["speedup"]):
-                if v is not None and np.isfinite(v):
-                    hi = max(hi, v)
-    for ax, (ctl, arm, base) in zip(axes[0], panels, strict=False):
-        grid = np.full((len(losses), len(durs)), np.nan)
-        notes = np.full(grid.shape, "", dtype=object)
-        bw = None
-        for c in cells:
-            if c["control"] != ctl:
-                continue
-            p = next((p for p in c["pairs"] if p["arm"] == arm and p["baseline"] == base), None)
-            if p is None:
-                continue
-            i, j = losses.index(c["p"]), durs.index(c["duration"])
-            if p["capped"]:
-                notes[i, j] = "cap"
-            elif p["speedup"] is not None:
-                grid[i, j] = p["speedup"]
-            bw = bw or p["bandwidth_ratio"]
-        env = f", bandwidth ratio {bw:.2f}x" if bw else ""
-        im = _heat(ax, grid, durs, losses, f"{arm} vs {base}\n({ctl} control{env})", "{:.2f}x",
-                   0.5, hi, "viridis", notes)
-        ax.set_xlabel("burst", fontsize=7)
-        ax.set_ylabel("loss", fontsize=7)
-    fig.colorbar(im, ax=list(axes[0]), shrink=0.8, label="burst-round speedup (x)")
-    fig.suptitle(f"regime map {doc['map']}: burst-round speedup (median ratio)", fontsize=9,
-                 y=1.06)
-    return _save_loose(fig, path)
-
-
-def regime_over_bound(doc: dict, path):
-    """Each arm's burst-round latency over its physical bound, burst duration x loss.
-
-    Grey above ``bound_factor``; "†" marks an arm whose run's fidelity
-    check flagged the emulator.
-    """
-    cells, durs, losses = _regime_grid(doc)
-    arms = [a for ctl in ("udp", "tcp") for a in doc["arms"].get(ctl, [])
-            if any(c["control"] == ctl for c in cells)]
-    n = max(1, len(arms))
-    cols = min(n, 5)
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.7 * cols, 2.8 * rows), squeeze=False)
-    im = None
-    for k, arm in enumerate(arms):
-        ax = axes[k // cols][k % cols]
-        grid = np.full((len(losses), len(durs)), np.nan)
-        notes = np.full(grid.shape, "", dtype=object)
-        for c in cells:
-            a = next((a for a in c["arms"] if a["arm"] == arm), None)
-            if a is None or a["over_bound"] is None:
-                continue
-            i, j = losses.index(c["p"]), durs.index(c["duration"])
-            grid[i, j] = a["over_bound"]
-            notes[i, j] = "" if a["emulator_kept_up"] else "†"
-        im = _heat(ax, grid, durs, losses, arm, "{:.2f}", 1.0, 2.0, "magma_r", notes)
-    for k in range(len(arms), rows * cols):
-        axes[k // cols][k % cols].axis("off")
-    if im is not None:
-        fig.colorbar(im, ax=[a for row in axes for a in row], shrink=0.8,
-                     label="burst-round latency / physical bound")
-    fig.suptitle(f"regime map {doc['map']}: each arm over its bound "
-                 f"(target {doc['bound_factor']}x; † emulator flagged)", fontsize=9)
-    return _save_loose(fig, path)
-
-
-def _save_loose(fig, path):
-    """`_save` for figures with a shared colour bar (tight_layout cannot place those)."""
-    path = pathlib.Path(path)
-    fig.savefig(path, dpi=PRINT_DPI, metadata=_META["png"], bbox_inches="tight")
-    with matplotlib.rc_context({"svg.hashsalt": "dblp-testbed"}):
-        fig.savefig(path.with_suffix(".svg"), metadata=_META["svg"], bbox_inches="tight")
-    plt.close(fig)
-    return path

@@ -329,7 +329,7 @@ def text(doc: dict) -> str:
 
 def write(out: pathlib.Path, plan: dict) -> dict:
     """Analyse the finished cells and write the summary, tables, report and heat-maps."""
-    from testbed.analysis import plots
+    from testbed.analysis import study_plots
 
     out = pathlib.Path(out)
     doc = analyse(out, plan)
@@ -337,8 +337,8 @@ def write(out: pathlib.Path, plan: dict) -> dict:
     cells_table(doc).to_csv(out / "cells.csv", index=False)
     arms_table(doc).to_csv(out / "arms.csv", index=False)
     (out / "plots").mkdir(exist_ok=True)
-    plots.regime_speedup(doc, out / "plots" / "regime-speedup.png")
-    plots.regime_over_bound(doc, out / "plots" / "regime-over-bound.png")
+    study_plots.regime_speedup(doc, out / "plots" / "regime-speedup.png")
+    study_plots.regime_over_bound(doc, out / "plots" / "regime-over-bound.png")
     (out / "report.md").write_text(text(doc) + "\n")
     return doc
 

@@ -53,14 +53,16 @@ def _agent_dblp(args: dict) -> None:
             return obj.serve(1)[0].as_dict()
         return obj.allreduce_(work.pop()).as_dict()
 
-    _serve_commands(prepare, collective)
+    serve_commands(prepare, collective)
     obj.close()
 
 
-def _serve_commands(prepare, collective) -> None:
+def serve_commands(prepare, collective) -> None:
     """Say ready, then answer "prepare" and "go" command lines until "quit" or a failure.
 
-    "prepare" makes the round's copy of the gradient; "go" runs the collective and
+    "prepare" makes the round's copy of the gradient (the command's other fields,
+    where the driver sends any, are ``prepare``'s keywords: `bench collectives`
+    names its collective and size there); "go" runs the collective and
     replies its stats and the CPU seconds of this process (all threads, user +
     system) over the collective alone: waiting in select/recv costs none, and the
     copy is left out, for gloo as for DBLP. The driver sends "go" to both agents
@@ -75,7 +77,7 @@ def _serve_commands(prepare, collective) -> None:
             break
         try:
             if cmd["cmd"] == "prepare":
-                prepare()
+                prepare(**{k: v for k, v in cmd.items() if k != "cmd"})
                 _reply({"ok": True})
                 continue
             c0 = time.process_time()
@@ -110,7 +112,7 @@ def _agent_gloo(args: dict) -> None:
         x /= 2
         return {"latency_s": time.monotonic() - t0}
 
-    _serve_commands(prepare, collective)
+    serve_commands(prepare, collective)
     os._exit(0)  # a gloo group after a timeout can hang in its destructor
 
 
@@ -125,7 +127,9 @@ def agent_main(argv: list[str]) -> None:
 class Agent:
     """A process in a namespace that answers one JSON line per command."""
 
-    def __init__(self, pair: NetnsPair, side: int, args: dict, secret: str | None = None):
+    def __init__(self, pair: NetnsPair, side: int, args: dict, secret: str | None = None,
+                 module: str = "testbed.bench.agents"):
+        # ``module``: whose agent runs (``python -m MODULE ARGS``), this module's by default
         self.side = side  # 0: namespace a (worker / rank 0), 1: namespace b (aggregator / rank 1)
         root = str(REPO_ROOT)
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -134,7 +138,7 @@ class Agent:
             env["DBLP_SECRET"] = secret
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", pair.ns[side], sys.executable, "-m",
-             "testbed.bench.agents", json.dumps(args)],
+             module, json.dumps(args)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=env, cwd=root)
 

@@ -284,6 +284,18 @@ def _rounds(agents: list[Agent], n: int, round_timeout: float, cfg: Config, befo
 
 
 
+def fractions(text: str, option: str) -> tuple[float, ...]:
+    """``--losses``/``--bounds``: comma-separated fractions in [0, 1), or a usage error naming
+    ``option`` (shared with `testbed.bench.collectives`, whose axes are the same)."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise click.BadParameter("must be comma-separated numbers", param_hint=option) from None
+    if any(not 0 <= x < 1 for x in values):
+        raise click.BadParameter("every value must be in [0, 1)", param_hint=option)
+    return values
+
+
 @click.command("transport")
 @json_option
 @click.option("--reps", type=int, default=5, show_default=True, help="Round trips per row (median).")
@@ -317,15 +329,7 @@ def transport_cmd(json_out, reps, losses, rate_mbit, mbytes, controls, bounds, n
     """DBLP push+pull vs gloo all-reduce on an HTB-shaped veth pair (needs root)."""
     if os.geteuid() != 0:
         raise click.UsageError("bench transport needs root (network namespaces)")
-    try:
-        loss_list = tuple(float(x) for x in losses.split(","))
-        bound_list = tuple(float(x) for x in bounds.split(","))
-    except ValueError:
-        raise click.BadParameter("--losses/--bounds must be comma-separated numbers") from None
-    if any(not 0 <= x < 1 for x in loss_list):
-        raise click.BadParameter("every loss must be in [0, 1)", param_hint="--losses")
-    if any(not 0 <= x < 1 for x in bound_list):
-        raise click.BadParameter("every bound must be in [0, 1)", param_hint="--bounds")
+    loss_list, bound_list = fractions(losses, "--losses"), fractions(bounds, "--bounds")
     ctl = tuple(c.strip() for c in controls.split(","))
     if any(c not in ("udp", "tcp") for c in ctl):
         raise click.BadParameter("controls are udp and/or tcp", param_hint="--controls")

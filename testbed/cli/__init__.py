@@ -34,6 +34,7 @@ COMMANDS = {
 #: `dblp-testbed bench ...`, alike.
 BENCH_COMMANDS = {
     "transport": "testbed.bench.transport:transport_cmd",
+    "collectives": "testbed.bench.collectives:collectives_cmd",
     "bursts": "testbed.cli.fabric:bench_bursts",
     "flood": "testbed.bench.flood:flood_cmd",
 }
@@ -231,5 +232,6 @@ def sweep(out, model, workers, rounds, fractions, phases, window, seeds, order):
 
 @main.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
 def bench():
-    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), `bursts` (on the fabric),
-    `flood` (honest rounds under a flood of forged datagrams, on loopback)."""
+    """Benchmarks: `transport` (DBLP vs gloo on a shaped veth pair), `collectives` (nccl-tests'
+    size sweep of all_reduce, all_gather and reduce_scatter on the same pair), `bursts` (on the
+    fabric), `flood` (honest rounds under a flood of forged datagrams, on loopback)."""

@@ -2,8 +2,10 @@
 
 The references themselves (what each is, its commands, its record) are
 declared in `testbed.references`; this module makes them: one `Maker` per
-kind of reference (`MAKERS`, by class) runs it in a fresh run directory and
-says which of its files the repository keeps. The files are committed: the
+kind of reference (`MAKERS`, by class) runs it in a fresh run directory,
+says which of its files the repository keeps and, for a run, draws its
+figures from them (`testbed.analysis.reference_figures`, again on
+``--readme-only`` and ``--rejudge``). The files are committed: the
 tables of the README and of every page under docs/ (`pages`: one page per
 reference under docs/results/) are rendered from them
 (`testbed.analysis.pages`), and a unit test fails when a page and the
@@ -169,18 +171,26 @@ def _make_study(ref: StudyReference, out: pathlib.Path) -> tuple[str, dict]:
             {"argv": ref.commands()[0]})
 
 
+def _draw_run(ref_dir: pathlib.Path) -> list[str]:
+    from testbed.analysis import reference_figures  # matplotlib: only when drawing
+    return [p.name for p in reference_figures.draw(ref_dir)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Maker:
     """How one kind of reference is made: ``make(ref, out) -> (status, record)`` produces
     its files in ``out`` (the status "ok" or why not; the record for reproduce.json
-    besides the wall time), and ``files(ref)`` names those the repository keeps."""
+    besides the wall time), ``files(ref)`` names those the repository keeps, and
+    ``draw(ref_dir)``, where the kind has figures drawn from its kept files, draws them
+    beside those files (the names it wrote)."""
 
     make: Callable
     files: Callable[..., tuple[str, ...]]
+    draw: Callable[[pathlib.Path], list[str]] | None = None
 
 
 MAKERS: dict[type[Reference], Maker] = {
-    RunReference: Maker(_make_run, lambda ref: KEPT_FILES),
+    RunReference: Maker(_make_run, lambda ref: KEPT_FILES, _draw_run),
     CommandReference: Maker(_make_commands, CommandReference.files),
     AblationReference: Maker(_make_study, lambda ref: declared(ref).kept_files()),
     RegimeReference: Maker(_make_study, lambda ref: declared(ref).kept_files()),
@@ -195,6 +205,19 @@ def produce(ref: Reference, out: pathlib.Path) -> tuple[str, dict]:
 def kept_files(ref: Reference) -> tuple[str, ...]:
     """The files of ``ref``'s run directory that results/reference/ keeps."""
     return MAKERS[type(ref)].files(ref)
+
+
+def draw_figures(refs: list[Reference], reference_dir: pathlib.Path = REFERENCE_DIR) -> list[str]:
+    """Draw the figures of ``refs`` again from their committed files (a run reference's:
+    `testbed.analysis.reference_figures`). Runs nothing; a reference without a folder, or of
+    a kind without such figures, is skipped. Returns the names drawn."""
+    done = []
+    for ref in refs:
+        fn = MAKERS[type(ref)].draw
+        if fn is not None and (reference_dir / ref.name / RECORD).is_file():
+            fn(reference_dir / ref.name)
+            done.append(ref.name)
+    return done
 
 
 def keep(run_dir: pathlib.Path, dest: pathlib.Path, files: tuple[str, ...] = KEPT_FILES,
@@ -244,10 +267,8 @@ def reproduce(refs: list[Reference], runs_root: pathlib.Path,
             except TestbedError as exc:
                 status = str(exc)
             else:
-                if isinstance(ref, RunReference):
-                    # The per-seed curves its page shows, from the files it keeps.
-                    from testbed.analysis.design import draw_curves
-                    draw_curves(reference_dir / ref.name)
+                # The figures its page shows, from the files it keeps.
+                draw_figures([ref], reference_dir)
         done[ref.name] = {"run_dir": str(out), "status": status, "wall_s": wall}
         output.say(f"reproduce {ref.name}: {status} in {wall / 60:.1f} min")
     return done
@@ -288,35 +309,42 @@ def update_readme(reference_dir: pathlib.Path = REFERENCE_DIR,
 @click.option("--runs", "runs_root", type=click.Path(file_okay=False), default="results/reproduce",
               show_default=True, help="Where the run directories go (each kept in full).")
 @click.option("--readme-only", is_flag=True,
-              help="Run nothing: re-render the tables of the README and docs/ from "
+              help="Run nothing: draw the run references' figures again from the files they "
+                   "keep and re-render the tables of the README and docs/ from "
                    "results/reference/.")
 @click.option("--rejudge", is_flag=True,
               help="Run nothing: judge the claims of the committed references again from the "
-                   "files they keep (today's intervals), rewrite their summaries, then re-render "
-                   "the tables.")
+                   "files they keep (today's intervals), rewrite their summaries, then draw the "
+                   "figures and re-render the tables.")
 @json_option
 def reproduce_cmd(names, runs_root, readme_only, rejudge, json_out):
     """Regenerate the measured tables from scratch: every reference (or NAMES).
 
     A reference is a preset run or a set of other commands (benches, net
     checks); its small output files replace results/reference/NAME/
-    (commit them); then the marked tables of the README and of docs/ (one
-    page per reference under docs/results/; of NAMES, if given, and the
-    table of every reference's wall time) are re-rendered from them.
+    (commit them), a run's figures are drawn from them as SVG beside them;
+    then the marked tables of the README and of docs/ (one page per
+    reference under docs/results/; of NAMES, if given, and the table of
+    every reference's wall time) are re-rendered from them.
     """
     refs = select(names)
     done = {} if readme_only or rejudge else reproduce(refs, pathlib.Path(runs_root))
     rejudged = rejudge_references(refs) if rejudge else []
+    # A fresh reference drew its figures when it was kept (`reproduce`).
+    drawn = draw_figures(refs) if readme_only or rejudge else []
     changed, no_data = update_readme(only=tuple(names))
     failed = [n for n, e in done.items() if e["status"] != "ok"]
-    doc = {"runs": done, "rejudged": rejudged, "readme_tables_changed": changed,
-           "failed": failed, "references_without_data": no_data}
+    doc = {"runs": done, "rejudged": rejudged, "figures_drawn": drawn,
+           "readme_tables_changed": changed, "failed": failed,
+           "references_without_data": no_data}
 
     def text():
         for n, e in done.items():
             click.echo(f"{n}: {e['status']} in {e['wall_s'] / 60:.1f} min ({e['run_dir']})")
         if rejudge:
             click.echo(f"judged again from their files: {', '.join(rejudged) or 'none'}")
+        if drawn:
+            click.echo(f"figures drawn from their files: {', '.join(drawn)}")
         click.echo(f"tables re-rendered: {', '.join(changed) or 'none changed'}")
         if no_data:
             click.echo(f"no committed data yet (their blocks left as they are): "

@@ -54,7 +54,8 @@ def test_the_example_transport_runs_as_an_arm_beside_static(tmp_path, leftovers)
     assert arm["burst_rounds"] == 1 and arm["burst_round_ms_p50"] > arm["normal_round_ms_p50"]
     assert f"{ARM}_vs_static" in summary["speedups"]
     rows = [v for v in summary["verdicts"] if v["arm"] == ARM]
-    assert {v["claim"] for v in rows} == {"burst_speedup", "train_time_cut", "accuracy"}
+    assert {v["claim"] for v in rows} == {"burst_speedup", "train_time_cut", "accuracy",
+                                          "tail_latency", "mean_latency"}
     assert all(v["baseline"] == "static" for v in rows)
     unit = next((out / "raw" / ARM).glob("seed-*"))
     assert (unit / "worker0.command.log").stat().st_size > 0

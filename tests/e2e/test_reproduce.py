@@ -12,6 +12,7 @@ import pytest
 
 from testbed import REPO_ROOT
 from testbed import references as refs
+from testbed.analysis import reference_figures
 from testbed.run import reproduce as rp
 
 CLI = [sys.executable, "-m", "testbed.cli"]
@@ -28,7 +29,9 @@ def test_a_reference_runs_from_scratch_and_keeps_its_files(tmp_path, leftovers):
     done = rp.reproduce([ref], tmp_path / "runs", reference_dir=dest)
     assert done["tiny"]["status"] == "ok", done
     kept = dest / "tiny"
-    assert sorted(p.name for p in kept.iterdir()) == sorted([*refs.KEPT_FILES, "reproduce.json"])
+    # The kept files, and the figures drawn from them (testbed.analysis.reference_figures).
+    assert sorted(p.name for p in kept.iterdir()) == sorted([*refs.KEPT_FILES, "reproduce.json",
+                                                             *reference_figures.files()])
     summary = json.loads((kept / "summary.json").read_text())
     assert set(summary["arms"]) == {"static", "dblp-sharded"}
     record = refs.read_record(kept)

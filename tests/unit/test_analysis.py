@@ -106,7 +106,7 @@ def test_summary_speedups_are_exact(run_dir):
     for f in ("rounds.csv", "bursts.csv", "flows.csv", "rounds.parquet", "packets.parquet",
               "summary.json", "report.md",
               "report.html", "plots/latency_over_time.png", "plots/latency_cdf.png",
-              "plots/burst_rounds.png", "plots/accuracy.png", "plots/bytes_per_round.png",
+              "plots/burst_rounds.png", "plots/curves.png", "plots/bytes_per_round.png",
               "plots/bottleneck_over_time.png", "plots/bottleneck_over_time.svg",
               "queue.parquet", "queue.csv", "plots/queue_over_time.png"):
         assert (run_dir / f).stat().st_size > 0, f

@@ -18,7 +18,8 @@ def _iv(lo, hi, n_seeds=5):
 
 
 def test_every_claim_names_a_registered_estimator_and_comparison():
-    assert set(claims.CLAIMS) == {"burst_speedup", "train_time_cut", "accuracy"}
+    assert set(claims.CLAIMS) == {"burst_speedup", "train_time_cut", "accuracy", "tail_latency",
+                                  "mean_latency"}
     for c in claims.CLAIMS.values():
         assert c.estimator in iv.ESTIMATORS and c.comparison in claims.COMPARISONS
         assert c.paper and c.what and c.region_why
@@ -26,6 +27,11 @@ def test_every_claim_names_a_registered_estimator_and_comparison():
     assert claims.CLAIMS["train_time_cut"].region == claims.Region(17.0, 34.0)
     assert claims.CLAIMS["accuracy"].region == claims.Region(-0.5, math.inf)
     assert claims.Region(4.0).to_list() == [4.0, None]
+    # The abstract's "tail-latency collapse" has no figure: > 1x, DBLP faster, and said so.
+    for name in ("tail_latency", "mean_latency"):
+        c = claims.CLAIMS[name]
+        assert c.region == claims.Region(1.0) and c.paper == claims.NO_FIGURE == "> 1x"
+        assert "no figure" in c.source and c.comparison == "baselines"
 
 
 @pytest.mark.parametrize("lo,hi,want,needle", [
@@ -70,6 +76,8 @@ def test_pairs_come_from_the_arms_registry_and_only_from_arms_that_ran():
     assert c["against_gloo"].pairs(ALL_ARMS) == [("dblp-sharded", "gloo"), ("static-sharded", "gloo"),
                                                  ("static-high-sharded", "gloo")]
     assert c["paper"].pairs(["gloo", "dblp", "static-tcp"]) == []
+    assert c["baselines"].pairs(ALL_ARMS) == c["paper"].pairs(ALL_ARMS) + [
+        ("dblp", "gloo"), ("dblp-tcp", "gloo"), ("dblp-sharded", "gloo")]
 
 
 def _verdicts(out, claim) -> dict:
@@ -89,7 +97,9 @@ def test_judge_gives_each_claim_its_verdict_from_known_data():
     assert [(v["claim"], v["pair"], v["verdict"]) for v in out["verdicts"]] == [
         ("burst_speedup", "dblp_vs_static", claims.REPRODUCED),
         ("train_time_cut", "dblp_vs_static", claims.REFUTED),
-        ("accuracy", "dblp_vs_static", claims.REPRODUCED)]
+        ("accuracy", "dblp_vs_static", claims.REPRODUCED),
+        ("tail_latency", "dblp_vs_static", claims.REPRODUCED),     # p99: the burst rounds, ~5x
+        ("mean_latency", "dblp_vs_static", claims.REPRODUCED)]     # ~2.9x
     pair = _verdicts(out, "burst_speedup")["dblp_vs_static"]
     assert pair["interval"]["n_seeds"] == 6 and pair["interval"]["lo"] >= 4.0
     assert pair["region"] == [4.0, None] and pair["paper"] == "4.0-5.88x"
@@ -110,11 +120,14 @@ def test_an_interval_across_the_edge_is_unresolved():
 def test_missing_arms_leave_a_claim_unresolved_with_the_reason():
     rounds, evals = synthetic(seeds=(1, 2), arms=("gloo", "dblp"))
     out = claims.judge({"training": {}}, ["gloo", "dblp"], rounds, evals, resamples=500)
-    assert [v["claim"] for v in out["verdicts"]] == list(claims.CLAIMS)   # one each, no pair
-    for v in out["verdicts"]:
+    paper = [c for c, claim in claims.CLAIMS.items() if claim.comparison == "paper"]
+    assert [v["claim"] for v in out["verdicts"]] == paper + ["tail_latency", "mean_latency"]
+    for v in out["verdicts"][:len(paper)]:        # one each, no pair
         assert v["verdict"] == claims.UNRESOLVED and v["pair"] is None and v["interval"] is None
         assert v["reason"].startswith("no pair of arms for it ran")
-    assert out["intervals"] == {}
+    # The tail and mean claims compare DBLP with every baseline, gloo too.
+    assert [v["pair"] for v in out["verdicts"][len(paper):]] == ["dblp_vs_gloo"] * 2
+    assert list(out["intervals"]) == ["dblp_vs_gloo"] and out["burst_levels"] == {}
 
 
 def test_each_pair_gets_its_own_verdict():

@@ -192,10 +192,12 @@ def _v3_summary(tmp_path) -> dict:
 
 def test_summary_3_declares_intervals_verdicts_and_time_to_target(tmp_path):
     s = _v3_summary(tmp_path)
-    assert s["schema"] == formats.SUMMARY_SCHEMA == 8 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
+    assert s["schema"] == formats.SUMMARY_SCHEMA == 9 and 3 in formats.KNOWN_SUMMARY_SCHEMAS
     assert [(v["claim"], v["pair"]) for v in s["verdicts"]] == [
         ("burst_speedup", "dblp_vs_static"), ("train_time_cut", "dblp_vs_static"),
-        ("accuracy", "dblp_vs_static")]
+        ("accuracy", "dblp_vs_static"), ("tail_latency", "dblp_vs_static"),
+        ("tail_latency", "dblp_vs_gloo"), ("mean_latency", "dblp_vs_static"),
+        ("mean_latency", "dblp_vs_gloo")]
     assert s["arms"]["dblp"]["time_to_target_s"] == s["time_to_target"]["per_arm"]["dblp"][
         "t_s_median"]
     fig = s["intervals"]["dblp_vs_static"]["figures"]["train_time_cut"]

@@ -111,7 +111,7 @@ def test_invalid_units_stay_in_the_tables_marked(two_seeds):
     csv = pd.read_csv(run / "rounds.csv")
     assert len(csv) == 2 * 3 * 10 and (~csv["valid"]).sum() == 10
     assert any("arm static seed 2: invalid" in w for w in s["warnings"])
-    assert "fidelity_flags" not in s and s["schema"] == formats.SUMMARY_SCHEMA == 8
+    assert "fidelity_flags" not in s and s["schema"] == formats.SUMMARY_SCHEMA == 9
 
 
 def test_per_arm_figures_pool_only_the_valid_units(two_seeds, tmp_path):

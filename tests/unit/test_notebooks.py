@@ -168,9 +168,10 @@ def test_figures_are_svg_beside_print_resolution_png(notebook_run):
 
     assert PRINT_DPI >= 300
     pngs = sorted((notebook_run / "plots").glob("*.png"))
-    assert [p.stem for p in pngs] == ["accuracy", "bottleneck_over_time", "burst_rounds",
-                                      "bytes_per_round", "intervals", "latency_cdf",
-                                      "latency_over_time", "phase_timeline", "queue_over_time"]
+    assert [p.stem for p in pngs] == ["bottleneck_over_time", "bound_missing", "burst_rounds",
+                                      "bytes_per_round", "compute_exchange", "curves",
+                                      "intervals", "latency_cdf", "latency_over_time",
+                                      "phase_timeline", "queue_over_time"]
     for png in pngs:
         dpi = Image.open(png).info["dpi"]
         assert min(dpi) == pytest.approx(PRINT_DPI, abs=0.01), png.name

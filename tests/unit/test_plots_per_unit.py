@@ -59,15 +59,32 @@ def test_the_cdf_leaves_out_invalid_units_and_splits_burst_rounds(drawn, tmp_pat
     assert labels == ["dblp, burst rounds (2)", "dblp, normal rounds (18)"]
 
 
-def test_accuracy_is_drawn_against_rounds_per_seed_with_the_mean(drawn, tmp_path):
+def test_the_curves_are_drawn_against_rounds_per_seed_with_the_mean(drawn, tmp_path):
     rows = [{"arm": "dblp", "seed": s, "round": r, "rank": 0, "t_s": 50.0 * s + r,
              "test_accuracy": 0.5 + 0.01 * r + 0.001 * s, "test_loss": 1.0 - 0.01 * r,
              "valid": True} for s in (1, 2) for r in (9, 19, 29)]
-    plots.accuracy(pd.DataFrame(rows), ["dblp"], tmp_path / "a.png")
-    acc = drawn[0].axes[0]
+    # Evaluations logged out of round order (ranks, a resumed unit): the lines are not.
+    evals = pd.DataFrame(rows[::-1])
+    rounds = _rounds(seeds=(1, 2), valid=(True, True)).assign(loss=lambda d: 2.0 - 0.1 * d["round"])
+    plots.learning_curves(evals, rounds, ["dblp"], tmp_path / "a.png")
+    acc, loss, train = drawn[0].axes
     xs = [list(ln.get_xdata()) for ln in acc.get_lines()]
     assert xs == [[9, 19, 29]] * 3  # two seeds and their mean, all against rounds
     mean = acc.get_lines()[-1]
     assert mean.get_label() == "dblp"
     assert np.allclose(mean.get_ydata(), [0.5015 + 0.01 * r for r in (9, 19, 29)])
-    assert drawn[0].axes[1].get_ylabel() == "test loss"
+    assert loss.get_ylabel() == "test loss"
+    assert train.get_ylabel().startswith("training loss")
+    assert [list(ln.get_xdata()) for ln in train.get_lines()] == [list(range(10))] * 3
+
+
+def test_a_long_series_is_thinned_and_says_so(drawn, tmp_path):
+    """A unit of 1,240 rounds draws at most MAX_POINTS points a line, its burst round kept."""
+    r = _rounds(seeds=(1,), n=1240, valid=(True,))
+    r.loc[r["round"] == 700, ["latency_ms", "in_burst"]] = [5000.0, True]
+    plots.latency_over_time(r, pd.DataFrame(), ["dblp"], tmp_path / "l.png")
+    ax = drawn[0].axes[0]
+    line = max(ax.get_lines(), key=lambda ln: len(ln.get_xdata()))
+    assert len(line.get_xdata()) <= plots.MAX_POINTS
+    assert max(line.get_ydata()) == 5000.0          # the slowest of each run of rounds
+    assert "each point the slowest of 13 rounds" in ax.get_xlabel()

@@ -50,6 +50,7 @@ COVERED = {
     "dblp-testbed net cli": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed burst": "tests/emu/test_fabric_bursts.py",
     "dblp-testbed bench transport": "tests/emu/test_dblp_bench.py",
+    "dblp-testbed bench collectives": "tests/emu/test_bench_collectives.py",
     "dblp-testbed bench bursts": "tests/emu/test_readme_fabric_commands.py",
     "dblp-testbed sweep": "tests/unit/test_workload_sweep.py",
     "dblp-testbed --version": "tests/unit/test_cli_conventions.py, tests/unit/test_cli_traps.py",

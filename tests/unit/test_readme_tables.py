@@ -97,7 +97,9 @@ def test_readme_is_a_front_door_with_the_headline_verdicts():
     # The paper-regime reference leads (issue 55: verdicts judged where the paper makes its
     # claims), with the design's figures beside it; the default is the quick look.
     assert rd.blocks(readme) == [("paper-regime", "verdicts"), ("paper-regime", "design"),
-                                 ("default", "verdicts"), (refs.EVERY, "prototype-costs")]
+                                 ("paper-regime", "headline-figure"),
+                                 ("default", "verdicts"), (refs.EVERY, "prototype-costs"),
+                                 ("burstround", "paper-range"), ("burstround-control", "paper-range")]
     # the same tables, rendered alike, on the README and on the runs' pages
     assert ("default", "verdicts") in rd.blocks(PAGES["docs/results/default.md"])
     assert ("paper-regime", "design") in rd.blocks(PAGES["docs/results/paper-regime.md"])

@@ -38,16 +38,16 @@ def test_report_rebuild_is_identical_and_self_contained(tmp_path):
     assert res.stdout.splitlines()[-1] == ("invalid units: none (every unit kept the emulator's "
                                            "invariants)")
     first = _digest(run)
-    # 6 CSVs, 7 Parquet tables, summary, report.md/html, 9 plots as PNG and SVG
-    # (the eighth: the dblp arm's phase timeline; the ninth: the intervals' forest plot)
-    assert len(first) == 34 and "plots/intervals.svg" in first
+    # 6 CSVs, 7 Parquet tables, summary, report.md/html, 11 plots as PNG and SVG
+    # (the tenth: the dblp arm's phase timeline; the eleventh: the intervals' forest plot)
+    assert len(first) == 38 and "plots/intervals.svg" in first
     # Derived files deleted or tampered with: the rebuild restores them exactly.
     (run / "summary.json").write_text("{}")
     (run / "rounds.csv").unlink()
     build_outputs(run)
     assert _digest(run) == first
     html = (run / "report.html").read_text()
-    assert html.count("src='data:image/png;base64,") == 9
+    assert html.count("src='data:image/png;base64,") == 11
     assert "src='plots/" not in html and "http" not in html.split("<body>")[1]
     md = (run / "report.md").read_text()
     # The speedups beside their intervals: two burst rounds give none, and one seed gives the

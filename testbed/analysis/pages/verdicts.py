@@ -1,4 +1,5 @@
-"""The tables of a run reference's summary.json: its arms, verdicts, intervals and CPU budget.
+"""The tables of a run reference's summary.json: its arms, verdicts, intervals, burst levels and
+CPU budget.
 
 Each reads only the summary (`of_summary`), never the run's per-round
 tables, so these are the figures `dblp-testbed run` printed at its end:
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Callable
 
-from testbed.analysis.pages.cells import figure, num
+from testbed.analysis.pages.cells import figure, interval, num, pct
 from testbed.analysis.pages.files import load_summary
 from testbed.analysis.pages.registry import register
 
@@ -87,7 +88,19 @@ def cpu_budget_table(summary: dict) -> str:
 #: The figures of the intervals table, in column order: (estimator, heading).
 FIGURES = (("burst_speedup", "burst-round speedup"), ("train_time_cut", "training-time cut"),
            ("accuracy_delta", "final accuracy, difference"),
-           ("time_to_target", "time-to-target speedup"))
+           ("time_to_target", "time-to-target speedup"),
+           ("round_p99_speedup", "p99 round speedup"), ("round_mean_speedup", "mean round speedup"))
+
+
+def pooled(pools: dict | None) -> str:
+    """What a pooled burst verdict pools, in words: its bursts, their levels and DBLP's phases."""
+    if not pools or not pools["bursts"]:
+        return ""
+    levels = "/".join(pct(x) for x in pools["levels"]) or "no recorded level"
+    phases = ", ".join(f"{n} {ph}" for ph, n in sorted(pools["phases"].items(),
+                                                         key=lambda kv: (-kv[1], kv[0])))
+    return (f"{pools['bursts']} bursts at {levels} over {pools['seeds']} seeds"
+            + (f": {phases}" if phases else ""))
 
 
 def verdicts_table(summary: dict) -> str:
@@ -103,7 +116,9 @@ def verdicts_table(summary: dict) -> str:
         iv = v.get("interval") or {}
         pair = f"{v['arm']} vs {v['baseline']}" if v.get("pair") else "(did not run)"
         seeds = iv.get("n_seeds", (v.get("too_few_seeds") or {}).get("seeds", "–"))
-        rows.append(f"| {v['claim']} | {pair} | {paper_cell(v)} | {figure(v)} "
+        what = pooled(v.get("pools"))
+        claim = f"{v['claim']} (pools {what})" if what else v["claim"]
+        rows.append(f"| {claim} | {pair} | {paper_cell(v)} | {figure(v)} "
                     f"| {seeds} | {verdict_label(v)} |")
     bad = invalid_lines(summary)
     if bad:
@@ -123,6 +138,58 @@ def intervals_table(summary: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _passes(row: dict) -> str:
+    """A level's pass-count ratio and the counts it comes from: ``5.00x (10/2)``."""
+    n = row.get("passes") or [None, None]
+    if row.get("pass_ratio") is None:
+        return "–"
+    return f"{row['pass_ratio']:.2f}x ({n[0]}/{n[1]})"
+
+
+def _level_verdict(row: dict) -> str:
+    """A level's verdict as the verdicts table words it: too few seeds says how many."""
+    from testbed.analysis.claims import TOO_FEW_BURSTS
+    short = row.get("too_few_seeds")
+    if short:
+        need = f"; about {short['needed']} needed" if short.get("needed") else ""
+        return f"{row['verdict']}: too few seeds ({short['seeds']}{need})"
+    if row["interval"] is None and row["verdict"] != TOO_FEW_BURSTS:
+        return f"{row['verdict']} ({row['reason']})"
+    return row["verdict"]
+
+
+def burst_levels_table(summary: dict) -> str:
+    """The burst speedup per requested loss level and DBLP phase, each DBLP arm against its static
+    partner (summary burst_levels): the speedup and its 95 % interval (seed as the unit), the
+    bursts and seeds behind it, the pass-count ratio of the two bounds at that level, the verdict
+    on the burst claim; then what each pair's pooled verdict pools."""
+    rows = ["| arm vs baseline | burst loss | DBLP's phase | bursts (seeds) "
+            "| speedup, point [95 % interval] | pass-count ratio (passes) | verdict |",
+            "|---|---|---|---|---|---|---|"]
+    notes = []
+    levels = summary.get("burst_levels") or {}
+    order = summary.get("arms_order") or []
+    # summary.json sorts its keys: the pairs in the run's order of arms, as the verdicts are.
+    for entry in sorted(levels.values(), key=lambda e: (
+            order.index(e["arm"]) if e["arm"] in order else len(order), e["arm"])):
+        pair = f"{entry['arm']} vs {entry['baseline']}"
+        for r in entry["rows"]:
+            rows.append(f"| {pair} | {pct(r['level'])} | {r['phase']} | {r['bursts']} "
+                        f"({r['seeds']}) | {interval(r['interval'], '{:.2f}', 'x')} "
+                        f"| {_passes(r)} | {_level_verdict(r)} |")
+        if not entry["rows"]:
+            rows.append(f"| {pair} | – | – | – | – | – | {entry['reason']} |")
+        what = pooled(entry.get("pools"))
+        if what:
+            notes.append(f"- {pair}: the pooled burst verdict (the verdicts table) pools {what}.")
+    if "burst_levels" not in summary:
+        rows.append("| (a summary from before version 9: `dblp-testbed reproduce --rejudge` "
+                    "judges it again) | – | – | – | – | – | – |")
+    elif not levels:
+        rows.append("| (no DBLP arm with its static partner ran) | – | – | – | – | – | – |")
+    return "\n".join(rows + ([""] + notes if notes else [])) + "\n"
+
+
 def of_summary(table: Callable[[dict], str]) -> Callable[[pathlib.Path], str]:
     """A table of a run reference's summary.json, as a renderer of its folder."""
     return lambda ref_dir: table(load_summary(ref_dir))
@@ -131,4 +198,5 @@ def of_summary(table: Callable[[dict], str]) -> Callable[[pathlib.Path], str]:
 register("arms", of_summary(arms_table))
 register("verdicts", of_summary(verdicts_table))
 register("intervals", of_summary(intervals_table))
+register("burst-levels", of_summary(burst_levels_table))
 register("cpu-budget", of_summary(cpu_budget_table))
