@@ -18,6 +18,7 @@ TRANSPORTS = ("dblp reliable", "dblp P=40.8%", "gloo")
 WIRE = {"all_reduce": (1.0, 1.3), "reduce_scatter": (2.0, 2.6), "all_gather": (4.0, 5.2)}
 
 
+@pytest.mark.long
 def test_bench_collectives_quick(tmp_path):
     out = tmp_path / "collectives.json"
     cli = os.path.join(os.path.dirname(sys.executable), "dblp-testbed")
