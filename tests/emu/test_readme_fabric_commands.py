@@ -39,6 +39,7 @@ def test_net_cli():
 
 
 @pytest.mark.emu
+@pytest.mark.long
 def test_bench_bursts(tmp_path):
     out_json = tmp_path / "bursts.json"
     out = subprocess.run(CLI + ["bench", "bursts", "--tries", "5", "--json", str(out_json)],
