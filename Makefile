@@ -33,14 +33,12 @@ EMU_SELECT ?= -m "not long"
 # Open vSwitch they fail instead of being skipped. Both parts add their
 # tests' durations to one file, and the suite ends with its 25 slowest tests.
 # The rehearsal's machine image (minutes the first time, mostly network and
-# disk) is made in the background while the unit tests use the CPU, at the
-# lowest priority so that it takes only what they leave (beside them at
-# normal priority it slowed them by 48 s, 15 %);
+# disk) is made in the background while the unit tests use the CPU;
 # the emulation tests start once it is ready (its log is shown if it failed:
 # the rehearsal's tests then say why too).
 test: setup lint test-tools
 	d=$$(mktemp); \
-	nice -n 19 $(PY) -m testbed.emulation.cluster.machines >$$d.image 2>&1 & image=$$!; \
+	$(PY) -m testbed.emulation.cluster.machines >$$d.image 2>&1 & image=$$!; \
 	$(PY) -m pytest -n $(UNIT_WORKERS) --suite-durations=$$d $(PYTEST_ARGS) tests/unit; unit=$$?; \
 	wait $$image || { echo "rehearsal image failed:"; tail -5 $$d.image; }; \
 	grep -h "ready in" $$d.image || true; rm -f $$d.image; \
